@@ -1,0 +1,80 @@
+"""The ``polar-train`` command: one sub-command per job, each a thin wrapper over a module.
+
+Why argparse with lazy imports: ``polar-train --help`` must answer instantly, while the jobs need
+torch/transformers, which take seconds to import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one clear line, exit code 2, no traceback."""
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from .tiny_model import TinyModelSpec, write_tiny_model
+
+    spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
+    out = write_tiny_model(args.dir, spec)
+    print(f"wrote tiny model to {out}")
+    return 0
+
+
+def _add_tiny_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tiny-model", help="write a tiny random Qwen3 model with the Qwen3.5 tokenizer")
+    p.add_argument("dir", help="output model directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--final-norm-weight", type=float, default=1.0,
+                   help="initial weight of the final RMSNorm (larger = sharper random policy)")
+    p.set_defaults(func=_cmd_tiny_model)
+
+
+#: Sub-commands register here: (module path, function name) of an ``add_parser(sub)`` function.
+_LAZY_COMMANDS: list[tuple[str, str]] = [
+    ("polar_train.server.cli", "add_parser"),
+    ("polar_train.inspect", "add_parser"),
+    ("polar_train.build_cli", "add_parser"),
+    ("polar_train.train.cli", "add_parser"),
+    ("polar_train.demo", "add_parser"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="polar-train", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_tiny_model(sub)
+    for module, fn in _LAZY_COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # a sub-command not built yet
+            if exc.name and exc.name.startswith("polar_train"):
+                continue
+            raise
+        adder: Callable[[argparse._SubParsersAction], None] = getattr(mod, fn)
+        adder(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
+        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

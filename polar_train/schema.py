@@ -1,0 +1,103 @@
+"""The two on-disk tables of polar-train, defined once: the call log and the trajectories.
+
+Why one module: the capture addon writes the call log, the builder reads it and writes
+trajectories, the trainer reads those. Each imports the schema from here, so a column can only
+change in one place, and every reader can check a part against it before trusting its data.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+CALL_LOG_VERSION = "1"
+TRAJECTORY_VERSION = "1"
+
+#: Values of the ``api`` column: one per wire format the addon understands.
+APIS = ("openai.chat", "openai.responses", "anthropic.messages")
+#: Values of the ``status`` column.
+STATUSES = ("ok", "upstream_error", "client_disconnected", "proxy_error")
+#: Values of the ``token_source`` column: where the token ids came from.
+#: ``server`` - returned by the model server itself (exact); ``rendered`` - the request rendered
+#: with the chat template of ``polar_tokenizer`` and the output re-encoded; ``none`` - text only.
+TOKEN_SOURCES = ("server", "rendered", "none")
+
+_ts = pa.timestamp("us", tz="UTC")
+
+CALL_LOG_SCHEMA = pa.schema(
+    [
+        pa.field("call_id", pa.string(), nullable=False),
+        pa.field("rollout_id", pa.string()),
+        pa.field("rollout_source", pa.string()),  # proxy_auth | header | api_key | listen_port | none
+        pa.field("task_id", pa.string()),
+        pa.field("api", pa.string(), nullable=False),
+        pa.field("method", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("path", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("request_hash", pa.string()),
+        pa.field("client_conn_id", pa.string()),
+        pa.field("started_at", _ts),
+        pa.field("first_byte_at", _ts),
+        pa.field("finished_at", _ts),
+        pa.field("stream", pa.bool_()),
+        pa.field("http_status", pa.int32()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("request_json", pa.string()),
+        pa.field("response_json", pa.string()),
+        pa.field("prompt_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_token_ids", pa.list_(pa.int32())),
+        pa.field("completion_logprobs", pa.list_(pa.float32())),
+        pa.field("token_source", pa.string()),
+        pa.field("usage_prompt_tokens", pa.int32()),
+        pa.field("usage_completion_tokens", pa.int32()),
+        pa.field("usage_match", pa.bool_()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("tool_call_count", pa.int32()),
+        pa.field("temperature", pa.float32()),
+        pa.field("top_p", pa.float32()),
+        pa.field("injected", pa.bool_()),
+        # Storage of long sessions (see polar_train.calllog): when set, ``prompt_token_ids`` holds
+        # only the suffix after the first ``prompt_prefix_len`` tokens of the prompt of call
+        # ``prompt_prefix_call_id``, concatenated with that call's completion. Readers resolve it.
+        pa.field("prompt_prefix_call_id", pa.string()),
+        pa.field("prompt_prefix_len", pa.int32()),
+    ],
+    metadata={"polar_train.table": "calls", "polar_train.version": CALL_LOG_VERSION},
+)
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        pa.field("trajectory_id", pa.string(), nullable=False),
+        pa.field("rollout_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("task_id", pa.string()),
+        pa.field("prompt_ids", pa.list_(pa.int32())),  # the first prompt; never trained
+        pa.field("completion_ids", pa.list_(pa.int32())),  # everything after it
+        pa.field("loss_mask", pa.list_(pa.int8())),  # 1 = sampled by the model, 0 = tool/template
+        pa.field("logprobs", pa.list_(pa.float32())),  # sampler logprob; NaN where not sampled
+        pa.field("reward", pa.float64()),
+        pa.field("num_calls", pa.int32()),
+        pa.field("call_ids", pa.list_(pa.string())),
+        pa.field("token_source", pa.string()),
+        pa.field("truncated", pa.bool_()),
+        pa.field("realigned", pa.bool_()),
+        pa.field("fork_cause", pa.string()),  # why this trajectory did not continue an earlier one
+        pa.field("model", pa.string()),
+        pa.field("temperature", pa.float32()),
+    ],
+    metadata={"polar_train.table": "trajectories", "polar_train.version": TRAJECTORY_VERSION},
+)
+
+
+def missing_columns(schema: pa.Schema, expected: pa.Schema) -> list[str]:
+    """Names of ``expected`` columns that ``schema`` lacks or types differently (for clear errors)."""
+    problems = []
+    for field in expected:
+        idx = schema.get_field_index(field.name)
+        if idx < 0:
+            problems.append(f"{field.name} (missing)")
+        elif not schema.field(idx).type.equals(field.type):
+            problems.append(f"{field.name} ({schema.field(idx).type}, expected {field.type})")
+    return problems
