@@ -1,0 +1,1 @@
+"""Helpers shared by the test suite: starting and stopping real server processes."""
