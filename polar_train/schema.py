@@ -58,6 +58,9 @@ CALL_LOG_SCHEMA = pa.schema(
         pa.field("temperature", pa.float32()),
         pa.field("top_p", pa.float32()),
         pa.field("injected", pa.bool_()),
+        # rendered calls: whether the upstream's own /tokenize of the same chat messages gave the
+        # same prompt ids (null when not checked; option polar_tokenize_check of the capture addon)
+        pa.field("server_tokenize_match", pa.bool_()),
         # Storage of long sessions (see polar_train.calllog): when set, ``prompt_token_ids`` holds
         # only the suffix after the first ``prompt_prefix_len`` tokens of the prompt of call
         # ``prompt_prefix_call_id``, concatenated with that call's completion. Readers resolve it.
