@@ -1,0 +1,244 @@
+"""Read the call log: every Parquet part the capture addon wrote, checked, merged, resolved.
+
+Why one reader for everyone: the addon writes parts concurrently (temporary ``.part-*.tmp``
+files renamed when complete), parts from older or foreign writers may sit in the same folder,
+and long sessions may store prompts compactly. Every consumer (builder, inspect, trainer
+tools) must skip the same temporary files, report the same bad parts by name, and see full
+prompts; doing that once here keeps them in agreement.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from .schema import CALL_LOG_SCHEMA, missing_columns
+
+log = logging.getLogger(__name__)
+
+PART_SUFFIX = ".parquet"
+
+
+class CallLogError(ValueError):
+    """The call-log folder cannot be read at all (missing, not a folder, no parts)."""
+
+
+@dataclass
+class PartProblem:
+    """A part that was skipped, or rows whose stored prompt could not be resolved."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass
+class CallLog:
+    """The calls of a folder plus what was read and what was wrong with it."""
+
+    table: pa.Table
+    parts: list[Path] = field(default_factory=list)
+    problems: list[PartProblem] = field(default_factory=list)
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    """Temporary or private files: any path component starting with ``.`` or ``_``."""
+    return any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
+
+
+def part_folder(folder: str | Path) -> Path:
+    """Where the parts of a capture folder live: ``<folder>/calls`` if present, else ``<folder>``."""
+    root = Path(folder)
+    if not root.exists():
+        raise CallLogError(f"call-log folder not found: {root}")
+    if root.is_file():
+        return root
+    calls = root / "calls"
+    return calls if calls.is_dir() else root
+
+
+def list_parts(folder: str | Path) -> list[Path]:
+    """The finished parts of a capture folder (or a single part file), sorted by path."""
+    base = part_folder(folder)
+    if base.is_file():
+        return [base]
+    return sorted(
+        p for p in base.rglob(f"*{PART_SUFFIX}") if p.is_file() and not _hidden(p, base)
+    )
+
+
+def _check_schema(path: Path) -> str | None:
+    """None when the part's footer has every call-log column with the right type."""
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
+        return f"not a readable Parquet file ({_short(exc)})"
+    problems = missing_columns(schema, CALL_LOG_SCHEMA)
+    if problems:
+        shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+        return f"another schema than the call log: {shown}"
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLog:
+    """Read every finished part under ``folder`` into one table with the full call-log schema.
+
+    Parts with another schema or unreadable data are skipped and named in ``problems``; the
+    rest is still read. Raises :class:`CallLogError` when the folder is missing or holds no
+    parts at all. With ``resolve_prompts`` (the default) compactly stored prompts are expanded,
+    so ``prompt_token_ids`` always holds the full prompt and the ``prompt_prefix_*`` columns
+    are null.
+    """
+    root = Path(folder)
+    if not root.exists():
+        raise CallLogError(f"call-log folder not found: {root}")
+    parts = list_parts(root)
+    if not parts:
+        raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}")
+    result = CallLog(table=CALL_LOG_SCHEMA.empty_table())
+    good: list[Path] = []
+    for path in parts:
+        problem = _check_schema(path)
+        if problem:
+            result.problems.append(PartProblem(str(path), problem))
+        else:
+            good.append(path)
+    tables: list[pa.Table] = []
+    if good:
+        dataset = ds.dataset([str(p) for p in good], format="parquet", schema=CALL_LOG_SCHEMA)
+        for fragment in dataset.get_fragments():
+            try:
+                tables.append(fragment.to_table(schema=CALL_LOG_SCHEMA))
+                result.parts.append(Path(fragment.path))
+            except Exception as exc:  # corrupt pages behind a valid footer
+                result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
+    if tables:
+        table = pa.concat_tables(tables).combine_chunks()
+        result.table = table
+    if resolve_prompts:
+        result.table, unresolved = resolve_prompt_prefixes(result.table)
+        result.problems.extend(unresolved)
+    for problem in result.problems:
+        log.warning("call log: %s", problem)
+    return result
+
+
+def read_calls(folder: str | Path) -> pa.Table:
+    """All calls of a capture folder as one table (``CALL_LOG_SCHEMA``), full prompts resolved.
+
+    Skipped parts are logged as warnings; use :func:`read_call_log` to get them as data.
+    """
+    return read_call_log(folder).table
+
+
+def _list_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat values, offsets, validity) of a list<int32> column, without Python lists."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(arr) == 0:
+        return np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, bool)
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = np.asarray(arr.values.fill_null(0), dtype=np.int32)  # the flat buffer; ids never null
+    valid = ~np.asarray(arr.is_null(), dtype=bool)
+    return values, offsets, valid
+
+
+def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
+    """Expand compact prompts: prefix of (prompt + completion) of another call, then the suffix.
+
+    A row with ``prompt_prefix_call_id`` = R and ``prompt_prefix_len`` = n stores only the
+    suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. R may itself
+    be compact (chains resolve in order). Rows whose reference is unknown, circular or too
+    short keep a null prompt and are reported, never guessed.
+    """
+    problems: list[PartProblem] = []
+    if table.num_rows == 0:
+        return table, problems
+    ref_col = table.column("prompt_prefix_call_id")
+    if ref_col.null_count == table.num_rows:
+        return table, problems
+    call_ids = table.column("call_id").to_pylist()
+    refs = ref_col.to_pylist()
+    lens = table.column("prompt_prefix_len").to_pylist()
+    p_vals, p_offs, p_valid = _list_values(table.column("prompt_token_ids"))
+    c_vals, c_offs, c_valid = _list_values(table.column("completion_token_ids"))
+    index = {cid: i for i, cid in enumerate(call_ids)}
+    full: dict[int, np.ndarray | None] = {}
+
+    def stored_prompt(i: int) -> np.ndarray:
+        return p_vals[p_offs[i]:p_offs[i + 1]]
+
+    def completion(i: int) -> np.ndarray:
+        return c_vals[c_offs[i]:c_offs[i + 1]] if c_valid[i] else np.zeros(0, np.int32)
+
+    def resolve(start: int) -> np.ndarray | None:
+        chain, seen, i = [], set(), start
+        while i not in full:  # walk up to a resolved or plain row
+            if i in seen:
+                problems.append(PartProblem(f"call {call_ids[start]}", "circular prompt_prefix_call_id chain"))
+                for j in chain:
+                    full[j] = None
+                return None
+            seen.add(i)
+            if refs[i] is None:
+                full[i] = stored_prompt(i) if p_valid[i] else None
+                break
+            chain.append(i)
+            ref = index.get(refs[i])
+            if ref is None:
+                problems.append(PartProblem(f"call {call_ids[i]}",
+                                            f"prompt prefix refers to unknown call {refs[i]}"))
+                full[i] = None
+                break
+            i = ref
+        for j in reversed(chain):  # resolve from the root down
+            if j in full:
+                continue
+            base = full.get(index[refs[j]])
+            n = lens[j]
+            if base is None:
+                full[j] = None
+                continue
+            source = np.concatenate([base, completion(index[refs[j]])])
+            if n is None or n < 0 or n > len(source):
+                problems.append(PartProblem(
+                    f"call {call_ids[j]}",
+                    f"prompt_prefix_len {n} outside 0..{len(source)} of call {refs[j]}"))
+                full[j] = None
+                continue
+            full[j] = np.concatenate([source[:n], stored_prompt(j)])
+        return full[start]
+
+    new_prompts: list[np.ndarray | None] = []
+    for i in range(table.num_rows):
+        new_prompts.append(resolve(i) if refs[i] is not None else (stored_prompt(i) if p_valid[i] else None))
+    lengths = np.array([0 if p is None else len(p) for p in new_prompts], dtype=np.int64)
+    if lengths.sum() >= 2**31:
+        raise CallLogError("resolved prompts exceed 2**31 tokens in one table: read fewer parts at once")
+    offsets = np.zeros(len(new_prompts) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([p for p in new_prompts if p is not None] or [np.zeros(0, np.int32)])
+    mask = pa.array([p is None for p in new_prompts])
+    prompts = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.int32)), mask=mask)
+    prompts = prompts.cast(CALL_LOG_SCHEMA.field("prompt_token_ids").type)
+    out = table.set_column(table.schema.get_field_index("prompt_token_ids"),
+                           CALL_LOG_SCHEMA.field("prompt_token_ids"), prompts)
+    nulls_s = pa.nulls(table.num_rows, pa.string())
+    nulls_i = pa.nulls(table.num_rows, pa.int32())
+    out = out.set_column(out.schema.get_field_index("prompt_prefix_call_id"),
+                         CALL_LOG_SCHEMA.field("prompt_prefix_call_id"), nulls_s)
+    out = out.set_column(out.schema.get_field_index("prompt_prefix_len"),
+                         CALL_LOG_SCHEMA.field("prompt_prefix_len"), nulls_i)
+    return out, problems

@@ -1,0 +1,153 @@
+"""The build pipeline: read the call log, choose usable calls, stitch, attach labels.
+
+Why a separate step for choosing calls: retries, failed calls and text-only rows are decided
+per row before stitching, each with a counted cause, so that nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..calllog import read_call_log
+from .report import BuildReport
+from .rewards import Labels, attach, load_labels
+from .stitch import Stitcher, Trajectory, calls_from_table
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass
+class BuildOptions:
+    realign: bool = False
+    reward_mode: str = "broadcast"
+    rewards: str | Path | None = None
+    tasks: str | Path | None = None
+    #: A model/tokenizer folder for byte comparisons (retokenization); default: Qwen3.5.
+    tokenizer: str | Path | None = None
+
+
+@dataclass
+class BuildResult:
+    trajectories: list[Trajectory]
+    report: BuildReport
+    labels: Labels = field(default_factory=Labels)
+
+
+def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
+    """Row indices to stitch, in time order, and the skipped rows counted by cause.
+
+    Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
+    completed; the completed one is kept), ``status_<status>`` (failed calls),
+    ``token_source_none`` (text only), ``no_token_ids`` (ids missing or prompt unresolved).
+    """
+    skipped: Counter = Counter()
+    n = table.num_rows
+    if n == 0:
+        return [], skipped
+    status = table.column("status").to_pylist()
+    rollout = table.column("rollout_id").to_pylist()
+    req = table.column("request_hash").to_pylist()
+    attempt = table.column("attempt").to_pylist()
+    started = table.column("started_at").to_pylist()
+    finished = table.column("finished_at").to_pylist()
+    source = table.column("token_source").to_pylist()
+    call_id = table.column("call_id").to_pylist()
+    has_prompt = ~np.asarray(table.column("prompt_token_ids").is_null(), dtype=bool)
+    has_completion = ~np.asarray(table.column("completion_token_ids").is_null(), dtype=bool)
+
+    def when(i: int) -> datetime:
+        return started[i] or finished[i] or _EPOCH
+
+    groups: dict[tuple, list[int]] = {}
+    for i in range(n):
+        if req[i]:
+            groups.setdefault((rollout[i], req[i]), []).append(i)
+    superseded: set[int] = set()
+    for rows in groups.values():
+        ok = [i for i in rows if status[i] == "ok"]
+        if len(rows) > 1 and ok:
+            keep = max(ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
+            superseded.update(i for i in rows if i != keep)
+    chosen = []
+    for i in range(n):
+        if i in superseded:
+            skipped["superseded_retry"] += 1
+        elif status[i] != "ok":
+            skipped[f"status_{status[i]}"] += 1
+        elif source[i] == "none":
+            skipped["token_source_none"] += 1
+        elif not (has_prompt[i] and has_completion[i]):
+            skipped["no_token_ids"] += 1
+        else:
+            chosen.append(i)
+    chosen.sort(key=lambda i: (when(i), attempt[i] or 0, call_id[i]))
+    return chosen, skipped
+
+
+def _token_bytes_factory(tokenizer_dir: str | Path | None):
+    if tokenizer_dir is None:
+        return None
+
+    def factory():
+        from ..tokenizer import load_tokenizer
+        from .tokenbytes import token_bytes_of
+
+        return token_bytes_of(load_tokenizer(tokenizer_dir))
+
+    return factory
+
+
+def build_trajectories(folder: str | Path, options: BuildOptions | None = None) -> BuildResult:
+    """Trajectories (not yet written) and the report for the call log in ``folder``.
+
+    Raises ``CallLogError``/``RewardFileError`` (both ``ValueError``) for unusable inputs.
+    """
+    options = options or BuildOptions()
+    if options.rewards is not None or options.tasks is not None:
+        from .rewards import check_file
+
+        for p in (options.rewards, options.tasks):
+            if p is not None:
+                check_file(p)  # fail before the (possibly long) read
+    log = read_call_log(folder)
+    table = log.table
+    report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
+                         parts_read=len(log.parts), calls_read=table.num_rows)
+    report.parts_skipped = sum(1 for p in log.problems if not p.path.startswith("call "))
+    report.problems.extend(str(p) for p in log.problems)
+    rows, skipped = select_calls(table)
+    report.skipped = dict(skipped)
+    calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
+    report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
+    stitcher = Stitcher(realign=options.realign,
+                        token_bytes_factory=_token_bytes_factory(options.tokenizer))
+    for call in calls:
+        stitcher.add(call)
+    trajectories = stitcher.trajectories
+    report.calls_used = len(calls)
+    report.trajectories = len(trajectories)
+    report.rollouts = len({t.rollout_id for t in trajectories})
+    report.forks = dict(stitcher.stats.forks)
+    report.realigned_calls = stitcher.stats.realigned_calls
+    known = {r for r in table.column("rollout_id").to_pylist() if r is not None}
+    labels = load_labels(options.rewards, options.tasks, known)
+    report.problems.extend(labels.problems)
+    groups = attach(trajectories, labels, options.reward_mode)
+    report.groups = groups.groups
+    report.singleton_groups = groups.singleton_groups
+    report.equal_reward_groups = groups.equal_reward_groups
+    report.rollouts_without_task = groups.rollouts_without_task
+    report.rollouts_without_reward = groups.rollouts_without_reward
+    report.rollouts_with_reward = report.rollouts - groups.rollouts_without_reward
+    for t in trajectories:
+        trained = sum(len(c) for c, s in zip(t.ids, t.sampled) if s)
+        report.tokens_trained += trained
+        report.tokens_total += len(t.prompt) + sum(len(c) for c in t.ids)
+        report.truncated_trajectories += int(t.truncated)
+    return BuildResult(trajectories=trajectories, report=report, labels=labels)

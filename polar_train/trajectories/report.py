@@ -1,0 +1,87 @@
+"""What a build did, as ``build_report.json`` and as the table ``polar-train build`` prints.
+
+Why a report and not just logs: merge ratio, forks by cause and skipped rows tell a user at a
+glance whether the capture fits training (e.g. many ``retokenization`` forks → try
+``--realign``; many ``superseded_retry`` rows → a flaky server), and scripts can read the JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class BuildReport:
+    source: str = ""
+    out: str | None = None
+    parts_read: int = 0
+    parts_skipped: int = 0
+    calls_read: int = 0
+    calls_used: int = 0
+    rollouts: int = 0
+    trajectories: int = 0
+    forks: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    realign: bool = False
+    realigned_calls: int = 0
+    truncated_trajectories: int = 0
+    calls_without_logprobs: int = 0
+    tokens_trained: int = 0
+    tokens_total: int = 0
+    reward_mode: str = "broadcast"
+    rollouts_with_reward: int = 0
+    rollouts_without_reward: int = 0
+    rollouts_without_task: int = 0
+    groups: int = 0
+    singleton_groups: list[str] = field(default_factory=list)
+    equal_reward_groups: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    output_parts: list[str] = field(default_factory=list)
+
+    @property
+    def merge_ratio(self) -> float:
+        return self.calls_used / self.trajectories if self.trajectories else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["merge_ratio"] = round(self.merge_ratio, 4)
+        return data
+
+    def table(self, max_problems: int = 20) -> str:
+        """The human summary: one metric per line, then any problems."""
+
+        def counts(d: dict[str, int]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+
+        pct = 100.0 * self.tokens_trained / self.tokens_total if self.tokens_total else 0.0
+        rows = [
+            ("rollouts", str(self.rollouts)),
+            ("calls", f"{self.calls_used} used of {self.calls_read} read"),
+            ("trajectories", str(self.trajectories)),
+            ("merge ratio", f"{self.merge_ratio:.2f} calls/trajectory"),
+            ("forks by cause", counts(self.forks)),
+            ("skipped rows", counts(self.skipped)),
+            ("tokens trained / total", f"{self.tokens_trained} / {self.tokens_total} ({pct:.1f}%)"),
+            ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
+            ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
+                        f"{self.rollouts_without_reward} without"),
+            ("groups (tasks)", f"{self.groups}; size 1: {len(self.singleton_groups)}; "
+                               f"all-equal rewards: {len(self.equal_reward_groups)}"),
+        ]
+        if self.parts_skipped:
+            rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k:<{width}}  {v}" for k, v in rows]
+        if self.singleton_groups:
+            lines.append(f"{'':<{width}}  size-1 groups: {', '.join(self.singleton_groups[:10])}"
+                         + (" ..." if len(self.singleton_groups) > 10 else ""))
+        if self.equal_reward_groups:
+            lines.append(f"{'':<{width}}  all-equal groups: {', '.join(self.equal_reward_groups[:10])}"
+                         + (" ..." if len(self.equal_reward_groups) > 10 else ""))
+        if self.problems:
+            lines.append(f"problems ({len(self.problems)}):")
+            lines.extend(f"  {p}" for p in self.problems[:max_problems])
+            if len(self.problems) > max_problems:
+                lines.append(f"  ... {len(self.problems) - max_problems} more in build_report.json")
+        return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""Rewards and tasks from user files (JSONL, CSV or Parquet), attached to trajectories.
+
+Why tolerant reading: a rewards file is often produced by a script over many rollouts; one bad
+row (a typo, ``"n/a"``, a rollout from another capture) must be named precisely and skipped,
+not abort the build or silently become 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REWARD_MODES = ("broadcast", "split")
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
+           ".parquet": "parquet"}
+
+
+class RewardFileError(ValueError):
+    """The file cannot be used at all (missing, unknown format); printed as one line."""
+
+
+def file_format(path: Path) -> str:
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise RewardFileError(
+            f"{path}: unknown file type {path.suffix or '(none)'}; use .jsonl, .csv or .parquet")
+    return fmt
+
+
+def check_file(path: str | Path) -> Path:
+    """Fail fast (before building) on a path that is missing or of an unknown type."""
+    p = Path(path)
+    if not p.is_file():
+        raise RewardFileError(f"file not found: {p}")
+    file_format(p)
+    return p
+
+
+def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, record) pairs; unreadable rows/files are added to ``problems`` and skipped."""
+    fmt = file_format(path)
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    problems.append(f"{path}: line {n}: not valid JSON ({exc.msg})")
+                    continue
+                if not isinstance(rec, dict):
+                    problems.append(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
+                    continue
+                yield f"{path}: line {n}", rec
+    elif fmt == "csv":
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            reader = csv.DictReader(f)
+            for rec in reader:
+                yield f"{path}: line {reader.line_num}", rec
+    else:
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:
+            problems.append(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0][:200]})")
+            return
+        for n, rec in enumerate(rows, start=1):
+            yield f"{path}: row {n}", rec
+
+
+def _reward_value(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        v = float(value)
+    elif isinstance(value, str):
+        try:
+            v = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return v if math.isfinite(v) else None
+
+
+@dataclass
+class Labels:
+    """Rewards and task ids per rollout, with every problem found on the way."""
+
+    rewards: dict[str, float] = field(default_factory=dict)
+    tasks: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _rollout_of(loc: str, rec: dict[str, Any], known: set[str], problems: list[str]) -> str | None:
+    rid = rec.get("rollout_id")
+    if rid is None or (isinstance(rid, str) and not rid.strip()):
+        problems.append(f"{loc}: no rollout_id")
+        return None
+    rid = str(rid).strip()
+    if rid not in known:
+        problems.append(f"{loc}: unknown rollout {rid!r} (not in the call log)")
+        return None
+    return rid
+
+
+def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
+                known_rollouts: set[str]) -> Labels:
+    """Read ``--rewards`` (rollout_id, reward[, task_id]) and ``--tasks`` (rollout_id, task_id).
+
+    A task id in ``--tasks`` wins over one in the rewards file.
+    """
+    labels = Labels()
+    if rewards_path is not None:
+        path = check_file(rewards_path)
+        seen: set[str] = set()
+        for loc, rec in read_records(path, labels.problems):
+            rid = _rollout_of(loc, rec, known_rollouts, labels.problems)
+            if rid is None:
+                continue
+            if "reward" not in rec:
+                labels.problems.append(f"{loc}: no reward column")
+                continue
+            value = _reward_value(rec["reward"])
+            if value is None:
+                labels.problems.append(f"{loc}: non-numeric reward {rec['reward']!r} for rollout {rid!r}")
+                continue
+            if rid in seen:
+                labels.problems.append(f"{loc}: rollout {rid!r} listed again; the first reward is kept")
+                continue
+            seen.add(rid)
+            labels.rewards[rid] = value
+            task = rec.get("task_id")
+            if task not in (None, ""):
+                labels.tasks[rid] = str(task)
+    if tasks_path is not None:
+        path = check_file(tasks_path)
+        for loc, rec in read_records(path, labels.problems):
+            rid = _rollout_of(loc, rec, known_rollouts, labels.problems)
+            if rid is None:
+                continue
+            task = rec.get("task_id")
+            if task in (None, ""):
+                labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
+                continue
+            labels.tasks[rid] = str(task)
+    return labels
+
+
+@dataclass
+class GroupSummary:
+    groups: int = 0
+    singleton_groups: list[str] = field(default_factory=list)
+    equal_reward_groups: list[str] = field(default_factory=list)
+    rollouts_without_task: int = 0
+    rollouts_without_reward: int = 0
+
+
+def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> GroupSummary:
+    """Set ``reward``, ``task_id`` and ``group_id`` on each trajectory; summarise the groups.
+
+    ``broadcast``: every trajectory of a rollout gets the rollout's reward. ``split``: the
+    reward is divided equally among the rollout's trajectories (their sum is the reward).
+    Group = task: GRPO compares rollouts of the same task, so a group of one rollout, or one
+    whose rewards are all equal, carries no learning signal and is reported.
+    """
+    if mode not in REWARD_MODES:
+        raise ValueError(f"unknown reward mode {mode!r}; use one of {', '.join(REWARD_MODES)}")
+    per_rollout: dict[str | None, list] = defaultdict(list)
+    for t in trajectories:
+        per_rollout[t.rollout_id].append(t)
+    summary = GroupSummary()
+    groups: dict[str, dict[str, float | None]] = defaultdict(dict)
+    for rid, trajs in per_rollout.items():
+        reward = labels.rewards.get(rid) if rid is not None else None
+        task = labels.tasks.get(rid) if rid is not None else None
+        if task is None:
+            task = next((t.task_id for t in trajs if t.task_id), None)
+        if reward is None:
+            summary.rollouts_without_reward += 1
+        if task is None:
+            summary.rollouts_without_task += 1
+        for t in trajs:
+            t.task_id = task
+            t.group_id = task
+            if reward is None:
+                t.reward = None
+            else:
+                t.reward = reward / len(trajs) if mode == "split" else reward
+        if task is not None and rid is not None:
+            groups[task][rid] = reward
+    summary.groups = len(groups)
+    for task, members in sorted(groups.items()):
+        if len(members) == 1:
+            summary.singleton_groups.append(task)
+        else:
+            values = set(members.values())
+            if len(values) == 1 and None not in values:
+                summary.equal_reward_groups.append(task)
+    return summary

@@ -1,0 +1,353 @@
+"""Stitch model calls into trajectories by token prefix; fork, with a named cause, where they diverge.
+
+Why prefix merge: an agent's call k+1 normally sends back everything of call k (prompt +
+sampled completion) plus tool output. One trajectory then holds the whole episode once: the
+first prompt, then sampled tokens (trained, with the sampler's logprobs) interleaved with tool
+output and template glue (not trained). Wherever the next prompt does *not* start with what
+came before, merging would train on tokens the model never produced in that context, so the
+call starts a new trajectory and the reason is recorded.
+
+Linear time: per rollout only the open trajectories' last prompt and completion are kept
+(numpy views into the call log's flat buffers); a new prompt is compared against them once,
+with O(1) pre-checks first. Nothing is re-tokenised; histories are never rescanned.
+
+Fork causes (``fork_cause`` of the new trajectory):
+
+``retokenization``
+    the next prompt carries the same *text* as the sampled completion, tokenised differently
+    (BPE drift on re-rendering). With ``realign`` the call continues the trajectory instead:
+    the sampled ids are kept and the next prompt's tokens resume where the texts agree.
+``history_rewrite``
+    the harness or template changed earlier turns: reasoning of earlier turns dropped after a
+    new user message (``<think>`` removed), edited messages, a changed tool list.
+``compaction``
+    the context shrank: earlier turns were replaced (e.g. by a summary).
+``new_conversation``
+    shares no complete user turn with any open trajectory: a sub-agent, a parallel thread, a
+    side request (title, summary) with its own prompt.
+``branch``
+    the prompt is a strict prefix of an open trajectory: a rewind or a parallel sample.
+``sampler_change``
+    the prompt continues a trajectory but the model or temperature changed; one trajectory
+    has one sampler, so the trainer can recompute its logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from .tokenbytes import TokenBytes
+
+IM_START_ID = 248045
+IM_END_ID = 248046
+THINK_ID = 248068
+USER_ID = 846
+
+FORK_CAUSES = ("retokenization", "history_rewrite", "compaction", "new_conversation", "branch",
+               "sampler_change")
+#: Open trajectories kept per rollout (least recently extended are closed first).
+MAX_OPEN_PER_ROLLOUT = 32
+MAX_OPEN_ANONYMOUS = 128
+
+
+@dataclass
+class Call:
+    """One usable call: ids as numpy views, sampler settings, and where it came from."""
+
+    call_id: str
+    rollout_id: str | None
+    task_id: str | None
+    model: str | None
+    temperature: float | None
+    token_source: str | None
+    finish_reason: str | None
+    prompt: np.ndarray
+    completion: np.ndarray
+    logprobs: np.ndarray  # float32, len(completion); NaN where the server reported none
+
+
+@dataclass
+class Trajectory:
+    trajectory_id: str
+    rollout_id: str | None
+    task_id: str | None
+    model: str | None
+    temperature: float | None
+    prompt: np.ndarray
+    fork_cause: str | None
+    first_user_end: int
+    ids: list[np.ndarray] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+    logprobs: list[np.ndarray] = field(default_factory=list)
+    call_ids: list[str] = field(default_factory=list)
+    token_sources: set[str] = field(default_factory=set)
+    last_prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    last_completion: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    truncated: bool = False
+    realigned: bool = False
+    last_used: int = 0
+    group_id: str | None = None
+    reward: float | None = None
+
+    @property
+    def match_len(self) -> int:
+        return len(self.last_prompt) + len(self.last_completion)
+
+    def match_at(self, i: int) -> int:
+        n = len(self.last_prompt)
+        return int(self.last_prompt[i] if i < n else self.last_completion[i - n])
+
+    def match_tail(self, start: int) -> np.ndarray:
+        n = len(self.last_prompt)
+        if start >= n:
+            return self.last_completion[start - n:]
+        return np.concatenate([self.last_prompt[start:], self.last_completion])
+
+    def add_glue(self, glue: np.ndarray) -> None:
+        if len(glue):
+            self.ids.append(glue)
+            self.sampled.append(False)
+            self.logprobs.append(np.full(len(glue), np.nan, np.float32))
+
+    def add_call(self, call: Call) -> None:
+        self.ids.append(call.completion)
+        self.sampled.append(True)
+        self.logprobs.append(call.logprobs)
+        self.call_ids.append(call.call_id)
+        if call.token_source:
+            self.token_sources.add(call.token_source)
+        self.last_prompt, self.last_completion = call.prompt, call.completion
+        self.truncated = call.finish_reason == "length"
+        if self.task_id is None:
+            self.task_id = call.task_id
+
+    @property
+    def token_source(self) -> str | None:
+        if not self.token_sources:
+            return None
+        return next(iter(self.token_sources)) if len(self.token_sources) == 1 else "mixed"
+
+    def completion_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(completion_ids int32, loss_mask int8, logprobs float32) of the whole trajectory."""
+        if not self.ids:
+            return np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.float32)
+        ids = np.concatenate(self.ids).astype(np.int32, copy=False)
+        mask = np.concatenate([np.full(len(c), 1 if s else 0, np.int8)
+                               for c, s in zip(self.ids, self.sampled)])
+        lps = np.concatenate(self.logprobs).astype(np.float32, copy=False)
+        return ids, mask, lps
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two id arrays (vectorised)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def _first_user_end(prompt: np.ndarray) -> int:
+    """Index just past the first user turn's ``<|im_end|>`` (0 when there is none)."""
+    starts = np.flatnonzero(prompt[:-1] == IM_START_ID)
+    for s in starts:
+        if prompt[s + 1] == USER_ID:
+            ends = np.flatnonzero(prompt[s:] == IM_END_ID)
+            return int(s + ends[0] + 1) if len(ends) else len(prompt)
+    return 0
+
+
+def _temperature(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def _same_sampler(t: Trajectory, call: Call) -> bool:
+    """Same model and temperature (unknown equals only unknown)."""
+    a, b = _temperature(t.temperature), _temperature(call.temperature)
+    same_temp = (a is None and b is None) or (a is not None and b is not None and abs(a - b) < 1e-6)
+    return t.model == call.model and same_temp
+
+
+@dataclass
+class StitchStats:
+    forks: Counter = field(default_factory=Counter)
+    realigned_calls: int = 0
+
+
+class Stitcher:
+    """Feeds calls in time order; keeps open trajectories per rollout; emits all at the end."""
+
+    def __init__(self, *, realign: bool = False, token_bytes: TokenBytes | None = None,
+                 token_bytes_factory=None):
+        self.realign = realign
+        self._token_bytes = token_bytes
+        self._token_bytes_factory = token_bytes_factory
+        self.trajectories: list[Trajectory] = []
+        self.open: dict[str | None, list[Trajectory]] = {}
+        self.stats = StitchStats()
+        self._clock = 0
+        self._counter: Counter = Counter()
+
+    # --- helpers ----------------------------------------------------------------------
+    def token_bytes(self) -> TokenBytes:
+        if self._token_bytes is None:
+            if self._token_bytes_factory is None:
+                from .tokenbytes import default_token_bytes
+
+                self._token_bytes_factory = default_token_bytes
+            self._token_bytes = self._token_bytes_factory()
+        return self._token_bytes
+
+    def _new_id(self, rollout: str) -> str:
+        n = self._counter[rollout]
+        self._counter[rollout] += 1
+        return f"{rollout}#{n}"
+
+    def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
+        key = rollout_id if call.rollout_id is not None else None
+        t = Trajectory(
+            trajectory_id=self._new_id(rollout_id or "anon"), rollout_id=rollout_id,
+            task_id=call.task_id, model=call.model, temperature=call.temperature,
+            prompt=call.prompt, fork_cause=cause, first_user_end=_first_user_end(call.prompt))
+        t.add_call(call)
+        t.last_used = self._clock
+        self.trajectories.append(t)
+        pool = self.open.setdefault(key, [])
+        pool.append(t)
+        cap = MAX_OPEN_PER_ROLLOUT if key is not None else MAX_OPEN_ANONYMOUS
+        if len(pool) > cap:
+            pool.sort(key=lambda x: x.last_used)
+            del pool[: len(pool) - cap]
+        if cause:
+            self.stats.forks[cause] += 1
+        return t
+
+    @staticmethod
+    def _extends(t: Trajectory, prompt: np.ndarray) -> bool:
+        n1, n2 = len(t.last_prompt), len(t.last_completion)
+        if len(prompt) < n1 + n2:
+            return False
+        if n1 and prompt[n1 - 1] != t.last_prompt[-1]:  # O(1) rejections first
+            return False
+        if n2 and (prompt[n1] != t.last_completion[0] or prompt[n1 + n2 - 1] != t.last_completion[-1]):
+            return False
+        return bool(np.array_equal(prompt[:n1], t.last_prompt)
+                    and np.array_equal(prompt[n1:n1 + n2], t.last_completion))
+
+    def _divergence(self, t: Trajectory, prompt: np.ndarray) -> int:
+        d = common_prefix(prompt, t.last_prompt)
+        if d == len(t.last_prompt):
+            d += common_prefix(prompt[d:], t.last_completion)
+        return d
+
+    def _retokenized_at(self, t: Trajectory, prompt: np.ndarray, d: int) -> int | None:
+        """Where ``prompt`` resumes after saying the same bytes as the sampled tail ``t[d:]``.
+
+        Only divergences inside the last completion qualify (earlier tokens were already
+        checked against a prompt). Returns the index in ``prompt`` or None.
+        """
+        if d < len(t.last_prompt) or d >= t.match_len:
+            return None
+        tb = self.token_bytes()
+        want = b"".join(tb(int(x)) for x in t.match_tail(d))
+        got = bytearray()
+        for j in range(d, len(prompt)):
+            got += tb(int(prompt[j]))
+            if len(got) >= len(want):
+                return j + 1 if bytes(got) == want else None
+            if not want.startswith(bytes(got)):
+                return None
+        return None
+
+    def _classify(self, t: Trajectory, prompt: np.ndarray, d: int) -> tuple[str, int | None]:
+        if d == len(prompt):
+            return "branch", None
+        j = self._retokenized_at(t, prompt, d)
+        if j is not None:
+            return "retokenization", j
+        if d < t.first_user_end:
+            return "new_conversation", None
+        if t.match_at(d) == THINK_ID:
+            return "history_rewrite", None
+        if len(prompt) < t.match_len:
+            return "compaction", None
+        return "history_rewrite", None
+
+    # --- main entry ---------------------------------------------------------------------
+    def add(self, call: Call) -> Trajectory:
+        """Extend an open trajectory of the call's rollout with ``call``, or fork a new one."""
+        self._clock += 1
+        key = call.rollout_id
+        pool = self.open.get(key, [])
+        # 1. extension: the longest open trajectory whose last prompt + completion the prompt starts with
+        best: Trajectory | None = None
+        for t in pool:
+            if (best is None or t.match_len > best.match_len) and self._extends(t, call.prompt):
+                best = t
+        if best is not None:
+            if _same_sampler(best, call):
+                best.add_glue(call.prompt[best.match_len:])
+                best.add_call(call)
+                best.last_used = self._clock
+                return best
+            return self._start(call, best.rollout_id, "sampler_change")
+        if not pool:
+            return self._start(call, key if key is not None else f"conv-{call.call_id}", None)
+        # 2. fork: classify against the open trajectory sharing the longest prefix
+        parent, d = None, -1
+        for t in pool:
+            dt = self._divergence(t, call.prompt)
+            if dt > d:
+                parent, d = t, dt
+        assert parent is not None
+        cause, resume = self._classify(parent, call.prompt, d)
+        if cause == "retokenization" and self.realign and _same_sampler(parent, call):
+            assert resume is not None
+            parent.add_glue(call.prompt[resume:])
+            parent.add_call(call)
+            parent.realigned = True
+            parent.last_used = self._clock
+            self.stats.realigned_calls += 1
+            return parent
+        if key is None and cause == "new_conversation":  # anonymous: a new conversation = new rollout
+            return self._start(call, f"conv-{call.call_id}", None)
+        if cause in ("retokenization", "history_rewrite", "compaction"):
+            pool.remove(parent)  # the conversation moved on; the old tokens will not come back
+        return self._start(call, parent.rollout_id, cause)
+
+
+def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Call]:
+    """``Call`` objects for the given row indices of a (resolved) call-log table.
+
+    Ids are numpy views into the table's flat buffers: no per-token Python objects.
+    """
+    from ..calllog import _list_values
+
+    p_vals, p_offs, _ = _list_values(table.column("prompt_token_ids"))
+    c_vals, c_offs, _ = _list_values(table.column("completion_token_ids"))
+    lp_col = table.column("completion_logprobs").combine_chunks()
+    if len(lp_col):
+        lp_offs = np.asarray(lp_col.offsets, dtype=np.int64)
+        lp_vals = np.asarray(lp_col.values.fill_null(np.nan), dtype=np.float32)
+        lp_valid = ~np.asarray(lp_col.is_null(), dtype=bool)
+    cols = {name: table.column(name).to_pylist() for name in
+            ("call_id", "rollout_id", "task_id", "model", "temperature", "token_source", "finish_reason")}
+    out = []
+    for i in (range(table.num_rows) if rows is None else rows):
+        i = int(i)
+        completion = c_vals[c_offs[i]:c_offs[i + 1]]
+        lp = None
+        if len(lp_col) and lp_valid[i] and lp_offs[i + 1] - lp_offs[i] == len(completion):
+            lp = lp_vals[lp_offs[i]:lp_offs[i + 1]]
+        out.append(Call(
+            call_id=cols["call_id"][i], rollout_id=cols["rollout_id"][i], task_id=cols["task_id"][i],
+            model=cols["model"][i], temperature=cols["temperature"][i],
+            token_source=cols["token_source"][i], finish_reason=cols["finish_reason"][i],
+            prompt=p_vals[p_offs[i]:p_offs[i + 1]], completion=completion,
+            logprobs=lp if lp is not None else np.full(len(completion), np.nan, np.float32)))
+    return out

@@ -1,0 +1,57 @@
+"""The exact bytes of each token id, to compare what two token sequences *say*.
+
+Why bytes and not ``decode``: a character split over two tokens decodes to replacement marks
+token by token, and decoding growing windows is quadratic. Concatenated token bytes are exact
+and let the stitcher walk two sequences side by side in linear time (retokenization check).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Protocol
+
+
+class TokenBytes(Protocol):
+    def __call__(self, token_id: int) -> bytes: ...
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode`` (the byte-level BPE alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_bytes_of(tokenizer) -> TokenBytes:
+    """A cached id → bytes function for a Hugging Face tokenizer (byte-level BPE or not)."""
+    decoder = _byte_decoder()
+    added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+
+    @lru_cache(maxsize=1 << 18)
+    def token_bytes(token_id: int) -> bytes:
+        if token_id in added:
+            return added[token_id].encode("utf-8")
+        piece = tokenizer.convert_ids_to_tokens(int(token_id))
+        if piece is None:
+            return b""
+        try:
+            return bytes(decoder[ch] for ch in piece)
+        except KeyError:  # not byte-level: fall back to the tokenizer's own decoding
+            return tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+    return token_bytes
+
+
+def default_token_bytes() -> TokenBytes:
+    """Token bytes of the project's tokenizer (Qwen3.5 vocabulary), built on first use."""
+    from ..tokenizer import build_tokenizer
+
+    return token_bytes_of(build_tokenizer())
