@@ -1,0 +1,1 @@
+"""Offline GRPO + LoRA training on captured trajectories (``polar-train train``)."""

@@ -1,0 +1,7 @@
+"""``python -m polar_train.train ...`` and ``accelerate launch -m polar_train.train ...``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

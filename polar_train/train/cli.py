@@ -1,0 +1,174 @@
+"""``polar-train train DATA --model M --output O``: GRPO + LoRA on recorded trajectories.
+
+Why every check runs before the model loads: a bad capture (no rewards, no trainable tokens,
+ids beyond the vocabulary, a temperature the trainer cannot reproduce) must fail in seconds
+with one line, not after minutes of loading or, worse, train on wrong ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..cli import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", help="folder of trajectory Parquet parts (or one .parquet file)")
+    p.add_argument("--model", required=True, help="base model directory (or HF model dir)")
+    p.add_argument("--output", required=True, help="run folder: checkpoints, metrics, final adapter")
+    p.add_argument("--config", default=None, help="train.yaml: GRPOConfig + LoRA + polar options")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one option (repeatable), e.g. --set learning_rate=1e-5")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a LoRA adapter with GRPO on captured trajectories")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _model_vocab_size(model: str) -> int:
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--model {model}: not a model directory ({str(exc).splitlines()[0]})") from None
+    return int(cfg.get_text_config().vocab_size)
+
+
+def _check_temperature(config, report) -> None:
+    recorded = report.temperatures
+    t = float(config.temperature)
+    if config.sampler_logprobs == "raw" and abs(t - 1.0) > 1e-4 and not config.allow_temperature_mismatch:
+        raise UserError(
+            f"temperature {t:g} with raw sampler logprobs: raw logprobs (vLLM's default) are of the "
+            "unscaled distribution and match the trainer's only at temperature 1; capture with vLLM "
+            "--logprobs-mode processed_logprobs and --set sampler_logprobs=processed "
+            "(or --set allow_temperature_mismatch=true)")
+    mismatched = [r for r in recorded if abs(r - t) > 1e-3]
+    if mismatched and not config.allow_temperature_mismatch:
+        shown = ", ".join(f"{r:g}" for r in recorded)
+        raise UserError(
+            f"temperature {t:g} differs from the sampling temperature recorded in the trajectories "
+            f"({shown}): set --set temperature={recorded[0]:g} (or --set allow_temperature_mismatch=true)")
+
+
+def prepare(args: argparse.Namespace):
+    """Config + checked, grouped data, before any model weights are loaded."""
+    from .config import load_config, user_set_keys
+    from .data import DataReport, load_trajectories, make_groups, modal_group_size
+
+    given = user_set_keys(args.config, args.sets)
+    vocab = _model_vocab_size(args.model)
+    first = load_config(args.config, args.sets, args.output,
+                        {} if "per_device_train_batch_size" in given or "num_generations" not in given
+                        else {"per_device_train_batch_size": _given_value(args, "num_generations")})
+    report = DataReport()
+    trajs = load_trajectories(args.data, vocab_size=vocab,
+                              max_completion_length=first.max_completion_length, report=report)
+    defaults: dict[str, Any] = {}
+    g = first.num_generations if "num_generations" in given else max(2, modal_group_size(trajs))
+    if "num_generations" not in given:
+        defaults["num_generations"] = g
+    if "per_device_train_batch_size" not in given:
+        defaults["per_device_train_batch_size"] = g
+    config = load_config(args.config, args.sets, args.output, defaults) if defaults else first
+    _check_temperature(config, report)
+    grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
+                          min_group_size=config.min_group_size, seed=config.seed, report=report)
+    return config, grouped, report
+
+
+def _given_value(args: argparse.Namespace, key: str) -> Any:
+    from .config import parse_sets, read_yaml
+
+    sets = parse_sets(args.sets)
+    return sets[key] if key in sets else read_yaml(args.config)[key]
+
+
+def _check_output(out: Path, resume: bool) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if resume:
+        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if last is None:
+            raise UserError(f"--resume: no checkpoint-* folder in {out}")
+        return last
+    if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
+        raise UserError(f"{out} already holds a run: use --resume or another --output")
+    return None
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    config, grouped, report = prepare(args)
+    out = Path(args.output)
+    checkpoint = _check_output(out, args.resume)
+    for line in report.lines():
+        print(line, flush=True)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .trainer import MetricsFileCallback, RecordedGRPOTrainer
+
+    dtype = torch.bfloat16 if config.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    peft_config = None
+    if config.init_adapter:
+        from peft import PeftModel
+
+        if not (Path(config.init_adapter) / "adapter_config.json").is_file():
+            raise UserError(f"init_adapter {config.init_adapter}: no adapter_config.json there")
+        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+    else:
+        peft_config = config.lora_config()
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
+                                  data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    changed = max((float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters()
+                   if n in before), default=0.0)
+    adapter_dir = out / "adapter"
+    trainer.save_model(str(adapter_dir))
+    mism = trainer.first_epoch_mismatch
+    summary = {
+        "steps": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "adapter": str(adapter_dir),
+        "adapter_max_abs_change": changed,
+        "logprob_mismatch_first_step": mism[0] if mism else None,
+        "logprob_mismatch_first_epoch_mean": sum(mism) / len(mism) if mism else None,
+        "data": report.__dict__,
+    }
+    if trainer.accelerator.is_main_process:
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        print(f"trained {summary['steps']} steps; adapter written to {adapter_dir}", flush=True)
+        if mism:
+            print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {mism[0]:.3g}, "
+                  f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    train(args)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry of ``python -m polar_train.train`` / ``accelerate launch -m polar_train.train``."""
+    from ..cli import main as polar_main
+
+    return polar_main(["train", *(sys.argv[1:] if argv is None else argv)])

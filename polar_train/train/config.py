@@ -1,0 +1,193 @@
+"""The trainer's one configuration: TRL's ``GRPOConfig`` fields, our data fields, LoRA fields.
+
+Why one dataclass read by TRL's ``TrlParser``: a ``train.yaml`` is then written exactly like a
+TRL config (flat keys, ``env:`` block), every ``GRPOConfig`` option works unchanged, and
+``--set key=value`` is parsed with the same type coercion as TRL's own command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from trl import GRPOConfig, TrlParser
+
+from ..cli import UserError
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class TrainConfig(GRPOConfig):
+    """``GRPOConfig`` plus what training on recorded trajectories needs.
+
+    Defaults that differ from TRL's (and why):
+      * ``bf16``: auto - on when CUDA is available, off on CPU (float32 keeps the trainer's
+        logprobs equal to a float32 sampler's; TRL's default is always on).
+      * ``use_cpu``: auto - on when no CUDA device is visible.
+      * ``vllm_importance_sampling_mode`` = ``token_truncate``, ``vllm_importance_sampling_clip_max``
+        = 2.0: TRL's vLLM importance-sampling options are reused for the recorded sampler -
+        the per-token weight ``min(pi_old / pi_sampler, cap)`` (truncated importance sampling).
+      * ``num_train_epochs`` = 1, ``logging_steps`` = 1, ``report_to`` = tensorboard,
+        ``max_completion_length`` = 8192 (agent trajectories are long; longer ones are truncated,
+        and reported).
+      * ``num_generations``: taken from the data (the most common group size) when not set;
+        ``per_device_train_batch_size``: ``num_generations`` when not set.
+    """
+
+    # ---- overridden GRPOConfig defaults -------------------------------------------------------
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; default: on with CUDA."})
+    use_cpu: bool | None = field(default=None, metadata={"help": "Train on CPU; default: when no CUDA."})
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Passes over the trajectories."})
+    logging_steps: float = field(default=1, metadata={"help": "Log metrics every N optimizer steps."})
+    report_to: None | str | list[str] = field(
+        default_factory=lambda: ["tensorboard"],
+        metadata={"help": "Integrations to report to (TensorBoard logs go under <output>/runs)."},
+    )
+    max_completion_length: int | None = field(
+        default=8192, metadata={"help": "Completions longer than this are truncated (and reported)."}
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={"help": "How recorded sampler logprobs weight the loss: token_truncate | token_mask | "
+                  "sequence_truncate | sequence_mask (TRL's vLLM option, applied to the recorded sampler)."},
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=2.0, metadata={"help": "Cap of the importance weight pi_old / pi_sampler."}
+    )
+
+    # ---- recorded data ------------------------------------------------------------------------
+    allow_temperature_mismatch: bool = field(
+        default=False,
+        metadata={"help": "Train although `temperature` differs from the sampling temperature recorded "
+                  "in the trajectories (the importance ratios are then wrong)."},
+    )
+    sampler_logprobs: str = field(
+        default="raw",
+        metadata={"help": "What the recorded logprobs are: `raw` (log-softmax of unscaled logits: vLLM's "
+                  "default) or `processed` (after temperature: vLLM `--logprobs-mode processed_logprobs`). "
+                  "Raw logprobs are only comparable at temperature 1."},
+    )
+    unequal_groups: str = field(
+        default="pad",
+        metadata={"help": "Groups whose size differs from num_generations: `pad` (fill by resampling the "
+                  "group's own trajectories; larger groups are split) or `drop`. Always reported."},
+    )
+    min_group_size: int = field(
+        default=2, metadata={"help": "Smaller groups are dropped: one trajectory has no group baseline."}
+    )
+    init_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Continue training this peft adapter (e.g. the one that served the capture) "
+                  "instead of a fresh LoRA."},
+    )
+
+    # ---- LoRA (peft) --------------------------------------------------------------------------
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["all-linear"],
+        metadata={"help": "Modules that get LoRA; `all-linear` = every linear layer but the output head "
+                  "(a LoRA on lm_head would be ignored by TRL's fused loss)."},
+    )
+
+    def __post_init__(self) -> None:
+        cuda = _cuda()
+        if self.use_cpu is None:
+            self.use_cpu = not cuda
+        if self.bf16 is None:
+            self.bf16 = cuda and not self.use_cpu and not self.fp16
+        if self.sampler_logprobs not in ("raw", "processed"):
+            raise ValueError(f"sampler_logprobs must be 'raw' or 'processed', not {self.sampler_logprobs!r}")
+        if self.unequal_groups not in ("pad", "drop"):
+            raise ValueError(f"unequal_groups must be 'pad' or 'drop', not {self.unequal_groups!r}")
+        if "lm_head" in (self.lora_target_modules or []):
+            raise ValueError("lora_target_modules must not contain lm_head: TRL's fused loss ignores it")
+        super().__post_init__()
+
+    def lora_config(self):
+        from peft import LoraConfig
+
+        targets: Any = self.lora_target_modules
+        if targets == ["all-linear"]:
+            targets = "all-linear"
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+                          target_modules=targets, task_type="CAUSAL_LM")
+
+
+class _Parser(TrlParser):
+    """TrlParser whose errors are one clear line (a ``UserError``), not a usage dump and exit."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        raise UserError(f"bad configuration: {message}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def parse_sets(sets: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> ``{k: v}`` with a clear error for an unknown key or a missing ``=``."""
+    out: dict[str, str] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UserError(f"--set expects key=value, got {item!r}")
+        if key not in _FIELDS:
+            raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
+        out[key] = value
+    return out
+
+
+def read_yaml(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: must contain a YAML mapping of option: value")
+    unknown = sorted(k for k in data if k != "env" and k not in _FIELDS)
+    if unknown:
+        raise UserError(f"{p}: unknown option(s) {', '.join(unknown)} (see docs/train.md)")
+    return data
+
+
+def load_config(config_path: str | None, sets: list[str], output_dir: str,
+                data_defaults: dict[str, Any] | None = None) -> TrainConfig:
+    """Read ``train.yaml`` the way TRL does, apply ``--set`` overrides, then ``data_defaults``
+    for options the user set nowhere (e.g. ``num_generations`` from the data's group size)."""
+    user = read_yaml(config_path)
+    overrides = parse_sets(sets)
+    args: list[str] = []
+    if config_path is not None:
+        args += ["--config", str(config_path)]
+    for key, value in {**(data_defaults or {}), **overrides}.items():
+        if key in user and key not in overrides:
+            continue
+        args.append(f"--{key}")
+        ftype = str(_FIELDS[key].type)
+        if "list" in ftype and "," in str(value):
+            args += [v.strip() for v in str(value).split(",") if v.strip()]
+        else:
+            args.append(str(value))
+    args += ["--output_dir", str(output_dir)]
+    (config,) = _Parser(dataclass_types=[TrainConfig]).parse_args_and_config(args=args)
+    return config
+
+
+def user_set_keys(config_path: str | None, sets: list[str]) -> set[str]:
+    """Option names the user gave explicitly (in the YAML or with ``--set``)."""
+    return set(read_yaml(config_path)) | set(parse_sets(sets))

@@ -1,0 +1,235 @@
+"""Trajectory Parquet -> checked trajectories -> GRPO groups -> a ``datasets.Dataset``.
+
+Why groups are dataset rows: TRL's ``RepeatSampler`` repeats each row ``num_generations``
+times in a row and computes group-relative advantages over exactly those repeats. One row per
+(builder) group, and the rollout function returning that group's trajectories for the repeats,
+makes GRPO's baseline the real group's. Groups of another size are split, padded by resampling
+or dropped, and every such decision is counted in the ``DataReport`` - never silent.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..cli import UserError
+from ..schema import TRAJECTORY_SCHEMA, missing_columns
+
+#: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
+REQUIRED = ("trajectory_id", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward")
+_OPTIONAL = ("group_id", "task_id", "temperature", "truncated")
+
+
+@dataclass
+class Trajectory:
+    trajectory_id: str
+    group: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    reward: float
+
+
+@dataclass
+class DataReport:
+    """What the loader kept, changed and dropped (printed before training, saved in the summary)."""
+
+    files: int = 0
+    rows: int = 0
+    dropped_no_reward: int = 0
+    dropped_no_trainable_tokens: int = 0
+    truncated_to_max_length: int = 0
+    trainable_tokens: int = 0
+    trainable_tokens_without_logprob: int = 0
+    temperatures: list[float] = field(default_factory=list)
+    group_sizes: dict[int, int] = field(default_factory=dict)  # size -> number of groups
+    num_generations: int = 0
+    rows_out: int = 0  # dataset rows (GRPO groups of exactly num_generations)
+    groups_split: int = 0
+    groups_padded: int = 0
+    padding_trajectories: int = 0
+    groups_dropped: int = 0
+    trajectories_dropped_in_groups: int = 0
+    zero_reward_std_rows: int = 0
+
+    def lines(self) -> list[str]:
+        sizes = ", ".join(f"{n}x{s}" for s, n in sorted(self.group_sizes.items()))
+        out = [
+            f"data: {self.rows} trajectories in {self.files} file(s); groups by size: {sizes or 'none'}",
+            f"data: {self.rows_out} GRPO groups of {self.num_generations} "
+            f"({self.trainable_tokens} trainable tokens)",
+        ]
+        notes = [
+            (self.dropped_no_reward, "trajectories dropped: no reward"),
+            (self.dropped_no_trainable_tokens, "trajectories dropped: no trainable (mask 1) token"),
+            (self.truncated_to_max_length, "trajectories truncated to max_completion_length"),
+            (self.groups_split, "groups split into several GRPO groups"),
+            (self.groups_padded, f"groups padded by resampling ({self.padding_trajectories} copies)"),
+            (self.groups_dropped, f"groups dropped ({self.trajectories_dropped_in_groups} trajectories)"),
+            (self.zero_reward_std_rows, "GRPO groups with equal rewards (no learning signal)"),
+            (self.trainable_tokens_without_logprob, "trainable tokens without a sampler logprob "
+             "(importance weight 1)"),
+        ]
+        out += [f"data: {n} {what}" for n, what in notes if n]
+        return out
+
+
+def parquet_files(path: str | Path) -> list[Path]:
+    """The Parquet parts of a trajectory folder (dot-files are in-progress: ignored), or one file."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise UserError(f"trajectory data not found: {p}")
+    files = sorted(f for f in p.rglob("*.parquet")
+                   if not any(part.startswith(".") for part in f.relative_to(p).parts))
+    if not files:
+        raise UserError(f"no trajectory Parquet files in {p}")
+    return files
+
+
+def read_table(path: str | Path, report: DataReport) -> pa.Table:
+    tables = []
+    wanted = [c for c in REQUIRED + _OPTIONAL]
+    for f in parquet_files(path):
+        try:
+            schema = pq.read_schema(f)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
+            raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
+        expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
+        problems = missing_columns(schema, expected)
+        if problems:
+            raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
+        cols = [c for c in wanted if c in schema.names]
+        tables.append(pq.read_table(f, columns=cols))
+        report.files += 1
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_length: int | None,
+                      report: DataReport) -> list[Trajectory]:
+    """Read and check every trajectory; clear ``UserError`` on input no training could use."""
+    table = read_table(path, report)
+    report.rows = table.num_rows
+    if table.num_rows == 0:
+        raise UserError(f"no trajectories in {path} (the Parquet files are empty)")
+    cols = table.to_pydict()
+    n = table.num_rows
+    groups = cols.get("group_id") or [None] * n
+    tasks = cols.get("task_id") or [None] * n
+    temps = {round(float(t), 4) for t in (cols.get("temperature") or []) if t is not None}
+    report.temperatures = sorted(temps)
+    out: list[Trajectory] = []
+    any_reward = False
+    for i in range(n):
+        tid = cols["trajectory_id"][i]
+        prompt = cols["prompt_ids"][i] or []
+        comp = cols["completion_ids"][i] or []
+        mask = cols["loss_mask"][i]
+        lps = cols["logprobs"][i]
+        mask = list(mask) if mask is not None else [1] * len(comp)
+        lps = [math.nan if v is None else float(v) for v in lps] if lps is not None else [math.nan] * len(comp)
+        if len(mask) != len(comp) or len(lps) != len(comp):
+            raise UserError(f"trajectory {tid}: completion_ids ({len(comp)}), loss_mask ({len(mask)}) "
+                            f"and logprobs ({len(lps)}) differ in length")
+        if any(m not in (0, 1) for m in mask):
+            raise UserError(f"trajectory {tid}: loss_mask holds values other than 0 and 1")
+        ids = prompt + comp
+        if ids and (max(ids) >= vocab_size or min(ids) < 0):
+            bad = max(ids) if max(ids) >= vocab_size else min(ids)
+            raise UserError(f"trajectory {tid}: token id {bad} is outside the model's vocabulary "
+                            f"(size {vocab_size}): wrong --model for this capture?")
+        reward = cols["reward"][i]
+        if reward is None or (isinstance(reward, float) and math.isnan(reward)):
+            report.dropped_no_reward += 1
+            continue
+        any_reward = True
+        if max_completion_length is not None and len(comp) > max_completion_length:
+            comp, mask, lps = (comp[:max_completion_length], mask[:max_completion_length],
+                               lps[:max_completion_length])
+            report.truncated_to_max_length += 1
+        if not prompt:
+            raise UserError(f"trajectory {tid}: empty prompt_ids")
+        if sum(mask) == 0:
+            report.dropped_no_trainable_tokens += 1
+            continue
+        report.trainable_tokens += sum(mask)
+        report.trainable_tokens_without_logprob += sum(1 for m, v in zip(mask, lps) if m and math.isnan(v))
+        group = groups[i] if groups[i] is not None else tasks[i]
+        out.append(Trajectory(tid, group if group is not None else f"<single {tid}>",
+                              list(prompt), list(comp), mask, lps, float(reward)))
+    if not any_reward:
+        raise UserError(f"no trajectory in {path} has a reward: attach rewards before training")
+    if not out:
+        raise UserError(f"no trajectory in {path} has a trainable (loss_mask 1) token")
+    return out
+
+
+def modal_group_size(trajs: list[Trajectory]) -> int:
+    """The most common group size (ties: the larger), the default ``num_generations``."""
+    sizes = Counter(Counter(t.group for t in trajs).values())
+    return max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+
+@dataclass
+class GroupedData:
+    """GRPO rows: ``rows[r]`` lists the ``num_generations`` trajectory indices of dataset row r."""
+
+    trajectories: list[Trajectory]
+    rows: list[list[int]]
+    row_names: list[str]
+
+    def dataset(self):
+        """One row per GRPO group; ``prompt`` is a unique name the rollout function maps back."""
+        from datasets import Dataset
+
+        return Dataset.from_dict({"prompt": self.row_names, "row": list(range(len(self.rows)))})
+
+
+def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, min_group_size: int,
+                seed: int, report: DataReport) -> GroupedData:
+    rng = random.Random(seed)
+    by_group: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        by_group.setdefault(t.group, []).append(i)
+    report.group_sizes = dict(Counter(len(v) for v in by_group.values()))
+    report.num_generations = num_generations
+    rows: list[list[int]] = []
+    names: list[str] = []
+    for name, members in by_group.items():
+        if len(members) < min_group_size:
+            report.groups_dropped += 1
+            report.trajectories_dropped_in_groups += len(members)
+            continue
+        members = members[:]
+        if len(members) > num_generations:
+            rng.shuffle(members)
+            report.groups_split += 1
+        chunks = [members[i:i + num_generations] for i in range(0, len(members), num_generations)]
+        for c, chunk in enumerate(chunks):
+            if len(chunk) < num_generations:
+                if policy == "drop" or len(chunk) < min_group_size:
+                    report.groups_dropped += 1
+                    report.trajectories_dropped_in_groups += len(chunk)
+                    continue
+                extra = [rng.choice(chunk) for _ in range(num_generations - len(chunk))]
+                report.groups_padded += 1
+                report.padding_trajectories += len(extra)
+                chunk = chunk + extra
+            rows.append(chunk)
+            names.append(name if len(chunks) == 1 else f"{name} [{c + 1}/{len(chunks)}]")
+            if len({trajs[i].reward for i in chunk}) == 1:
+                report.zero_reward_std_rows += 1
+    report.rows_out = len(rows)
+    if not rows:
+        raise UserError(f"no group of at least {min_group_size} trajectories to train on with "
+                        f"num_generations={num_generations} and unequal_groups={policy} "
+                        f"(group sizes: {report.group_sizes})")
+    return GroupedData(trajs, rows, names)

@@ -1,0 +1,141 @@
+"""``RecordedGRPOTrainer``: TRL's ``GRPOTrainer`` fed with recorded trajectories, no generation.
+
+Why a subclass this small: TRL already implements everything off-policy training needs for
+vLLM-sampled data - the trainer's own logprobs of the sampled tokens ("old" logprobs), the
+truncated importance weight ``min(pi_old / pi_sampler, cap)`` per token, the mismatch metric
+``|logprob(trainer) - logprob(sampler)|`` and the weighted loss - but only switches it on when
+``use_vllm`` is set. Recorded trajectories are exactly such data (sampled elsewhere, with the
+sampler's logprobs), so the subclass switches that code path on around the two methods that
+contain it, and supplies the trajectories through ``rollout_func``.
+
+The resulting per-token objective is TRL's: ``clip(pi_theta / pi_old) * A * min(pi_old / mu, cap)``
+where ``mu`` is the recorded sampler probability: the ratio against the recorded logprobs is
+``(pi_theta / pi_old) * (pi_old / mu)``, its second factor truncated at the cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from .data import GroupedData
+
+
+def recorded_reward(prompts, completions, recorded_reward, **kwargs) -> list[float]:
+    """The reward attached to each trajectory by the builder (forwarded by the rollout)."""
+    return [float(r) for r in recorded_reward]
+
+
+class RecordedGRPOTrainer(GRPOTrainer):
+    """GRPO on recorded trajectories with importance sampling against the recorded logprobs."""
+
+    def __init__(self, *, data: GroupedData, **kwargs: Any) -> None:
+        self.data = data
+        self._row_of = {name: r for r, name in enumerate(data.row_names)}
+        if len(self._row_of) != len(data.row_names):
+            raise ValueError("GRPO group names are not unique")
+        #: Per generation batch (first epoch only): mean |logprob(trainer) - logprob(sampler)|.
+        self.first_epoch_mismatch: list[float] = []
+        self.last_batch: dict[str, Any] | None = None  # for tests: the last scored batch
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
+            super().__init__(reward_funcs=[recorded_reward], train_dataset=data.dataset(),
+                             rollout_func=self._rollout, **kwargs)
+        self._last_loaded_step = None  # read by TRL's vLLM weight-sync check; nothing to sync
+
+    # -- data ---------------------------------------------------------------------------------
+    def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
+        """Return the recorded trajectories of the groups named by ``prompts``.
+
+        TRL hands each process a contiguous slice of the global batch in which every group
+        appears ``num_generations`` times in a row; the global position modulo the group size
+        says which member of the group a repeat stands for.
+        """
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        offset = self.accelerator.process_index * len(prompts)
+        picked = [self.data.trajectories[self.data.rows[self._row_of[p]][(offset + i) % g]]
+                  for i, p in enumerate(prompts)]
+        return {
+            "prompt_ids": [t.prompt_ids for t in picked],
+            "completion_ids": [t.completion_ids for t in picked],
+            "logprobs": [t.logprobs for t in picked],
+            "env_mask": [t.loss_mask for t in picked],
+            "recorded_reward": [t.reward for t in picked],
+            "trajectory_id": [t.trajectory_id for t in picked],
+        }
+
+    # -- TRL's sampler-correction path, switched on for recorded data -------------------------
+    @contextlib.contextmanager
+    def _recorded_sampler(self):
+        saved = self.use_vllm
+        self.use_vllm = True
+        self._last_loaded_step = self.state.global_step
+        try:
+            yield
+        finally:
+            self.use_vllm = saved
+
+    def _generate_and_score_completions(self, inputs):
+        with self._recorded_sampler():
+            out = super()._generate_and_score_completions(inputs)
+        self._log_truncation(out)
+        self.last_batch = out
+        return out
+
+    def _compute_loss(self, model, inputs):
+        with self._recorded_sampler():
+            return super()._compute_loss(model, inputs)
+
+    def _log_truncation(self, out: dict[str, Any]) -> None:
+        """Share of trainable tokens whose raw weight pi_old / mu fell outside the cap (clipped)."""
+        if "old_per_token_logps" not in out or "sampling_per_token_logps" not in out:
+            return
+        mode = "train" if self.model.training else "eval"
+        mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
+        diff = torch.nan_to_num((out["old_per_token_logps"] - out["sampling_per_token_logps"]) * mask, nan=0.0)
+        if self.vllm_importance_sampling_mode.startswith("sequence"):
+            diff, valid = diff.sum(-1), torch.ones(diff.shape[0], dtype=torch.bool, device=diff.device)
+        else:
+            valid = mask.bool()
+        ratio = torch.exp(diff)[valid]
+        hi = self.vllm_importance_sampling_clip_max
+        lo = self.vllm_importance_sampling_clip_min
+        out_of_range = torch.zeros_like(ratio, dtype=torch.bool)
+        if hi is not None:
+            out_of_range |= ratio > hi
+        if lo is not None:
+            out_of_range |= ratio < lo
+        frac = out_of_range.float().mean() if ratio.numel() else torch.tensor(0.0, device=ratio.device)
+        frac = self.accelerator.gather(frac.reshape(1)).mean().item()
+        self._metrics[mode]["sampling/importance_sampling_ratio/clipped_frac"].append(frac)
+        if mode == "train" and self.state.epoch is not None and self.state.epoch < 1.0:
+            delta = self._metrics[mode].get("sampling/sampling_logp_difference/mean")
+            if delta:
+                self.first_epoch_mismatch.append(delta[-1])
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Append every logged metrics dict to ``metrics.jsonl`` (one JSON object per log)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.start = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        row = {"step": state.global_step, "epoch": state.epoch,
+               "time_s": round(time.time() - self.start, 3)}
+        for k, v in logs.items():
+            row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
