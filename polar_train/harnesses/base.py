@@ -1,0 +1,194 @@
+"""Run a real, unmodified coding-agent harness non-interactively, optionally through our proxy.
+
+Why a private HOME/config dir per run: a harness reads and writes its config, sessions and caches
+under the user's home; a rollout must neither see nor change the user's own setup, and two
+concurrent rollouts must not share state. Why a clean environment (not ``os.environ``): a user's
+``OPENAI_API_KEY``/``ANTHROPIC_*``/``NO_PROXY`` would silently redirect or bypass the proxy.
+
+The rollout id travels as the proxy user name (``HTTPS_PROXY=http://ROLLOUT:x@127.0.0.1:PORT``):
+all three harnesses send it as ``Proxy-Authorization`` (see docs/harness-wire-notes.md).
+API keys are only ever passed in the environment of the child process, never written to a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+#: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_HARNESS_PREFIX = REPO_ROOT / ".harnesses"
+
+#: Environment variables passed through from the caller: what a child needs to find its tools
+#: (node, python3, git) and behave like a normal terminal session. Nothing with keys or proxies.
+_PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
+                    "PYENV_ROOT", "PYENV_VERSION")
+
+#: Placeholder key: local servers ignore it, but every harness refuses to start without one.
+DEFAULT_API_KEY = "polar-local"
+
+
+class HarnessError(Exception):
+    """The harness could not be run (missing binary, bad option): one clear line for the user."""
+
+
+@dataclass(frozen=True)
+class ModelServer:
+    """The model server the harness should talk to (vLLM, SGLang, ``polar-train serve``).
+
+    ``base_url`` is the server root without ``/v1`` (``http://127.0.0.1:8000``); each harness adds
+    the path prefix its SDK expects.
+    """
+
+    base_url: str
+    model: str = "tiny"
+    api_key: str = DEFAULT_API_KEY
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise HarnessError(f"model server URL must start with http:// or https://, got {self.base_url!r}")
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/").removesuffix("/v1"))
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """Our mitmproxy: where it listens, which rollout the run belongs to, and its CA certificate."""
+
+    port: int
+    rollout_id: str
+    ca_cert: Path | None = None
+    host: str = "127.0.0.1"
+    secret: str = "x"
+
+    def __post_init__(self) -> None:
+        if not self.rollout_id or ":" in self.rollout_id:
+            raise HarnessError(f"rollout id must be non-empty and contain no ':', got {self.rollout_id!r}")
+        if self.ca_cert is not None and not Path(self.ca_cert).is_file():
+            raise HarnessError(f"proxy CA certificate not found: {self.ca_cert}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{quote(self.rollout_id, safe='')}:{quote(self.secret, safe='')}@{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Proxy variables in both spellings; never a NO_PROXY (it would bypass loopback)."""
+        env = {k: self.url for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}
+        if self.ca_cert is not None:
+            env["NODE_EXTRA_CA_CERTS"] = str(self.ca_cert)  # Node adds it to its bundled roots
+        return env
+
+
+@dataclass
+class HarnessRun:
+    """What one harness session did: its exit status, its output and its final answer."""
+
+    harness: str
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    final_message: str
+    workdir: Path
+    home: Path
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        """A short failure report (exit status and the tail of both streams)."""
+        return (f"{self.harness} exited {self.returncode}{' (timed out)' if self.timed_out else ''} "
+                f"after {self.seconds:.1f}s\n--- stdout ---\n{self.stdout[-3000:]}\n"
+                f"--- stderr ---\n{self.stderr[-3000:]}")
+
+
+def find_binary(name: str, prefix: Path | None = None) -> Path:
+    """The harness executable: ``$POLAR_HARNESS_PREFIX`` or ``.harnesses/``, else ``PATH``."""
+    prefix = Path(prefix or os.environ.get("POLAR_HARNESS_PREFIX") or DEFAULT_HARNESS_PREFIX)
+    candidate = prefix / "node_modules" / ".bin" / name
+    if candidate.exists():
+        return candidate
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    raise HarnessError(f"{name!r} not found under {prefix}/node_modules/.bin or on PATH: "
+                       "run scripts/install-harnesses")
+
+
+@dataclass
+class Harness(ABC):
+    """One harness: how to configure it in a private home and the command line that runs it."""
+
+    name: str = field(init=False, default="")
+    binary: str = field(init=False, default="")
+    prefix: Path | None = None
+
+    @abstractmethod
+    def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
+        """Write the harness's config files under ``home``; return its environment variables."""
+
+    @abstractmethod
+    def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
+        """The argv of one non-interactive session."""
+
+    def final_message(self, stdout: str, home: Path) -> str:
+        """The harness's final answer (default: its stdout, stripped)."""
+        return stdout.strip()
+
+    def environment(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _PASSTHROUGH_ENV if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update({"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+                    "XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local/share"),
+                    "XDG_STATE_HOME": str(home / ".local/state"), "TERM": "dumb", "NO_COLOR": "1",
+                    "CI": "1"})
+        if proxy is not None:
+            env.update(proxy.env())
+        env.update(self.configure(home, server, proxy))
+        return env
+
+    def run(self, workdir: Path | str, prompt: str, server: ModelServer, proxy: Proxy | None = None,
+            home: Path | str | None = None, timeout: float = 300) -> HarnessRun:
+        """Run one session in ``workdir`` and wait for it (``home``: a fresh temporary dir if not given).
+
+        On timeout the whole process group is killed: harnesses spawn shells and helpers.
+        """
+        workdir = Path(workdir).resolve()
+        if not workdir.is_dir():
+            raise HarnessError(f"work directory not found: {workdir}")
+        exe = find_binary(self.binary, self.prefix)
+        home = Path(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
+        home.mkdir(parents=True, exist_ok=True)
+        env = self.environment(home, server, proxy)
+        argv = self.command(exe, prompt, workdir, home, server)
+        start = time.monotonic()
+        timed_out = False
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seconds = time.monotonic() - start
+        rc = proc.returncode
+        final = self.final_message(out, home) if rc == 0 and not timed_out else ""
+        return HarnessRun(self.name, argv, rc, out, err, final, workdir, home, seconds, timed_out)

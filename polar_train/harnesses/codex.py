@@ -1,0 +1,71 @@
+"""OpenAI Codex CLI (``codex exec``) against any Responses-API server, through the proxy.
+
+Why a ``config.toml`` model provider: it is how a user points Codex at their own server
+(``wire_api = "responses"``); the key is named by ``env_key`` and only lives in the environment.
+Codex trusts the proxy's CA through ``CODEX_CA_CERTIFICATE``/``SSL_CERT_FILE`` (it does not read
+``NODE_EXTRA_CA_CERTS``: the CLI is a native binary).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import Harness, ModelServer, Proxy
+
+#: Name of the environment variable that carries the API key (``env_key`` in config.toml).
+API_KEY_ENV = "POLAR_API_KEY"
+PROVIDER = "polar"
+LAST_MESSAGE_FILE = "last-message.txt"
+
+
+def _toml_value(value: object) -> str:
+    """TOML for the scalars/lists we write (JSON strings are valid TOML basic strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def config_toml(server: ModelServer, extra: dict[str, object] | None = None) -> str:
+    """The private ``$CODEX_HOME/config.toml``: one model provider, no update check, no analytics."""
+    top = {"model": server.model, "model_provider": PROVIDER, "check_for_update_on_startup": False,
+           **(extra or {})}
+    lines = [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    lines += ["", f"[model_providers.{PROVIDER}]", f'name = "{PROVIDER}"',
+              f"base_url = {_toml_value(server.base_url + '/v1')}", 'wire_api = "responses"',
+              f'env_key = "{API_KEY_ENV}"', "", "[analytics]", "enabled = false", ""]
+    return "\n".join(lines)
+
+
+@dataclass
+class Codex(Harness):
+    """``codex exec`` non-interactively: no approvals, no sandbox (CI has none), stdin closed."""
+
+    extra_config: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.name, self.binary = "codex", "codex"
+
+    def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
+        codex_home = home / ".codex"
+        codex_home.mkdir(parents=True, exist_ok=True)
+        (codex_home / "config.toml").write_text(config_toml(server, self.extra_config), "utf-8")
+        env = {"CODEX_HOME": str(codex_home), API_KEY_ENV: server.api_key}
+        if proxy is not None and proxy.ca_cert is not None:
+            env["CODEX_CA_CERTIFICATE"] = str(proxy.ca_cert)
+            env["SSL_CERT_FILE"] = str(proxy.ca_cert)
+        return env
+
+    def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
+        return [str(exe), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                "--ephemeral", "--color", "never", "-C", str(workdir),
+                "-o", str(home / LAST_MESSAGE_FILE), prompt]
+
+    def final_message(self, stdout: str, home: Path) -> str:
+        path = home / LAST_MESSAGE_FILE
+        return path.read_text("utf-8").strip() if path.exists() else stdout.strip()

@@ -1,0 +1,55 @@
+"""Pi (``pi -p``) against any OpenAI Chat Completions server, through the proxy.
+
+Why ``models.json``: it is Pi's documented way to add a provider (``api: openai-completions``); its
+``apiKey`` field holds the *name* of an environment variable, so no key is written to disk.
+``PI_OFFLINE=1`` stops update checks and install telemetry. The compat flags are the ones Pi's docs
+give for vLLM/SGLang (no ``developer`` role, no ``reasoning_effort``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import Harness, ModelServer, Proxy
+
+API_KEY_ENV = "POLAR_API_KEY"
+PROVIDER = "polar"
+
+
+def models_json(server: ModelServer, context_window: int, max_tokens: int, reasoning: bool) -> dict:
+    """Pi's provider entry for one model on ``server``."""
+    return {"providers": {PROVIDER: {
+        "baseUrl": server.base_url + "/v1",
+        "api": "openai-completions",
+        "apiKey": API_KEY_ENV,
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": [{"id": server.model, "reasoning": reasoning, "contextWindow": context_window,
+                    "maxTokens": max_tokens}],
+    }}}
+
+
+@dataclass
+class Pi(Harness):
+    """``pi -p --no-session``; ``context_window`` large enough that a short session never compacts."""
+
+    context_window: int = 65536
+    max_tokens: int = 1024
+    reasoning: bool = True
+    extra_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name, self.binary = "pi", "pi"
+
+    def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
+        agent_dir = home / ".pi" / "agent"
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        spec = models_json(server, self.context_window, self.max_tokens, self.reasoning)
+        (agent_dir / "models.json").write_text(json.dumps(spec, indent=2) + "\n", "utf-8")
+        return {"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1",
+                "PI_TELEMETRY": "0", API_KEY_ENV: server.api_key}
+
+    def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
+        return [str(exe), "-p", "--no-session", "--provider", PROVIDER, "--model", server.model,
+                *self.extra_args, prompt]
