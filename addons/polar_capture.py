@@ -1,0 +1,324 @@
+"""mitmproxy addon: record every model call of an unmodified harness, token-exact, into Parquet.
+
+    mitmdump -s addons/polar_capture.py --set polar_out=data/captures [--set polar_tokenizer=DIR]
+
+Thin on purpose: the hooks collect bytes and timestamps and hand finished calls to a worker
+thread (``polar_train.capture``); nothing slow runs on mitmproxy's event loop, and no exception
+escapes a hook (a bug becomes a logged ``proxy_error`` row, the traffic flows on).
+See docs/capture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from mitmproxy import ctx, exceptions, http
+
+try:
+    import polar_train  # noqa: F401
+except ModuleNotFoundError:  # run from a checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from polar_train.capture import record
+from polar_train.capture.identity import IdentityResolver
+from polar_train.capture.options import OPTION_SPECS, CaptureOptions
+from polar_train.capture.redact import header_secrets, value_secrets
+from polar_train.capture.render import Renderer
+from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
+from polar_train.capture.writer import PartWriter
+
+log = logging.getLogger("polar_capture")
+
+#: Hosted APIs reject unknown request fields: never inject there (their calls are rendered instead).
+HOSTED_HOSTS = ("api.openai.com", "chatgpt.com", "api.anthropic.com", "openrouter.ai",
+                "generativelanguage.googleapis.com")
+_INLINE_PARSE_LIMIT = 1 << 20  # bodies above 1 MiB are parsed on a thread
+
+
+def _is_hosted(host: str) -> bool:
+    host = host.lower()
+    return any(host == h or host.endswith("." + h) for h in HOSTED_HOSTS) or host.endswith(".openai.azure.com")
+
+
+def _client_side(msg: str) -> bool:
+    m = msg.lower()
+    return "client" in m or "peer closed" in m
+
+
+def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
+    """The non-streamed body without injected fields (None: leave it as it is)."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not module.strip(obj, asked):
+        return None
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class PolarCapture:
+    def __init__(self) -> None:
+        self.opts = CaptureOptions()
+        self.writer: PartWriter | None = None
+        self.renderer: Renderer | None = None
+        self.identities = IdentityResolver()
+        self.attempts = record.AttemptCounter()
+        self.calls: dict[str, record.CallState] = {}
+        self.conn_secrets: dict[str, set[str]] = {}
+
+    # -- setup -------------------------------------------------------------------------------
+    def load(self, loader) -> None:
+        for name, typ, default, help_text in OPTION_SPECS:
+            loader.add_option(name, typ, default, help_text)
+
+    def configure(self, updated) -> None:
+        if not any(name.startswith("polar_") for name in updated):
+            return
+        try:
+            opts = CaptureOptions.from_mitmproxy(ctx.options)
+        except ValueError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        if opts.tokenizer:
+            tdir = Path(opts.tokenizer).expanduser()
+            if not tdir.is_dir() or not ((tdir / "tokenizer.json").exists()
+                                         or (tdir / "tokenizer_config.json").exists()):
+                raise exceptions.OptionsError(
+                    f"polar_tokenizer: {tdir} is not a tokenizer folder (no tokenizer.json)")
+        if self.writer is None or opts.out != self.opts.out or (opts.flush_rows, opts.flush_seconds,
+                                                                opts.queue_size) != (
+                self.opts.flush_rows, self.opts.flush_seconds, self.opts.queue_size):
+            old = self.writer
+            writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size)
+            try:
+                writer.start()
+            except OSError as exc:
+                raise exceptions.OptionsError(f"polar_out: cannot create {opts.out}/calls: {exc}") from None
+            self.writer = writer
+            if old is not None:
+                old.close()
+        if opts.tokenizer != self.opts.tokenizer or self.renderer is None:
+            self.renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
+            if self.renderer is not None and self.writer is not None:
+                renderer = self.renderer
+                self.writer.submit(lambda: (renderer.tokenizer, None)[1])  # load it off the event loop
+        self.opts = opts
+
+    def running(self) -> None:
+        log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
+
+    # -- connections -------------------------------------------------------------------------
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        try:
+            value = flow.request.headers.get("proxy-authorization")
+            if value:
+                self.identities.remember_connect(flow.client_conn.id, value)
+                self.conn_secrets[flow.client_conn.id] = value_secrets(value)
+        except Exception:
+            log.exception("polar_capture: http_connect failed")
+
+    def client_disconnected(self, client) -> None:
+        self.identities.forget(client.id)
+        self.conn_secrets.pop(client.id, None)
+
+    # -- requests ----------------------------------------------------------------------------
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._requestheaders(flow)
+        except Exception as exc:
+            log.exception("polar_capture: requestheaders failed")
+            state = self.calls.get(flow.id)
+            if state is not None:
+                state.fail("proxy_error", f"requestheaders hook failed: {exc!r}")
+
+    def _requestheaders(self, flow: http.HTTPFlow) -> None:
+        req = flow.request
+        api = record.detect_api(req.method, req.path)
+        if api is None:
+            if "proxy-authorization" in req.headers:  # meant for us, never for the upstream
+                del req.headers["proxy-authorization"]
+            return
+        conn_id = flow.client_conn.id
+        secrets = header_secrets(req.headers) | self.conn_secrets.get(conn_id, set())
+        mode = flow.client_conn.proxy_mode
+        try:
+            port = mode.listen_port(ctx.options.listen_port)
+        except Exception:
+            port = None
+        identity = self.identities.resolve(conn_id, req.headers, port, self.opts.rollout_header,
+                                           self.opts.task_header, self.opts.port_rollouts)
+        if identity.source == "api_key" and identity.rollout_id:
+            secrets.add(f"polar-{identity.rollout_id}")
+        if "accept-encoding" in req.headers:
+            del req.headers["accept-encoding"]
+        default_port = 443 if req.scheme == "https" else 80
+        base = f"{req.scheme}://{req.host}" + ("" if req.port == default_port else f":{req.port}")
+        self.calls[flow.id] = record.CallState(
+            api=api, method=req.method, host=req.pretty_host, path=req.path, client_conn_id=conn_id,
+            identity=identity, started_at=record.utcnow(), upstream_base=base, secrets=secrets)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        state = self.calls.get(flow.id)
+        if state is None:
+            return
+        try:
+            await self._request(flow, state)
+        except Exception as exc:
+            log.exception("polar_capture: request hook failed")
+            state.fail("proxy_error", f"request hook failed: {exc!r}")
+
+    async def _request(self, flow: http.HTTPFlow, state: record.CallState) -> None:
+        body = flow.request.get_content(strict=False) or b""
+        if len(body) > self.opts.max_body_mb << 20:
+            state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
+            state.request_hash = None
+            return
+        try:
+            obj = json.loads(body) if len(body) <= _INLINE_PARSE_LIMIT else await asyncio.to_thread(json.loads, body)
+        except ValueError as exc:
+            obj = None
+            state.request_error = f"request body is not JSON: {exc}"[:500]
+        if not isinstance(obj, dict):
+            state.request_error = state.request_error or "request body is not a JSON object"
+            import hashlib
+
+            state.request_hash = hashlib.sha256(body).hexdigest()[:32]
+            state.attempt = self.attempts.next(state.identity.rollout_id, state.request_hash)
+            return
+        state.request = obj
+        state.stream = obj.get("stream") is True
+        state.request_hash = record.request_hash(obj) if len(body) <= _INLINE_PARSE_LIMIT else \
+            await asyncio.to_thread(record.request_hash, obj)
+        state.attempt = self.attempts.next(state.identity.rollout_id, state.request_hash)
+        if self.opts.inject and not _is_hosted(flow.request.host):
+            module = record.FORMATS[state.api]
+            inj = module.inject(obj)
+            if inj.changed:
+                flow.request.content = json.dumps(inj.body, ensure_ascii=False).encode("utf-8")
+                state.injected = True
+                state.asked = inj.asked
+
+    # -- responses ---------------------------------------------------------------------------
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = self.calls.get(flow.id)
+        if state is None or flow.response is None:
+            return
+        try:
+            self._responseheaders(flow, state)
+        except Exception as exc:
+            log.exception("polar_capture: responseheaders failed")
+            state.fail("proxy_error", f"responseheaders hook failed: {exc!r}")
+
+    def _responseheaders(self, flow: http.HTTPFlow, state: record.CallState) -> None:
+        resp = flow.response
+        state.http_status = resp.status_code
+        if "text/event-stream" not in (resp.headers.get("content-type") or "").lower():
+            state.first_byte_at = record.utcnow()
+            return
+        enc = (resp.headers.get("content-encoding") or "").strip().lower()
+        decoder = None
+        if enc and enc != "identity":
+            if not supported_encoding(enc):
+                state.fail("proxy_error", f"unsupported content-encoding {enc!r}: stream not parsed")
+                return
+            decoder = Decoder(enc)
+        module = record.FORMATS[state.api]
+        strip = None
+        if state.injected:
+            asked = state.asked
+            strip = lambda obj: module.strip(obj, asked)  # noqa: E731
+        deliver_decoded = False
+        if strip is not None and decoder is not None:
+            del resp.headers["content-encoding"]
+            if "content-length" in resp.headers:
+                del resp.headers["content-length"]
+            deliver_decoded = True
+
+        def first_byte() -> None:
+            state.first_byte_at = record.utcnow()
+
+        resp.stream = StreamTap(state, strip, decoder, deliver_decoded, first_byte)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        state = self.calls.get(flow.id)
+        if state is None:
+            return
+        try:
+            await self._response(flow, state)
+        except Exception as exc:
+            log.exception("polar_capture: response hook failed")
+            state.fail("proxy_error", f"response hook failed: {exc!r}")
+        finally:
+            self._finalize(flow, state)
+
+    async def _response(self, flow: http.HTTPFlow, state: record.CallState) -> None:
+        resp = flow.response
+        if resp is None:
+            return
+        state.http_status = resp.status_code
+        if state.streamed:
+            return
+        big = len(resp.raw_content or b"") > _INLINE_PARSE_LIMIT
+        body = (await asyncio.to_thread(resp.get_content, strict=False) if big
+                else resp.get_content(strict=False)) or b""
+        state.response_body = body
+        if state.injected and 200 <= resp.status_code < 300 and body:
+            module = record.FORMATS[state.api]
+            new = (await asyncio.to_thread(_strip_body, body, module, state.asked) if big
+                   else _strip_body(body, module, state.asked))
+            if new is not None:
+                if "content-encoding" in resp.headers:
+                    del resp.headers["content-encoding"]
+                resp.content = new
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        state = self.calls.get(flow.id)
+        if state is None:
+            return
+        try:
+            msg = flow.error.msg if flow.error else "unknown error"
+            if _client_side(msg):
+                state.fail("client_disconnected", msg)
+            else:
+                state.fail("upstream_error", msg)
+            tap = flow.response.stream if flow.response is not None else None
+            if isinstance(tap, StreamTap):
+                state.stream_pending = tap.splitter.pending
+        except Exception as exc:
+            log.exception("polar_capture: error hook failed")
+            state.fail("proxy_error", f"error hook failed: {exc!r}")
+        finally:
+            self._finalize(flow, state)
+
+    # -- rows --------------------------------------------------------------------------------
+    def _finalize(self, flow: http.HTTPFlow | None, state: record.CallState) -> None:
+        if state.finalized:
+            return
+        state.finalized = True
+        if flow is not None:
+            self.calls.pop(flow.id, None)
+        state.finished_at = record.utcnow()
+        if self.writer is None:
+            return
+        renderer, opts = self.renderer, self.opts
+        self.writer.submit(lambda: record.build_row(state, renderer, opts.tokenize_check, opts.tokenize_url))
+
+    def done(self) -> None:
+        try:
+            for flow_id, state in list(self.calls.items()):
+                state.fail("proxy_error", "proxy shut down before the call finished")
+                self.calls.pop(flow_id, None)
+                self._finalize(None, state)
+            if self.writer is not None:
+                self.writer.close()
+                if self.writer.dropped:
+                    log.warning("polar_capture: %d calls dropped (worker queue full)", self.writer.dropped)
+        except Exception:
+            log.exception("polar_capture: shutdown failed")
+
+
+addons = [PolarCapture()]

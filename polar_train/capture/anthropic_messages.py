@@ -1,0 +1,195 @@
+"""Anthropic Messages (``/v1/messages``, Claude Code): reassembly and chat conversion.
+
+vLLM returns no token ids here (``return_token_ids`` is ignored), so nothing is injected: ids are
+rendered with ``polar_tokenizer`` from the equivalent chat messages, converted the way vLLM's own
+Anthropic endpoint converts them (system blocks joined, ``tool_use`` -> ``tool_calls``,
+``tool_result`` -> ``tool`` messages), and checked against ``usage.input_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .parsed import Injection, ParsedCall, as_float, as_int
+
+API = "anthropic.messages"
+
+
+def inject(body: dict[str, Any]) -> Injection:
+    return Injection(body, {}, False)
+
+
+def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
+    return False
+
+
+def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
+    return as_float(request.get("temperature")), as_float(request.get("top_p"))
+
+
+def _finish(parsed: ParsedCall, content: list[Any], stop_reason: Any) -> None:
+    texts, reasoning, calls = [], [], []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif block.get("type") == "thinking" and isinstance(block.get("thinking"), str):
+            reasoning.append(block["thinking"])
+        elif block.get("type") == "tool_use":
+            args = block.get("input")
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name") or "",
+                                       "arguments": args if isinstance(args, str) else json.dumps(args or {})}})
+    parsed.finish_reason = stop_reason if isinstance(stop_reason, str) else None
+    parsed.stopped = stop_reason in ("end_turn", "tool_use", "stop_sequence")
+    parsed.tool_call_count = len(calls)
+    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        assistant["reasoning_content"] = "".join(reasoning)
+    if calls:
+        assistant["tool_calls"] = calls
+    parsed.assistant = assistant
+
+
+def _usage(parsed: ParsedCall, usage: Any) -> None:
+    if isinstance(usage, dict):
+        if as_int(usage.get("input_tokens")) is not None:
+            parsed.usage_prompt_tokens = as_int(usage.get("input_tokens"))
+        if as_int(usage.get("output_tokens")) is not None:
+            parsed.usage_completion_tokens = as_int(usage.get("output_tokens"))
+
+
+def parse_body(obj: dict[str, Any]) -> ParsedCall:
+    parsed = ParsedCall(response=obj, model=obj.get("model") if isinstance(obj.get("model"), str) else None)
+    _usage(parsed, obj.get("usage"))
+    content = obj.get("content") if isinstance(obj.get("content"), list) else []
+    _finish(parsed, content, obj.get("stop_reason"))
+    return parsed
+
+
+def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall:
+    parsed = ParsedCall()
+    message: dict[str, Any] = {}
+    blocks: dict[int, dict[str, Any]] = {}
+    partial_json: dict[int, list[str]] = {}
+    stop_reason = None
+    for name, obj in events:
+        if not isinstance(obj, dict):
+            parsed.error = parsed.error or "stream event is not a JSON object"
+            continue
+        kind = obj.get("type") or name
+        if kind == "message_start" and isinstance(obj.get("message"), dict):
+            message = dict(obj["message"])
+            _usage(parsed, message.get("usage"))
+        elif kind == "content_block_start" and isinstance(obj.get("content_block"), dict):
+            blocks[int(obj.get("index", len(blocks)) or 0)] = dict(obj["content_block"])
+        elif kind == "content_block_delta" and isinstance(obj.get("delta"), dict):
+            idx = int(obj.get("index", 0) or 0)
+            block = blocks.setdefault(idx, {"type": "text", "text": ""})
+            delta = obj["delta"]
+            if delta.get("type") == "text_delta":
+                block["text"] = (block.get("text") or "") + (delta.get("text") or "")
+            elif delta.get("type") == "thinking_delta":
+                block["thinking"] = (block.get("thinking") or "") + (delta.get("thinking") or "")
+            elif delta.get("type") == "input_json_delta":
+                partial_json.setdefault(idx, []).append(delta.get("partial_json") or "")
+        elif kind == "message_delta":
+            d = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            stop_reason = d.get("stop_reason", stop_reason)
+            _usage(parsed, obj.get("usage"))
+    for idx, pieces in partial_json.items():
+        try:
+            blocks[idx]["input"] = json.loads("".join(pieces)) if "".join(pieces) else {}
+        except ValueError:
+            blocks[idx]["input"] = "".join(pieces)
+    content = [blocks[i] for i in sorted(blocks)]
+    message.update({"content": content, "stop_reason": stop_reason,
+                    "usage": {"input_tokens": parsed.usage_prompt_tokens,
+                              "output_tokens": parsed.usage_completion_tokens}})
+    parsed.model = message.get("model") if isinstance(message.get("model"), str) else None
+    parsed.response = message
+    parsed.complete = done
+    _finish(parsed, content, stop_reason)
+    return parsed
+
+
+def is_done_event(name: str | None, data: str | None) -> bool:
+    return name == "message_stop"
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    parts = []
+    for block in system if isinstance(system, list) else ():
+        if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
+            if block["text"].startswith("x-anthropic-billing-header"):
+                continue
+            parts.append(block["text"])
+    return "".join(parts)
+
+
+def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Chat messages equivalent to a Messages request, as vLLM's Anthropic endpoint builds them."""
+    messages: list[dict[str, Any]] = []
+    system = _system_text(request.get("system"))
+    if system:
+        messages.append({"role": "system", "content": system})
+    items = request.get("messages")
+    if not isinstance(items, list):
+        raise ValueError("request has no messages list")
+    for msg in items:
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role")
+        content = msg.get("content")
+        if role == "system":
+            text = _system_text(content)
+            if text:
+                messages.append({"role": "system", "content": text})
+            continue
+        out: dict[str, Any] = {"role": role}
+        if isinstance(content, str):
+            out["content"] = content
+            messages.append(out)
+            continue
+        parts, calls, reasoning = [], [], []
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text" and block.get("text"):
+                parts.append({"type": "text", "text": block["text"]})
+            elif kind == "thinking" and block.get("thinking") is not None:
+                reasoning.append(block["thinking"])
+            elif kind == "tool_use":
+                calls.append({"id": block.get("id"), "type": "function",
+                              "function": {"name": block.get("name") or "",
+                                           "arguments": json.dumps(block.get("input") or {})}})
+            elif kind == "tool_result":
+                if role == "user":
+                    c = block.get("content")
+                    text = c if isinstance(c, str) else "\n".join(
+                        i.get("text", "") for i in (c or []) if isinstance(i, dict) and i.get("type") == "text")
+                    messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
+                                     "content": text or ""})
+                else:
+                    parts.append({"type": "text", "text": f"Tool result: {block.get('content') or ''}"})
+        if reasoning:
+            out["reasoning"] = "".join(reasoning)
+        if calls:
+            out["tool_calls"] = calls
+        if parts:
+            out["content"] = parts[0]["text"] if len(parts) == 1 else parts
+        if not (role == "user" and "content" not in out):
+            messages.append(out)
+    tools = []
+    for tool in request.get("tools") or ():
+        if isinstance(tool, dict) and "input_schema" in tool:
+            tools.append({"type": "function", "function": {
+                "name": tool.get("name"), "description": tool.get("description"),
+                "parameters": tool.get("input_schema"), "strict": tool.get("strict"),
+                "defer_loading": tool.get("defer_loading")}})
+    return messages, tools or None

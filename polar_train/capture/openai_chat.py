@@ -1,0 +1,205 @@
+"""OpenAI Chat Completions (``/v1/chat/completions``): injection, stripping, reassembly.
+
+vLLM (0.32) and ``polar-train serve`` return ids when asked: ``return_token_ids: true`` gives a
+top-level ``prompt_token_ids`` (streaming: in the first chunk, next to ``prompt_text``) and
+``choices[i].token_ids``; ``logprobs: true`` gives ``choices[i].logprobs.content[*].logprob``.
+Without the request flags the server sends those keys as ``null``, so stripping sets them back to
+``null`` (not deleting them): the client sees exactly the shape it would see without the proxy.
+Only choice 0 is recorded (harnesses send ``n=1``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+
+API = "openai.chat"
+
+
+def inject(body: dict[str, Any]) -> Injection:
+    asked = {
+        "return_token_ids": body.get("return_token_ids") is True,
+        "logprobs": body.get("logprobs") is True,
+    }
+    new = dict(body)
+    changed = False
+    if not asked["return_token_ids"]:
+        new["return_token_ids"] = True
+        changed = True
+    if not asked["logprobs"]:
+        new["logprobs"] = True
+        changed = True
+    return Injection(new, asked, changed)
+
+
+def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
+    """Remove injected fields from a response body or a stream chunk (in place)."""
+    changed = False
+    if not asked.get("return_token_ids"):
+        for key in ("prompt_token_ids", "prompt_text"):
+            if obj.get(key) is not None:
+                obj[key] = None
+                changed = True
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if not asked.get("return_token_ids") and choice.get("token_ids") is not None:
+            choice["token_ids"] = None
+            changed = True
+        if not asked.get("logprobs") and choice.get("logprobs") is not None:
+            choice["logprobs"] = None
+            changed = True
+    return changed
+
+
+def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
+    return as_float(request.get("temperature")), as_float(request.get("top_p"))
+
+
+def _logprob_values(logprobs: Any) -> list[float] | None:
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return None
+    out = []
+    for item in logprobs["content"]:
+        lp = item.get("logprob") if isinstance(item, dict) else None
+        if not isinstance(lp, (int, float)) or isinstance(lp, bool):
+            return None
+        out.append(float(lp))
+    return out
+
+
+def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    for choice in obj.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return choice
+    return None
+
+
+def _usage(parsed: ParsedCall, usage: Any) -> None:
+    if isinstance(usage, dict):
+        parsed.usage_prompt_tokens = as_int(usage.get("prompt_tokens"))
+        parsed.usage_completion_tokens = as_int(usage.get("completion_tokens"))
+
+
+def _finish(parsed: ParsedCall, message: dict[str, Any]) -> None:
+    calls = message.get("tool_calls") or []
+    parsed.tool_call_count = len(calls) if isinstance(calls, list) else 0
+    parsed.stopped = parsed.finish_reason in ("stop", "tool_calls")
+    assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning:
+        assistant["reasoning_content"] = reasoning
+    if parsed.tool_call_count:
+        assistant["tool_calls"] = calls
+    parsed.assistant = assistant
+
+
+def parse_body(obj: dict[str, Any]) -> ParsedCall:
+    """A non-streamed response (before stripping: ids are read from it)."""
+    parsed = ParsedCall(model=obj.get("model") if isinstance(obj.get("model"), str) else None)
+    parsed.prompt_ids = int_list(obj.get("prompt_token_ids"))
+    _usage(parsed, obj.get("usage"))
+    choice = _first_choice(obj)
+    if choice is None:
+        parsed.error = "response has no choices[0]"
+        return parsed
+    parsed.completion_ids = int_list(choice.get("token_ids"))
+    parsed.completion_logprobs = _logprob_values(choice.get("logprobs"))
+    parsed.finish_reason = choice.get("finish_reason")
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    _finish(parsed, message)
+    return parsed
+
+
+def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall:
+    """Reassemble the chunks (already JSON-decoded; ``[DONE]`` excluded) of a streamed call."""
+    parsed = ParsedCall()
+    content: list[str] = []
+    reasoning: list[str] = []
+    tools: dict[int, dict[str, Any]] = {}
+    ids: list[int] = []
+    ids_seen = False
+    lps: list[float] | None = []
+    base: dict[str, Any] = {}
+    role = "assistant"
+    for _name, obj in events:
+        if not isinstance(obj, dict):
+            parsed.error = parsed.error or "stream chunk is not a JSON object"
+            continue
+        if not base:
+            base = {k: obj.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+        if obj.get("prompt_token_ids") is not None:
+            parsed.prompt_ids = int_list(obj.get("prompt_token_ids"))
+        if obj.get("usage"):
+            _usage(parsed, obj["usage"])
+        if obj.get("system_fingerprint"):
+            base["system_fingerprint"] = obj["system_fingerprint"]
+        choice = _first_choice(obj)
+        if choice is None:
+            continue
+        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        role = delta.get("role") or role
+        if isinstance(delta.get("content"), str):
+            content.append(delta["content"])
+        r = delta.get("reasoning") or delta.get("reasoning_content")
+        if isinstance(r, str):
+            reasoning.append(r)
+        for tc in delta.get("tool_calls") or ():
+            if not isinstance(tc, dict):
+                continue
+            slot = tools.setdefault(int(tc.get("index", 0) or 0),
+                                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            if tc.get("id"):
+                slot["id"] = tc["id"]
+            fn = tc.get("function") or {}
+            if fn.get("name"):
+                slot["function"]["name"] += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                slot["function"]["arguments"] += fn["arguments"]
+        tids = choice.get("token_ids")
+        if isinstance(tids, list):
+            ids_seen = True
+            ids.extend(t for t in tids if isinstance(t, int))
+        if lps is not None and choice.get("logprobs") is not None:
+            vals = _logprob_values(choice.get("logprobs"))
+            if vals is None:
+                lps = None
+            else:
+                lps.extend(vals)
+        if choice.get("finish_reason"):
+            parsed.finish_reason = choice["finish_reason"]
+    parsed.model = base.get("model") if isinstance(base.get("model"), str) else None
+    parsed.completion_ids = ids if ids_seen else None
+    parsed.completion_logprobs = lps if lps else None
+    message: dict[str, Any] = {"role": role, "content": "".join(content) if content or not tools else None}
+    if reasoning:
+        message["reasoning"] = "".join(reasoning)
+    if tools:
+        message["tool_calls"] = [tools[i] for i in sorted(tools)]
+    parsed.response = {
+        "id": base.get("id"), "object": "chat.completion", "created": base.get("created"),
+        "model": base.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": parsed.finish_reason}],
+        "usage": ({"prompt_tokens": parsed.usage_prompt_tokens,
+                   "completion_tokens": parsed.usage_completion_tokens}
+                  if parsed.usage_prompt_tokens is not None else None),
+        "system_fingerprint": base.get("system_fingerprint"),
+    }
+    parsed.complete = done
+    _finish(parsed, message)
+    return parsed
+
+
+def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Chat messages and tools for rendering (already in chat form)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        raise ValueError("request has no messages list")
+    tools = request.get("tools") if isinstance(request.get("tools"), list) and request.get("tools") else None
+    return copy.deepcopy(messages), tools
+
+
+def is_done_event(name: str | None, data: str | None) -> bool:
+    return data == "[DONE]"

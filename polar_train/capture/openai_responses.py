@@ -1,0 +1,258 @@
+"""OpenAI Responses (``/v1/responses``, Codex CLI): injection, stripping, reassembly.
+
+vLLM (0.32) returns server-exact ids here only when asked: ``enable_response_messages: true``
+puts ``input_messages`` / ``output_messages`` (``[{message, tokens, type: raw_message_tokens}]``)
+into the final response (streaming: only into ``response.completed``), and logprobs need
+``include: ["message.output_text.logprobs"]`` plus ``top_logprobs``. Without those flags the
+server sends ``input_messages: null``, ``top_logprobs: null``, ``logprobs: null`` in finished
+content parts and ``logprobs: []`` in deltas; stripping restores exactly that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+
+API = "openai.responses"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def inject(body: dict[str, Any]) -> Injection:
+    include = body.get("include") if isinstance(body.get("include"), list) else []
+    asked = {
+        "response_messages": body.get("enable_response_messages") is True,
+        "logprobs": LOGPROBS_INCLUDE in include,
+        "has_top_logprobs": "top_logprobs" in body,
+        "top_logprobs": body.get("top_logprobs"),
+    }
+    new = dict(body)
+    changed = False
+    if not asked["response_messages"]:
+        new["enable_response_messages"] = True
+        changed = True
+    if not asked["logprobs"]:
+        new["include"] = [*include, LOGPROBS_INCLUDE]
+        changed = True
+    if not isinstance(body.get("top_logprobs"), int):
+        new["top_logprobs"] = 0
+        changed = True
+    return Injection(new, asked, changed)
+
+
+def _strip_content(content: Any) -> bool:
+    changed = False
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, dict) and isinstance(part.get("logprobs"), list) and part["logprobs"]:
+            part["logprobs"] = None
+            changed = True
+    return changed
+
+
+def _strip_response(resp: dict[str, Any], asked: dict[str, Any]) -> bool:
+    changed = False
+    if not asked.get("response_messages"):
+        for key in ("input_messages", "output_messages"):
+            if resp.get(key) is not None:
+                resp[key] = None
+                changed = True
+    if not asked.get("has_top_logprobs") and resp.get("top_logprobs") is not None:
+        resp["top_logprobs"] = None
+        changed = True
+    elif asked.get("has_top_logprobs") and resp.get("top_logprobs") != asked.get("top_logprobs"):
+        resp["top_logprobs"] = asked.get("top_logprobs")
+        changed = True
+    if not asked.get("logprobs"):
+        for item in resp.get("output") or ():
+            if isinstance(item, dict):
+                changed |= _strip_content(item.get("content"))
+    return changed
+
+
+def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
+    """Remove injected fields from a response body or a stream event (in place)."""
+    if obj.get("object") == "response":
+        return _strip_response(obj, asked)
+    changed = False
+    if isinstance(obj.get("response"), dict):
+        changed |= _strip_response(obj["response"], asked)
+    if not asked.get("logprobs"):
+        kind = obj.get("type")
+        if kind == "response.output_text.delta" and obj.get("logprobs"):
+            obj["logprobs"] = []
+            changed = True
+        if isinstance(obj.get("part"), dict):
+            changed |= _strip_content([obj["part"]])
+        if isinstance(obj.get("item"), dict):
+            changed |= _strip_content(obj["item"].get("content"))
+    return changed
+
+
+def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
+    return as_float(request.get("temperature")), as_float(request.get("top_p"))
+
+
+def _concat_tokens(messages: Any) -> list[int] | None:
+    if not isinstance(messages, list) or not messages:
+        return None
+    out: list[int] = []
+    for m in messages:
+        ids = int_list(m.get("tokens")) if isinstance(m, dict) else None
+        if ids is None:
+            return None
+        out.extend(ids)
+    return out
+
+
+def parse_response(resp: dict[str, Any]) -> ParsedCall:
+    """Fields of a final response object (non-streamed body or the final event's ``response``)."""
+    parsed = ParsedCall(model=resp.get("model") if isinstance(resp.get("model"), str) else None)
+    parsed.prompt_ids = _concat_tokens(resp.get("input_messages"))
+    parsed.completion_ids = _concat_tokens(resp.get("output_messages"))
+    usage = resp.get("usage")
+    if isinstance(usage, dict):
+        parsed.usage_prompt_tokens = as_int(usage.get("input_tokens"))
+        parsed.usage_completion_tokens = as_int(usage.get("output_tokens"))
+    texts: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    lps: list[float] | None = []
+    for item in resp.get("output") or ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                if not isinstance(part, dict):
+                    continue
+                if isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                if lps is not None:
+                    if isinstance(part.get("logprobs"), list):
+                        for lp in part["logprobs"]:
+                            v = lp.get("logprob") if isinstance(lp, dict) else None
+                            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                                lps.append(float(v))
+                            else:
+                                lps = None
+                                break
+                    else:
+                        lps = None
+        elif kind == "reasoning":
+            for part in (item.get("content") or []) + (item.get("summary") or []):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    reasoning.append(part["text"])
+        elif kind == "function_call":
+            tool_calls.append({"id": item.get("call_id"), "type": "function",
+                               "function": {"name": item.get("name") or "",
+                                            "arguments": item.get("arguments") or ""}})
+    if lps and parsed.completion_ids is not None and len(lps) == len(parsed.completion_ids):
+        parsed.completion_logprobs = lps
+    status = resp.get("status")
+    details = resp.get("incomplete_details") if isinstance(resp.get("incomplete_details"), dict) else {}
+    if status == "completed":
+        parsed.finish_reason = "tool_calls" if tool_calls else "stop"
+        parsed.stopped = True
+    elif status == "incomplete":
+        parsed.finish_reason = "length" if details.get("reason") == "max_output_tokens" else str(details.get("reason"))
+    elif isinstance(status, str):
+        parsed.finish_reason = status
+    parsed.tool_call_count = len(tool_calls)
+    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        assistant["reasoning_content"] = "".join(reasoning)
+    if tool_calls:
+        assistant["tool_calls"] = tool_calls
+    parsed.assistant = assistant
+    parsed.response = resp
+    return parsed
+
+
+def parse_body(obj: dict[str, Any]) -> ParsedCall:
+    return parse_response(obj)
+
+
+def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall:
+    """Use the final event's response; a truncated stream is rebuilt from its text deltas."""
+    final = None
+    text: list[str] = []
+    for name, obj in events:
+        if not isinstance(obj, dict):
+            continue
+        kind = obj.get("type") or name
+        if kind in FINAL_EVENTS and isinstance(obj.get("response"), dict):
+            final = obj["response"]
+        elif kind == "response.output_text.delta" and isinstance(obj.get("delta"), str):
+            text.append(obj["delta"])
+    if final is not None:
+        parsed = parse_response(final)
+        parsed.complete = True
+        return parsed
+    parsed = ParsedCall(complete=False, assistant={"role": "assistant", "content": "".join(text)})
+    parsed.response = {"object": "response", "status": "truncated", "output_text": "".join(text)}
+    return parsed
+
+
+def is_done_event(name: str | None, data: str | None) -> bool:
+    return name in FINAL_EVENTS
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content if isinstance(content, list) else ():
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+    return "".join(parts)
+
+
+def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Chat messages equivalent to a Responses request (for rendering when the server gave no ids)."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(request.get("instructions"), str) and request["instructions"]:
+        messages.append({"role": "system", "content": request["instructions"]})
+    items = request.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise ValueError("request has no input")
+    pending_reasoning: str | None = None
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role") or "user"
+            msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                   "content": _text_of(item.get("content"))}
+            if role == "assistant" and pending_reasoning:
+                msg["reasoning_content"] = pending_reasoning
+                pending_reasoning = None
+            messages.append(msg)
+        elif kind == "reasoning":
+            pending_reasoning = "".join(
+                p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
+                if isinstance(p, dict))
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name") or "", "arguments": item.get("arguments") or ""}}
+            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls") is not None:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+                if pending_reasoning:
+                    msg["reasoning_content"] = pending_reasoning
+                    pending_reasoning = None
+                messages.append(msg)
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": _text_of(item.get("output"))})
+    tools = []
+    for tool in request.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            tools.append({"type": "function", "function": {
+                "name": tool.get("name"), "description": tool.get("description"),
+                "parameters": tool.get("parameters")}})
+    return messages, tools or None

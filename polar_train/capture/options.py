@@ -1,0 +1,94 @@
+"""The addon's options: names, types, defaults and help, declared once.
+
+Why a table here instead of inline ``loader.add_option`` calls: the docs and the tests read the same
+list, and the worker thread gets a frozen :class:`CaptureOptions` snapshot instead of touching
+mitmproxy's live options object from another thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: (name, type, default, help). Types are what ``loader.add_option`` accepts.
+OPTION_SPECS: list[tuple[str, type, Any, str]] = [
+    ("polar_out", str, "data/captures", "Output folder; Parquet parts go to <polar_out>/calls/."),
+    ("polar_tokenizer", str, "",
+     "Hugging Face model/tokenizer folder used to render token ids where the server returns none "
+     "(empty: such calls get token_source=none)."),
+    ("polar_inject", bool, True,
+     "Ask the upstream for token ids/logprobs (return_token_ids, logprobs, enable_response_messages) "
+     "and strip what the client did not ask for from what it receives."),
+    ("polar_flush_rows", int, 256, "Close a Parquet part after this many rows."),
+    ("polar_flush_seconds", str, "10", "Close a Parquet part after this many seconds (a number)."),
+    ("polar_queue_size", int, 1024,
+     "Calls waiting for the worker thread; when full, new calls are dropped (counted, logged), "
+     "never blocking traffic."),
+    ("polar_rollout_header", str, "x-polar-rollout",
+     "Request header naming the rollout (removed before forwarding)."),
+    ("polar_task_header", str, "x-polar-task", "Request header naming the task (removed before forwarding)."),
+    ("polar_port_rollouts", str, "",
+     "Listen port -> rollout id fallback, e.g. '8081=r1,8082=r2' (with --mode regular@8081 ...)."),
+    ("polar_tokenize_check", bool, False,
+     "For rendered calls, also ask the upstream's /tokenize for the same chat messages (on the worker "
+     "thread) and record whether its ids equal ours (server_tokenize_match)."),
+    ("polar_tokenize_url", str, "",
+     "Base URL for the /tokenize check (default: the call's own upstream, scheme://host:port)."),
+    ("polar_max_body_mb", int, 256, "Bodies larger than this are forwarded untouched and recorded as text-free error rows."),
+]
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """A snapshot of the ``polar_`` options (immutable, safe to hand to the worker thread)."""
+
+    out: str = "data/captures"
+    tokenizer: str = ""
+    inject: bool = True
+    flush_rows: int = 256
+    flush_seconds: float = 10.0
+    queue_size: int = 1024
+    rollout_header: str = "x-polar-rollout"
+    task_header: str = "x-polar-task"
+    port_rollouts: dict[int, str] = field(default_factory=dict)
+    tokenize_check: bool = False
+    tokenize_url: str = ""
+    max_body_mb: int = 256
+
+    @classmethod
+    def from_mitmproxy(cls, opts: Any) -> "CaptureOptions":
+        return cls(
+            out=opts.polar_out,
+            tokenizer=opts.polar_tokenizer,
+            inject=opts.polar_inject,
+            flush_rows=max(1, int(opts.polar_flush_rows)),
+            flush_seconds=_seconds(opts.polar_flush_seconds),
+            queue_size=max(1, int(opts.polar_queue_size)),
+            rollout_header=opts.polar_rollout_header.strip().lower(),
+            task_header=opts.polar_task_header.strip().lower(),
+            port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
+            tokenize_check=opts.polar_tokenize_check,
+            tokenize_url=opts.polar_tokenize_url.rstrip("/"),
+            max_body_mb=max(1, int(opts.polar_max_body_mb)),
+        )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"polar_flush_seconds: expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"polar_flush_seconds: must be > 0, got {text!r}")
+    return value
+
+
+def parse_port_rollouts(text: str) -> dict[int, str]:
+    """Parse ``'8081=r1,8082=r2'``; raises ``ValueError`` with a clear message on bad input."""
+    result: dict[int, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        port, sep, rollout = item.partition("=")
+        if not sep or not port.strip().isdigit() or not rollout.strip():
+            raise ValueError(f"polar_port_rollouts: expected PORT=ROLLOUT, got {item!r}")
+        result[int(port)] = rollout.strip()
+    return result

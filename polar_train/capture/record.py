@@ -1,0 +1,275 @@
+"""One model call: the state collected while it passes the proxy, and its call-log row.
+
+Why split this way: the hooks only collect bytes and timestamps (cheap, on the event loop);
+:func:`build_row` does the expensive part (JSON parsing, reassembly, rendering) on the writer's
+worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from . import anthropic_messages, openai_chat, openai_responses
+from .identity import Identity
+from .parsed import ParsedCall
+from .redact import redact_json, scrub
+from .render import Renderer, server_tokenize
+from .sse import event_json, parse_event
+
+log = logging.getLogger("polar_capture")
+
+FORMATS = {m.API: m for m in (openai_chat, openai_responses, anthropic_messages)}
+_PATHS = re.compile(r"/v1/(chat/completions|responses|messages)/?$")
+_API_BY_TAIL = {"chat/completions": openai_chat.API, "responses": openai_responses.API,
+                "messages": anthropic_messages.API}
+#: Request fields left out of ``request_hash`` (they may change between retries of one request).
+VOLATILE_FIELDS = frozenset({"metadata", "user", "prompt_cache_key", "stream_options", "store"})
+ERROR_TEXT_LIMIT = 2000
+
+
+def detect_api(method: str, path: str) -> str | None:
+    """The wire format of a model call (POST to a known path, any prefix, any query), else None."""
+    if method.upper() != "POST":
+        return None
+    m = _PATHS.search(path.split("?", 1)[0])
+    return _API_BY_TAIL[m.group(1)] if m else None
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    canonical = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
+    data = json.dumps(canonical, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class AttemptCounter:
+    """``attempt`` = 1 + earlier calls on the same rollout with the same request hash (bounded)."""
+
+    def __init__(self, max_keys: int = 200_000) -> None:
+        self._seen: OrderedDict[tuple[str | None, str], int] = OrderedDict()
+        self._max = max_keys
+
+    def next(self, rollout_id: str | None, req_hash: str) -> int:
+        key = (rollout_id, req_hash)
+        n = self._seen.get(key, 0) + 1
+        self._seen[key] = n
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        return n
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class CallState:
+    api: str
+    method: str
+    host: str
+    path: str
+    client_conn_id: str
+    identity: Identity
+    started_at: datetime
+    upstream_base: str
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    secrets: set[str] = field(default_factory=set)
+    request_body: bytes = b""
+    request: dict[str, Any] | None = None
+    request_error: str | None = None
+    injected: bool = False
+    asked: dict[str, Any] = field(default_factory=dict)
+    request_hash: str | None = None
+    attempt: int = 1
+    stream: bool = False
+    http_status: int | None = None
+    first_byte_at: datetime | None = None
+    finished_at: datetime | None = None
+    response_body: bytes | None = None
+    stream_events: list[bytes] | None = None
+    stream_pending: bytes = b""
+    streamed: bool = False
+    status: str | None = None  # set by the error hook / proxy errors; None = decide from response
+    error: str | None = None
+    finalized: bool = False
+
+    def fail(self, status: str, error: str) -> None:
+        if self.status is None:
+            self.status = status
+            self.error = error
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _parse_stream(module, state: CallState) -> ParsedCall:
+    events: list[tuple[str | None, Any]] = []
+    done = False
+    malformed = 0
+    for raw in state.stream_events or ():
+        ev, obj = event_json(raw)
+        if ev.data is None:
+            continue
+        if module.is_done_event(ev.event, ev.data) or (isinstance(obj, dict)
+                                                        and module.is_done_event(obj.get("type"), None)):
+            done = True
+        if ev.data == "[DONE]":
+            continue
+        if obj is None:
+            malformed += 1
+            continue
+        events.append((ev.event, obj))
+    if state.stream_pending.strip():
+        ev = parse_event(state.stream_pending)
+        if ev.data is not None and module.is_done_event(ev.event, ev.data):
+            done = True  # a final event without its blank line: complete
+        else:
+            done = False
+    parsed = module.parse_stream(events, done)
+    if malformed:
+        parsed.error = f"{malformed} malformed SSE event(s)"
+    if not done:
+        parsed.complete = False
+        parsed.error = parsed.error or "stream ended before its final event (truncated)"
+    return parsed
+
+
+def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None,
+         tokenize_check: bool, tokenize_url: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt_token_ids": None, "completion_token_ids": None,
+                           "completion_logprobs": None, "token_source": "none",
+                           "usage_match": None, "server_tokenize_match": None}
+    if parsed.prompt_ids is not None and parsed.completion_ids is not None:
+        out["prompt_token_ids"] = parsed.prompt_ids
+        out["completion_token_ids"] = parsed.completion_ids
+        lps = parsed.completion_logprobs
+        out["completion_logprobs"] = lps if lps is not None and len(lps) == len(parsed.completion_ids) else []
+        out["token_source"] = "server"
+    elif renderer is not None and state.request is not None and parsed.assistant is not None:
+        messages, tools = module.to_chat(state.request)
+        prompt = renderer.prompt_ids(messages, tools)
+        out["prompt_token_ids"] = prompt
+        out["completion_token_ids"] = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped)
+        out["completion_logprobs"] = []
+        out["token_source"] = "rendered"
+        if tokenize_check:
+            base = tokenize_url or state.upstream_base
+            try:
+                served = server_tokenize(base, state.request.get("model"), messages, tools)
+                out["server_tokenize_match"] = served == prompt
+            except Exception as exc:  # the check is advisory: record why it could not run
+                log.warning("polar_capture: /tokenize check failed: %s", exc)
+    if out["prompt_token_ids"] is not None:
+        checks = []
+        if parsed.usage_prompt_tokens is not None:
+            checks.append(parsed.usage_prompt_tokens == len(out["prompt_token_ids"]))
+        if parsed.usage_completion_tokens is not None:
+            checks.append(parsed.usage_completion_tokens == len(out["completion_token_ids"]))
+        out["usage_match"] = all(checks) if checks else None
+    return out
+
+
+def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
+              tokenize_url: str = "") -> dict[str, Any]:
+    """The call-log row of a finished call (runs on the worker thread; never raises for bad input)."""
+    module = FORMATS[state.api]
+    status, error = state.status, state.error
+    parsed = ParsedCall()
+    body_text: str | None = None
+    try:
+        if state.stream_events is not None and (state.stream_events or state.stream_pending):
+            parsed = _parse_stream(module, state)
+        elif state.response_body is not None and state.response_body != b"":
+            body_text = state.response_body.decode("utf-8", errors="replace")
+            try:
+                obj = json.loads(state.response_body)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                parsed = module.parse_body(obj)
+                if parsed.response is None:
+                    parsed.response = obj
+            else:
+                parsed.error = "response body is not a JSON object (malformed JSON)"
+        elif state.http_status is not None and status is None:
+            parsed.error = "empty response body"
+    except Exception as exc:  # a parser bug: keep the call as an error row
+        log.exception("polar_capture: parsing the response of %s failed", state.call_id)
+        status, error = "proxy_error", f"parsing the response failed: {exc!r}"
+        parsed = ParsedCall()
+
+    if status is None:
+        if state.http_status is not None and state.http_status >= 400:
+            status = "upstream_error"
+            error = f"HTTP {state.http_status}: {(body_text or '')[:ERROR_TEXT_LIMIT]}"
+        elif parsed.error:
+            status, error = "upstream_error", parsed.error
+        elif state.http_status is None:
+            status, error = "upstream_error", "no response"
+        else:
+            status = "ok"
+    ids: dict[str, Any] = {"prompt_token_ids": None, "completion_token_ids": None,
+                           "completion_logprobs": None, "token_source": "none",
+                           "usage_match": None, "server_tokenize_match": None}
+    if status == "ok":
+        try:
+            ids = _ids(parsed, module, state, renderer, tokenize_check, tokenize_url)
+        except Exception as exc:
+            log.exception("polar_capture: token ids of %s failed", state.call_id)
+            error = f"token ids unavailable: {exc!r}"
+
+    response = parsed.response
+    if response is not None and state.injected:
+        try:
+            module.strip(response, state.asked)
+        except Exception:
+            pass
+    request = state.request
+    temperature, top_p = module.sampling(request) if isinstance(request, dict) else (None, None)
+    secrets = state.secrets
+    row = {
+        "call_id": state.call_id,
+        "rollout_id": state.identity.rollout_id,
+        "rollout_source": state.identity.source,
+        "task_id": state.identity.task_id,
+        "api": state.api,
+        "method": state.method,
+        "host": state.host,
+        "path": scrub(state.path, secrets),
+        "model": (request.get("model") if isinstance(request, dict) and isinstance(request.get("model"), str)
+                  else parsed.model),
+        "attempt": state.attempt,
+        "request_hash": state.request_hash,
+        "client_conn_id": state.client_conn_id,
+        "started_at": state.started_at,
+        "first_byte_at": state.first_byte_at,
+        "finished_at": state.finished_at or utcnow(),
+        "stream": state.stream,
+        "http_status": state.http_status,
+        "status": status,
+        "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secrets),
+        "request_json": scrub(_dumps(redact_json(request)), secrets) if request is not None else None,
+        "response_json": scrub(_dumps(redact_json(response)), secrets) if response is not None else None,
+        "usage_prompt_tokens": parsed.usage_prompt_tokens,
+        "usage_completion_tokens": parsed.usage_completion_tokens,
+        "finish_reason": parsed.finish_reason if isinstance(parsed.finish_reason, str) else None,
+        "tool_call_count": parsed.tool_call_count,
+        "temperature": temperature,
+        "top_p": top_p,
+        "injected": state.injected,
+        "prompt_prefix_call_id": None,
+        "prompt_prefix_len": None,
+        **ids,
+    }
+    if state.request_error and row["error"] is None:
+        row["error"] = state.request_error
+    return row

@@ -1,0 +1,70 @@
+"""Keep secrets out of everything the addon writes.
+
+Two layers: keys that name a secret (``authorization``, ``api_key``, ...) are replaced wherever they
+appear in a JSON body, and every secret value seen on the flow (bearer tokens, API keys, proxy
+credentials) is scrubbed from the final text, wherever it hides (a prompt that echoes a key, an
+upstream error that quotes it).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+REDACTED = "[REDACTED]"
+SECRET_KEYS = frozenset({
+    "authorization", "proxy-authorization", "x-api-key", "api-key", "api_key", "apikey",
+    "cookie", "set-cookie", "password", "secret", "client_secret", "access_token", "refresh_token",
+    "id_token", "bearer", "x-goog-api-key",
+})
+SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
+                  "x-goog-api-key", "openai-api-key", "anthropic-api-key")
+_MIN_SECRET_LEN = 4
+
+
+def redact_json(value: Any) -> Any:
+    """A copy of ``value`` with every secret-named key's value replaced."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and k.lower() in SECRET_KEYS else redact_json(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_json(v) for v in value]
+    return value
+
+
+def header_secrets(headers: Any) -> set[str]:
+    """Secret values in request headers (whole values, the token after the scheme, decoded Basic)."""
+    found: set[str] = set()
+    for name in SECRET_HEADERS:
+        for value in headers.get_all(name) if hasattr(headers, "get_all") else [headers.get(name)]:
+            if value:
+                found |= value_secrets(value)
+    return found
+
+
+def value_secrets(value: str) -> set[str]:
+    found = {value}
+    scheme, _, token = value.partition(" ")
+    if token:
+        found.add(token.strip())
+        if scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                decoded = ""
+            if decoded:
+                found.add(decoded)
+                user, _, password = decoded.partition(":")
+                if password:
+                    found.add(password)
+    return {s for s in found if len(s) >= _MIN_SECRET_LEN}
+
+
+def scrub(text: str | None, secrets: set[str]) -> str | None:
+    """``text`` with every occurrence of a secret replaced (longest first)."""
+    if not text or not secrets:
+        return text
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text

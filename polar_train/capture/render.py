@@ -1,0 +1,89 @@
+"""Token ids from a chat template: for calls whose server returned none (Messages, hosted APIs).
+
+Why the model's own tokenizer and template: vLLM renders the prompt with exactly that template and
+tokenises without adding special tokens, so rendering the equivalent chat messages gives the ids the
+server saw; ``usage`` counts (and optionally the server's ``/tokenize``) tell whether it did. The
+completion is re-encoded from its text: exact for what the template prints, but a sampler may
+have picked a non-canonical split of the same text, which ``usage_match`` then shows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class Renderer:
+    """Loads the tokenizer lazily (on the worker thread, never on mitmproxy's event loop)."""
+
+    def __init__(self, tokenizer_dir: str) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self._tok = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        with self._lock:
+            if self._tok is None:
+                from polar_train.tokenizer import load_tokenizer
+
+                self._tok = load_tokenizer(Path(self.tokenizer_dir).expanduser())
+            return self._tok
+
+    def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  add_generation_prompt: bool) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.encode(self._template(messages, tools, True))
+
+    def completion_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       assistant: dict[str, Any], stopped: bool) -> list[int]:
+        """The assistant turn as the template prints it after the generation prompt.
+
+        Ends with the end-of-turn token only when the model stopped by itself (``stopped``); the
+        newline the template adds after it is never sampled, so it is dropped.
+        """
+        tok = self.tokenizer
+        end = tok.eos_token or "<|im_end|>"
+        prompt = self._template(messages, tools, True)
+        full = self._template([*messages, assistant], tools, False)
+        if full.startswith(prompt):
+            suffix = full[len(prompt):]
+            if suffix.endswith(end + "\n"):
+                suffix = suffix[: -len(end) - 1]
+            elif suffix.endswith(end):
+                suffix = suffix[: -len(end)]
+        else:  # a template that rewrites earlier turns: fall back to the text itself
+            suffix = assistant.get("content") or ""
+        ids = self.encode(suffix)
+        if stopped:
+            ids.append(tok.convert_tokens_to_ids(end))
+        return ids
+
+
+def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None, timeout: float = 30) -> list[int]:
+    """The upstream's own rendering of chat ``messages`` (vLLM and ``polar-train serve`` have it)."""
+    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
+    if model:
+        body["model"] = model
+    if tools:
+        body["tools"] = tools
+    req = urllib.request.Request(base_url.rstrip("/") + "/tokenize", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own upstream
+        data = json.loads(resp.read())
+    tokens = data.get("tokens")
+    if not isinstance(tokens, list):
+        raise ValueError("/tokenize answered without tokens")
+    return [int(t) for t in tokens]

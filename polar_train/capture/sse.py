@@ -1,0 +1,110 @@
+"""Incremental Server-Sent-Events splitting: bytes in, complete raw events out.
+
+Why raw events: with injection off the proxy must pass bytes unchanged, and with it on only the
+events that carry injected fields are re-serialised; every other event keeps its exact bytes. The
+splitter is pure (no I/O, no mitmproxy) so it can be fuzzed, and cheap per chunk: it only scans the
+new bytes (plus three bytes of overlap) for an event terminator.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class SSESplitter:
+    """Feed chunks; get back each complete event (with its terminating blank line) once."""
+
+    __slots__ = ("_buf", "_scan_from")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan_from = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if not chunk:
+            return []
+        self._buf += chunk
+        events: list[bytes] = []
+        start = 0
+        pos = max(0, self._scan_from - 3)
+        while True:
+            m = _TERMINATOR.search(self._buf, pos)
+            if m is None:
+                break
+            events.append(bytes(self._buf[start:m.end()]))
+            start = pos = m.end()
+        if start:
+            del self._buf[:start]
+        self._scan_from = len(self._buf)
+        return events
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an event not terminated yet (at end of stream: a truncated event)."""
+        return bytes(self._buf)
+
+
+def split_all(data: bytes) -> tuple[list[bytes], bytes]:
+    """Split a whole stream; returns (events, trailing unterminated bytes)."""
+    s = SSESplitter()
+    events = s.feed(data)
+    return events, s.pending
+
+
+@dataclass
+class SSEEvent:
+    event: str | None
+    data: str | None  # data lines joined with "\n"; None when the event has no data field
+
+
+def parse_event(raw: bytes) -> SSEEvent:
+    """Parse one raw event (as returned by :class:`SSESplitter`). Invalid UTF-8 is replaced."""
+    text = raw.decode("utf-8", errors="replace")
+    name: str | None = None
+    data: list[str] = []
+    for line in text.splitlines():
+        if not line or line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+    return SSEEvent(name, "\n".join(data) if data else None)
+
+
+def event_json(raw: bytes) -> tuple[SSEEvent, object | None]:
+    """The event and its data parsed as JSON (None when absent, ``[DONE]`` or not JSON)."""
+    ev = parse_event(raw)
+    if ev.data is None or ev.data == "[DONE]":
+        return ev, None
+    try:
+        return ev, json.loads(ev.data)
+    except ValueError:
+        return ev, None
+
+
+def _line_ending(raw: bytes) -> bytes:
+    if b"\r\n" in raw:
+        return b"\r\n"
+    if b"\n" in raw:
+        return b"\n"
+    return b"\r"
+
+
+def serialize_event(raw: bytes, ev: SSEEvent, obj: object) -> bytes:
+    """Re-serialise ``obj`` as the data of event ``raw``, keeping its event name and line endings."""
+    nl = _line_ending(raw)
+    parts = []
+    if ev.event is not None:
+        parts.append(b"event: " + ev.event.encode("utf-8") + nl)
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    parts.append(b"data: " + data.encode("utf-8") + nl)
+    parts.append(nl)
+    return b"".join(parts)

@@ -1,0 +1,130 @@
+"""The stream tap: sees each response chunk as it passes and hands it on at once.
+
+Per chunk it only decodes (if the upstream compressed despite our request), splits SSE events
+incrementally and keeps the raw events for the worker. With injection on, each complete event that
+carries an injected field is re-serialised without it (events without one keep their exact bytes),
+so the client gets each event as soon as its last byte arrives; with injection off the chunk is
+returned unchanged, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from .sse import SSESplitter, parse_event, serialize_event
+
+log = logging.getLogger("polar_capture")
+
+#: Substrings whose absence proves an event carries nothing to strip (skips JSON parsing).
+_MARKERS = (b"token_ids", b"logprobs", b"prompt_text", b"input_messages", b"output_messages")
+
+
+class Decoder:
+    """Incremental decoder for one ``content-encoding`` (gzip, deflate, br, zstd)."""
+
+    def __init__(self, encoding: str) -> None:
+        enc = encoding.strip().lower()
+        self.encoding = enc
+        if enc in ("gzip", "x-gzip"):
+            self._obj: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif enc == "deflate":
+            self._obj = zlib.decompressobj()
+        elif enc == "br":
+            import brotli
+
+            self._obj = brotli.Decompressor()
+        elif enc == "zstd":
+            import zstandard
+
+            self._obj = zstandard.ZstdDecompressor().decompressobj()
+        else:
+            raise ValueError(f"unsupported content-encoding {encoding!r}")
+
+    def decode(self, chunk: bytes) -> bytes:
+        if self.encoding == "br":
+            return self._obj.process(chunk)
+        return self._obj.decompress(chunk)
+
+
+def supported_encoding(encoding: str | None) -> bool:
+    return (encoding or "").strip().lower() in ("gzip", "x-gzip", "deflate", "br", "zstd")
+
+
+class StreamTap:
+    """A ``flow.response.stream`` callable for one call.
+
+    ``strip`` (None: pass through) removes injected fields from a decoded JSON event in place and
+    says whether it changed anything. ``rewrite`` is only allowed on an uncompressed stream or
+    when the caller removed ``content-encoding`` (then ``decoder`` output is what the client gets).
+    """
+
+    def __init__(self, state: Any, strip: Callable[[dict], bool] | None, decoder: Decoder | None,
+                 deliver_decoded: bool, on_first_byte: Callable[[], None]) -> None:
+        self.state = state
+        self.strip = strip
+        self.decoder = decoder
+        self.deliver_decoded = deliver_decoded
+        self.splitter = SSESplitter()
+        self.on_first_byte = on_first_byte
+        self.seen_bytes = 0
+        self.broken: str | None = None
+        state.stream_events = []
+        state.streamed = True
+
+    def __call__(self, chunk: bytes) -> list[bytes] | bytes:
+        if self.seen_bytes == 0 and chunk:
+            self.on_first_byte()
+        self.seen_bytes += len(chunk)
+        if chunk == b"":
+            return self._finish()
+        if self.broken is not None:
+            return chunk if not self.deliver_decoded else self._safe_decode(chunk)
+        try:
+            data = self.decoder.decode(chunk) if self.decoder is not None else chunk
+            events = self.splitter.feed(data)
+            self.state.stream_events.extend(events)
+            if self.strip is None:
+                return data if self.deliver_decoded else chunk
+            out = b"".join(self._rewrite(ev) for ev in events)
+            return [out] if out else []
+        except Exception as exc:  # never let the tap break the stream: pass the rest through
+            log.exception("polar_capture: stream tap failed; passing the rest through unchanged")
+            self.broken = repr(exc)
+            self.state.fail("proxy_error", f"stream tap failed: {exc!r}")
+            if self.strip is None and not self.deliver_decoded:
+                return chunk
+            pending = self.splitter.pending
+            self.splitter = SSESplitter()
+            return [pending] if pending else []
+
+    def _safe_decode(self, chunk: bytes) -> bytes:
+        try:
+            return self.decoder.decode(chunk) if self.decoder is not None else chunk
+        except Exception:
+            return b""
+
+    def _finish(self) -> list[bytes]:
+        """End of the upstream's body: hand on an unterminated trailing event unchanged."""
+        pending = self.splitter.pending
+        self.state.stream_pending = pending
+        if self.strip is None and not self.deliver_decoded:
+            return []
+        return [pending] if pending else []
+
+    def _rewrite(self, raw: bytes) -> bytes:
+        if not any(m in raw for m in _MARKERS):
+            return raw
+        ev = parse_event(raw)
+        if ev.data is None or ev.data == "[DONE]":
+            return raw
+        try:
+            obj = json.loads(ev.data)
+        except ValueError:
+            return raw
+        if not isinstance(obj, dict) or not self.strip(obj):
+            return raw
+        return serialize_event(raw, ev, obj)

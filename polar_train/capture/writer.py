@@ -1,0 +1,169 @@
+"""Parquet parts of the call log, written by one worker thread.
+
+Why a thread with a bounded queue: mitmproxy moves every byte of every session on one event loop;
+building a row (JSON parsing, tokenising, rendering) and Parquet encoding must not run there. A
+full queue never blocks traffic: the call is dropped and counted. Why parts with atomic renames:
+a reader (pyarrow datasets, DuckDB, ``datasets``) globbing the folder never sees a half-written
+file, since the part is written under a dot-name (which they skip) and ``os.replace``d when
+complete; a SIGKILL loses at most the rows not flushed yet, never corrupts a part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from polar_train.schema import CALL_LOG_SCHEMA
+
+log = logging.getLogger("polar_capture")
+
+Job = Callable[[], dict[str, Any] | None]
+_STOP = object()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class PartWriter:
+    """Buffers rows and writes ``<out>/calls/part-<UTC>-<pid>-<seq>.parquet`` every N rows / T s."""
+
+    def __init__(self, out_dir: str | os.PathLike, flush_rows: int = 256, flush_seconds: float = 10.0,
+                 queue_size: int = 1024) -> None:
+        self.calls_dir = Path(out_dir).expanduser() / "calls"
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._rows: list[dict[str, Any]] = []
+        self._first_row_at: float | None = None
+        self._seq = 0
+        self.dropped = 0
+        self.written_rows = 0
+        self.failed_jobs = 0
+        self.parts: list[Path] = []
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        old = os.umask(0o077)
+        try:
+            self.calls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        finally:
+            os.umask(old)
+        try:
+            os.chmod(self.calls_dir.parent, 0o700)
+            os.chmod(self.calls_dir, 0o700)
+        except OSError:
+            pass
+        self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; never blocks. Returns False (and counts a drop) when the queue is full."""
+        try:
+            self._queue.put_nowait(job)
+            return True
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+                n = self.dropped
+            log.warning("polar_capture: worker queue full, call dropped (%d dropped so far)", n)
+            return False
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Finish queued jobs, write the last part, stop the thread."""
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=0.5)
+                break
+            except queue.Full:
+                if time.monotonic() > deadline:
+                    log.error("polar_capture: writer queue stuck at shutdown")
+                    return
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            wait = None
+            if self._first_row_at is not None:
+                wait = max(0.0, self._first_row_at + self.flush_seconds - time.monotonic())
+            try:
+                job = self._queue.get(timeout=wait)
+            except queue.Empty:
+                self._flush()
+                continue
+            if job is _STOP:
+                self._flush()
+                return
+            try:
+                row = job()
+            except Exception:  # a bug in row building must not kill the writer
+                log.exception("polar_capture: building a row failed")
+                self.failed_jobs += 1
+                row = None
+            if row is not None:
+                self._rows.append(row)
+                if self._first_row_at is None:
+                    self._first_row_at = time.monotonic()
+            if len(self._rows) >= self.flush_rows or (
+                    self._first_row_at is not None
+                    and time.monotonic() - self._first_row_at >= self.flush_seconds):
+                self._flush()
+
+    def _flush(self) -> None:
+        rows, self._rows, self._first_row_at = self._rows, [], None
+        if not rows:
+            return
+        try:
+            self._write_part(rows)
+        except Exception:
+            log.exception("polar_capture: writing a part of %d rows failed", len(rows))
+
+    def _write_part(self, rows: list[dict[str, Any]]) -> Path:
+        table = pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA)
+        self._seq += 1
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
+        final = self.calls_dir / name
+        tmp = self.calls_dir / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                pq.write_table(table, fh, compression="zstd")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(self.calls_dir)
+        self.written_rows += len(rows)
+        self.parts.append(final)
+        log.info("polar_capture: wrote %s (%d rows)", final, len(rows))
+        return final
