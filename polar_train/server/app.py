@@ -1,0 +1,174 @@
+"""The HTTP app (starlette): routes, error shapes, and the token source (sampling or script).
+
+Why starlette + uvicorn: small, async, streams responses chunk by chunk, serves TLS. Generation
+runs in worker threads (see ``completion.iterate_in_thread``), so the event loop keeps serving
+other requests and streams while the model works.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import chat, messages, responses
+from .common import check_model
+from .completion import iterate_in_thread
+from .engine import Engine, Finish, TokenStep
+from .errors import ApiError, BadRequest
+from .prompt import encode, normalize_tool, render
+from .script import Script, turn_token_ids
+
+log = logging.getLogger("polar_train.server")
+
+
+class Server:
+    """What every route needs: the engine, the served name, the optional script."""
+
+    def __init__(self, engine: Engine, served_name: str, script: Script | None = None,
+                 chunk_delay_ms: float = 0.0) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.served_name = served_name
+        self.script = script
+        self.delay_s = chunk_delay_ms / 1000.0
+        self.created = int(time.time())
+
+    def plan(self, req: dict[str, Any]) -> None:
+        """Resolve a scripted answer before any byte is sent (so a mismatch is a clean 400)."""
+        if self.script is None:
+            return
+        turn = self.script.turn_for(req["view"])
+        req["scripted_ids"] = turn_token_ids(self.tokenizer, turn)
+
+    def tokens(self, req: dict[str, Any]) -> AsyncIterator[TokenStep]:
+        prompt_ids, params = req["prompt_ids"], req["params"]
+        if "scripted_ids" not in req:
+            return iterate_in_thread(lambda cancelled: self.engine.generate(prompt_ids, params, cancelled),
+                                     self.delay_s)
+        ids = req["scripted_ids"]
+        cut = ids[: params.max_tokens]
+
+        def scripted(cancelled):
+            steps = self.engine.score(prompt_ids, cut, params.top_logprobs)
+            steps[-1].finish = Finish("stop") if len(cut) == len(ids) else Finish("length")
+            yield from steps
+
+        return iterate_in_thread(scripted, self.delay_s)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _error(exc: Exception, anthropic: bool = False) -> JSONResponse:
+    if not isinstance(exc, ApiError):
+        log.exception("internal error")
+        exc = ApiError(f"internal server error: {type(exc).__name__}: {exc}")
+        exc.status, exc.type = 500, "InternalServerError"
+    body = exc.anthropic_body() if anthropic else exc.openai_body()
+    return JSONResponse(body, status_code=exc.status)
+
+
+def _sse(gen: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def build_app(server: Server) -> Starlette:
+    async def health(_: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(_: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": server.served_name, "object": "model", "created": server.created,
+            "owned_by": "vllm", "root": str(server.engine.model_dir), "parent": None,
+            "max_model_len": server.engine.max_model_len,
+            "permission": [{
+                "id": "modelperm-polar", "object": "model_permission", "created": server.created,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False,
+            }],
+        }]})
+
+    def api(module, anthropic: bool = False):
+        async def handler(request: Request) -> Response:
+            try:
+                body = await _json_body(request)
+                req = module.prepare(server, body)
+                server.plan(req)
+                if req["stream"]:
+                    return _sse(module.stream(server, req))
+                return JSONResponse(await module.respond(server, req))
+            except Exception as exc:  # noqa: BLE001 - every error becomes the API's error shape
+                return _error(exc, anthropic)
+        return handler
+
+    async def count_tokens(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            req = messages.prepare(server, body, count_only=True)
+            n = len(req["prompt_ids"])
+            return JSONResponse({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+        except Exception as exc:  # noqa: BLE001
+            return _error(exc, anthropic=True)
+
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            check_model(body, server.served_name)
+            if "messages" in body:
+                tools = [normalize_tool(t) for t in body.get("tools") or []]
+                text = render(server.tokenizer, body["messages"], tools or None,
+                              add_generation_prompt=body.get("add_generation_prompt", True),
+                              continue_final_message=bool(body.get("continue_final_message", False)))
+                ids = encode(server.tokenizer, text)
+            elif isinstance(body.get("prompt"), str):
+                ids = list(server.tokenizer.encode(body["prompt"],
+                                                   add_special_tokens=body.get("add_special_tokens", True)))
+            else:
+                raise BadRequest("give either 'prompt' (a string) or 'messages'")
+            strs = server.tokenizer.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
+            return JSONResponse({"count": len(ids), "max_model_len": server.engine.max_model_len,
+                                 "tokens": ids, "token_strs": strs})
+        except Exception as exc:  # noqa: BLE001
+            return _error(exc)
+
+    async def detokenize(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            check_model(body, server.served_name)
+            ids = body.get("tokens")
+            if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                  and 0 <= i < server.engine.vocab_size for i in ids)):
+                raise BadRequest("tokens must be a list of token ids in the vocabulary", param="tokens")
+            return JSONResponse({"prompt": server.tokenizer.decode(ids, skip_special_tokens=False)})
+        except Exception as exc:  # noqa: BLE001
+            return _error(exc)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", api(chat), methods=["POST"]),
+        Route("/v1/responses", api(responses), methods=["POST"]),
+        Route("/v1/messages", api(messages, anthropic=True), methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,69 @@
+"""``polar-train serve``: argument parsing and start-up (model, optional adapter and script)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model on CPU with vLLM's wire format (OpenAI chat, "
+                                     "responses, Anthropic messages)")
+    p.add_argument("--model", required=True, help="model directory (e.g. from `polar-train tiny-model`)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the model directory's name)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile (PEM)")
+    p.add_argument("--script", default=None,
+                   help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
+    p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
+    p.add_argument("--seed", type=int, default=None, help="seed of requests that bring none")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion)")
+    p.add_argument("--chunk-delay-ms", type=float, default=0.0,
+                   help="wait this long between streamed tokens (benchmarks)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..cli import UserError
+
+    model = Path(args.model)
+    if not (model / "config.json").is_file():
+        raise UserError(f"{model} is not a model directory (no config.json)")
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise UserError("--ssl-certfile and --ssl-keyfile go together")
+    for f in (args.ssl_certfile, args.ssl_keyfile):
+        if f and not Path(f).is_file():
+            raise UserError(f"file not found: {f}")
+    if args.chunk_delay_ms < 0:
+        raise UserError("--chunk-delay-ms must be >= 0")
+    if not 0 < args.port < 65536:
+        raise UserError("--port must be in 1..65535")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    script = None
+    if args.script:
+        from .script import Script, ScriptError
+
+        try:
+            script = Script.load(args.script)
+        except ScriptError as exc:
+            raise UserError(str(exc)) from None
+
+    import uvicorn
+
+    from .app import Server, build_app
+    from .engine import Engine
+
+    engine = Engine(model, adapter=args.adapter, seed=args.seed, max_model_len=args.max_model_len)
+    name = args.served_model_name or model.resolve().name
+    app = build_app(Server(engine, name, script, args.chunk_delay_ms))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                timeout_keep_alive=30)
+    return 0

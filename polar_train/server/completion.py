@@ -1,0 +1,189 @@
+"""One completion as every wire format sees it: tokens arriving (sampled or scripted), their text,
+and the incremental parse into reasoning / content / tool-call deltas.
+
+Why shared: chat, responses and messages differ only in how they print these events, so the same
+tokens give the same text and tool calls on every API, streaming or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+
+from .engine import Engine, Finish, TokenStep  # noqa: F401 - Finish re-exported
+from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_turn,
+                    split_reasoning)
+
+
+async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenStep]],
+                            delay_s: float = 0.0) -> AsyncIterator[TokenStep]:
+    """Run a blocking token iterator in a worker thread and yield its items as they come.
+
+    When the consumer stops early (client gone), the worker sees ``cancelled()`` and ends.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in make(stop.is_set):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+                if stop.is_set():
+                    break
+        except BaseException as exc:  # forwarded to the request, which answers with an error
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, done)
+
+    thread = threading.Thread(target=work, name="polar-generate", daemon=True)
+    thread.start()
+    try:
+        first = True
+        while True:
+            item = await queue.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if delay_s and isinstance(item, TokenStep) and not first:
+                await asyncio.sleep(delay_s)
+            first = False
+            yield item
+    finally:
+        stop.set()
+
+
+def _overlap(text: str, tag: str) -> int:
+    """Length of the longest proper prefix of ``tag`` that ends ``text`` (held back while streaming)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+@dataclass
+class Delta:
+    """What one step adds: text deltas and tool calls that became complete."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[tuple[int, ParsedToolCall]] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.reasoning or self.content or self.tool_calls)
+
+
+class CompletionState:
+    """Accumulates tokens; ``push`` returns the parse delta they add (prefix-safe while streaming)."""
+
+    def __init__(self, engine: Engine, tools_enabled: bool) -> None:
+        self.engine = engine
+        self.tools_enabled = tools_enabled
+        self.steps: list[TokenStep] = []
+        self.finish: Finish | None = None
+        self.sent_reasoning = ""
+        self.sent_content = ""
+        self.sent_calls = 0
+        self.call_ids: list[str] = []
+        self.text = ""
+        self.parsed = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [s.token_id for s in self.steps]
+
+    def _text_ids(self) -> list[int]:
+        ids = self.token_ids
+        if ids and ids[-1] in self.engine.stop_token_ids:
+            ids = ids[:-1]  # vLLM never prints the stop token in the text
+        return ids
+
+    def _decode(self) -> str:
+        text = self.engine.tokenizer.decode(self._text_ids(), skip_special_tokens=False)
+        if self.finish is not None and isinstance(self.finish.stop_reason, str):
+            cut = text.find(self.finish.stop_reason)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def _streamable(self, text: str) -> tuple[str | None, str, list[ParsedToolCall]]:
+        """(reasoning, content, complete calls) that can be sent now without later retraction."""
+        if text and THINK_START.startswith(text) and text != THINK_START:
+            return None, "", []
+        reasoning = None
+        rest = text
+        if text.startswith(THINK_START):
+            body = text[len(THINK_START):]
+            if THINK_END not in body:
+                r = body.lstrip("\n")
+                r = r[: len(r) - _overlap(r, THINK_END)].rstrip("\n")
+                return r, "", []
+            reasoning, rest = split_reasoning(text)
+            if rest == "" and not body.endswith(THINK_END + "\n\n"):
+                return reasoning, "", []
+        content = rest.lstrip("\n") if reasoning is not None else rest
+        calls: list[ParsedToolCall] = []
+        if self.tools_enabled:
+            if TOOL_CALL_START in content:
+                head = content[: content.find(TOOL_CALL_START)]
+                parsed = parse_turn(content, True)
+                # Only complete, closed blocks are final.
+                closed = content.count("</tool_call>")
+                calls = parsed.tool_calls[:closed] if parsed.tool_calls else []
+                content = head.rstrip("\n")
+            else:
+                content = content[: len(content) - _overlap(content, TOOL_CALL_START)].rstrip("\n")
+        return reasoning, content, calls
+
+    def push(self, step: TokenStep) -> Delta:
+        """Add one token; returns what it adds (everything left when it is the last one)."""
+        self.steps.append(step)
+        if step.finish is not None:
+            self.finish = step.finish
+            return self._final_delta()
+        text = self._decode()
+        if text.endswith("\ufffd"):
+            return Delta()  # an incomplete UTF-8 sequence: wait for the next token
+        reasoning, content, calls = self._streamable(text)
+        return self._diff(reasoning or "", content, calls)
+
+    def _stable_ids(self, calls: list[ParsedToolCall]) -> None:
+        for i, call in enumerate(calls):
+            if i < len(self.call_ids):
+                call.id = self.call_ids[i]
+            else:
+                self.call_ids.append(call.id)
+
+    def _diff(self, reasoning: str, content: str, calls: list[ParsedToolCall]) -> Delta:
+        self._stable_ids(calls)
+        d = Delta()
+        if reasoning.startswith(self.sent_reasoning) and len(reasoning) > len(self.sent_reasoning):
+            d.reasoning = reasoning[len(self.sent_reasoning):]
+            self.sent_reasoning = reasoning
+        if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
+            d.content = content[len(self.sent_content):]
+            self.sent_content = content
+        for i in range(self.sent_calls, len(calls)):
+            d.tool_calls.append((i, calls[i]))
+        self.sent_calls = max(self.sent_calls, len(calls))
+        return d
+
+    def _final_delta(self) -> Delta:
+        self.text = self._decode()
+        self.parsed = parse_turn(self.text, self.tools_enabled)
+        return self._diff(self.parsed.reasoning or "", self.parsed.content or "",
+                          self.parsed.tool_calls)
+
+    def final(self):
+        """The complete parse (after the Finish was pushed); tool-call ids equal the streamed ones."""
+        return self.parsed
+
+    @property
+    def completion_text(self) -> str:
+        return self.text
+
+

@@ -1,0 +1,199 @@
+"""The model behind ``polar-train serve``: token-by-token generation with a KV cache, sampling and
+raw logprobs, plus scoring of given completion tokens (scripted mode).
+
+Why hand-rolled instead of ``model.generate``: the server must stream tokens as they are produced,
+report the *raw* log-softmax of the unscaled logits (what vLLM reports by default), and compute the
+248k-wide ``lm_head`` only at the positions that need it. Each request generates in its own worker
+thread; a lock around every forward step lets concurrent requests interleave step by step.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..tokenizer import ENDOFTEXT, IM_END, load_tokenizer
+
+#: Positions per ``lm_head`` chunk when scoring a long completion (bounds the logits' memory).
+SCORE_CHUNK = 256
+
+
+@dataclass
+class SamplingParams:
+    """What a request asks of the sampler (already validated by the wire layer)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    top_logprobs: int = 0
+    stop: list[str] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Finish:
+    """Why generation ended: ``stop`` (stop token or string) or ``length``."""
+
+    reason: str
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class TokenStep:
+    """One completion token with its raw logprob and the top alternatives (id, logprob).
+
+    The last token of a completion carries ``finish`` (so a stream can end on that chunk)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    finish: Finish | None = None
+
+
+class Engine:
+    """One model, shared by all requests. Thread-safe: forward steps are serialised by a lock."""
+
+    def __init__(self, model_dir: str | Path, adapter: str | Path | None = None,
+                 seed: int | None = None, max_model_len: int = 4096) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model_dir = Path(model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
+        if adapter is not None:
+            from peft import PeftModel
+
+            adapter_dir = Path(adapter)
+            if not (adapter_dir / "adapter_config.json").exists():
+                raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
+            model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+        model.eval()
+        self.model = model
+        self.max_model_len = max_model_len
+        self.vocab_size = int(model.config.vocab_size)
+        self.stop_token_ids = frozenset(
+            self.tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT)
+        )
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+
+    # -- token text -------------------------------------------------------------------------
+
+    @lru_cache(maxsize=65536)  # noqa: B019 - one engine per process
+    def token_text(self, token_id: int) -> str:
+        """The token as vLLM names it in logprobs (``decode([id])``, specials included)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        return list(self.token_text(token_id).encode("utf-8", errors="replace"))
+
+    # -- model ------------------------------------------------------------------------------
+
+    def _hidden(self, ids: Sequence[int], cache, start: int):
+        inp = torch.tensor([list(ids)], dtype=torch.long)
+        pos = torch.arange(start, start + len(ids), dtype=torch.long)[None]
+        out = self.model.model(input_ids=inp, cache=cache, use_cache=cache is not None,
+                               position_ids=pos)
+        return out.last_hidden_state[0]
+
+    def _logits(self, hidden) -> torch.Tensor:
+        return self.model.lm_head(hidden).float()
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed(seed if seed is not None else self._rng.getrandbits(63))
+        return g
+
+    @staticmethod
+    def _top(logprobs: torch.Tensor, sampled: int, k: int) -> list[tuple[int, float]]:
+        """vLLM's list: the sampled token first, then the k best, de-duplicated, cut to k."""
+        if k <= 0:
+            return []
+        vals, idx = torch.topk(logprobs, k)
+        out = [(sampled, float(logprobs[sampled]))]
+        for v, i in zip(vals.tolist(), idx.tolist()):
+            if i != sampled:
+                out.append((i, v))
+        return out[:k]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+        if p.logit_bias:
+            logits = logits.clone()
+            for tid, bias in p.logit_bias.items():
+                logits[tid] += bias
+        if p.temperature <= 1e-5:
+            return int(torch.argmax(logits))
+        scaled = logits / p.temperature
+        if p.top_k and 0 < p.top_k < scaled.numel():
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_vals, sorted_idx = torch.sort(scaled, descending=True)
+            probs = torch.softmax(sorted_vals, -1)
+            remove = torch.cumsum(probs, -1) - probs > p.top_p
+            scaled = scaled.clone()
+            scaled[sorted_idx[remove]] = float("-inf")
+        probs = torch.softmax(scaled, -1)
+        # Exponential race (as vLLM samples): argmax(p / E), E ~ Exp(1); exact and cheap.
+        q = torch.empty_like(probs).exponential_(generator=gen)
+        return int(torch.argmax(probs / q))
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[TokenStep]:
+        """Yield completion tokens one by one; the last carries its :class:`Finish`. Blocking."""
+        from transformers import DynamicCache
+
+        gen = self._generator(params.seed)
+        cache = DynamicCache(config=self.model.config)
+        ids = list(prompt_ids)
+        feed, pos = ids, 0
+        text = ""
+        for n in range(params.max_tokens):
+            if cancelled():
+                return
+            with self._lock, torch.inference_mode():
+                hidden = self._hidden(feed, cache, pos)[-1]
+                logits = self._logits(hidden)
+                logprobs = torch.log_softmax(logits, -1)
+                tok = self._sample(logits, params, gen)
+                step = TokenStep(tok, float(logprobs[tok]), self._top(logprobs, tok, params.top_logprobs))
+            pos += len(feed)
+            feed = [tok]
+            if tok in self.stop_token_ids:
+                step.finish = Finish("stop", None)
+            elif params.stop:
+                text += self.token_text(tok)
+                hit = next((s for s in params.stop if s in text), None)
+                if hit is not None:
+                    step.finish = Finish("stop", hit)
+            if step.finish is None and n + 1 == params.max_tokens:
+                step.finish = Finish("length", None)
+            yield step
+            if step.finish is not None:
+                return
+
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+              top_logprobs: int = 0) -> list[TokenStep]:
+        """The model's raw logprobs of given completion tokens (one forward pass, chunked head)."""
+        if not completion_ids:
+            return []
+        ids = list(prompt_ids) + list(completion_ids)
+        n_prompt = len(prompt_ids)
+        steps: list[TokenStep] = []
+        with self._lock, torch.inference_mode():
+            hidden = self._hidden(ids, None, 0)
+            positions = hidden[n_prompt - 1: len(ids) - 1]
+            for start in range(0, len(completion_ids), SCORE_CHUNK):
+                chunk = torch.log_softmax(self._logits(positions[start:start + SCORE_CHUNK]), -1)
+                for row, tok in zip(chunk, completion_ids[start:start + SCORE_CHUNK]):
+                    steps.append(TokenStep(tok, float(row[tok]), self._top(row, tok, top_logprobs)))
+        return steps

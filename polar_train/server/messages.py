@@ -1,0 +1,235 @@
+"""``POST /v1/messages`` (Anthropic, what Claude Code uses) in vLLM 0.32's shapes.
+
+The request becomes chat messages as vLLM converts it: ``system`` (string or text blocks, Claude
+Code's per-request ``x-anthropic-billing-header`` block dropped) first, ``thinking`` blocks as the
+assistant's reasoning, ``tool_use`` as tool calls, ``tool_result`` as tool messages. vLLM returns
+no token ids here; ``usage.input_tokens`` is the true prompt count. Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .common import check_model, integer, sampling
+from .completion import CompletionState
+from .errors import BadRequest
+from .parse import random_id
+from .prompt import encode, function_tool, render
+from .script import RequestView
+from .sse import sse_event
+
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _system_text(system: Any) -> str:
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return system
+    if not isinstance(system, list):
+        raise BadRequest("system must be a string or a list of text blocks", param="system")
+    return "".join(b.get("text", "") for b in system
+                   if isinstance(b, dict) and b.get("type") == "text" and b.get("text")
+                   and not b["text"].startswith(BILLING_HEADER))
+
+
+def _tool_result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(i.get("text", "") for i in content if isinstance(i, dict) and i.get("type") == "text")
+    return ""
+
+
+def chat_messages(body: dict) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = _system_text(body.get("system"))
+    if system:
+        out.append({"role": "system", "content": system})
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise BadRequest("messages must be a list", param="messages")
+    for i, msg in enumerate(msgs):
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"messages[{i}] needs role user or assistant", param="messages")
+        role, content = msg["role"], msg.get("content")
+        if role == "system":
+            text = _system_text(content)
+            if text:
+                out.append({"role": "system", "content": text})
+            continue
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of blocks",
+                             param="messages")
+        m: dict[str, Any] = {"role": role}
+        parts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        reasoning: list[str] = []
+        for block in content:
+            if not isinstance(block, dict):
+                raise BadRequest(f"messages[{i}].content blocks must be objects", param="messages")
+            kind = block.get("type")
+            if kind == "text" and block.get("text"):
+                parts.append({"type": "text", "text": block["text"]})
+            elif kind == "thinking" and block.get("thinking") is not None:
+                reasoning.append(block["thinking"])
+            elif kind == "tool_use":
+                calls.append({"id": block.get("id") or "", "type": "function",
+                              "function": {"name": block.get("name") or "",
+                                           "arguments": json.dumps(block.get("input") or {})}})
+            elif kind == "tool_result":
+                if role == "user":
+                    out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
+                                "content": _tool_result_text(block.get("content"))})
+                else:
+                    parts.append({"type": "text", "text": f"Tool result: {block.get('content') or ''}"})
+        if reasoning:
+            m["reasoning"] = "".join(reasoning)
+        if calls:
+            m["tool_calls"] = calls
+        if parts:
+            m["content"] = parts[0]["text"] if len(parts) == 1 else parts
+        if role == "user" and "content" not in m:
+            continue
+        if role == "assistant" and not (parts or calls or reasoning):
+            continue
+        out.append(m)
+    return out
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    out = []
+    for t in tools:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise BadRequest("each tool needs a name", param="tools")
+        if t.get("type") not in (None, "custom"):
+            continue  # server tools (web_search, ...) cannot run here
+        out.append(function_tool(t["name"], t.get("description"), t.get("input_schema")))
+    return out
+
+
+def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
+    model = check_model(body, server.served_name, required=True)
+    tools = chat_tools(body.get("tools"))
+    messages = chat_messages(body)
+    text = render(server.tokenizer, messages, tools or None)
+    prompt_ids = encode(server.tokenizer, text)
+    req: dict[str, Any] = {"model": model, "prompt_ids": prompt_ids, "stream": False}
+    if count_only:
+        return req
+    if body.get("max_tokens") is None:
+        raise BadRequest("max_tokens: Field required", param="max_tokens")
+    integer(body, "max_tokens", None, lo=1)
+    tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
+        body.get("tool_choice"), dict) else "auto"
+    req.update({
+        "params": sampling(body, server.engine, len(prompt_ids), ("max_tokens",), stop_key="stop_sequences"),
+        "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
+        "tools_enabled": bool(tools) and tool_choice != "none",
+        "stream": bool(body.get("stream", False)),
+        "id": f"chatcmpl-{random_id()}",
+    })
+    return req
+
+
+def stop_reason(state: CompletionState) -> tuple[str, str | None]:
+    f = state.finish
+    if f is None or f.reason == "length":
+        return "max_tokens", None
+    if state.final().tool_calls:
+        return "tool_use", None
+    if isinstance(f.stop_reason, str):
+        return "stop_sequence", f.stop_reason
+    return "end_turn", None
+
+
+async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
+    state = CompletionState(server.engine, req["tools_enabled"])
+    async for step in server.tokens(req):
+        state.push(step)
+    parsed = state.final()
+    content: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": uuid.uuid4().hex})
+    if parsed.content:
+        content.append({"type": "text", "text": parsed.content})
+    for c in parsed.tool_calls:
+        content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)})
+    if not content:
+        content.append({"type": "text", "text": ""})
+    reason, seq = stop_reason(state)
+    out = {"id": req["id"], "type": "message", "role": "assistant", "content": content,
+           "model": req["model"], "stop_reason": reason}
+    if seq is not None:
+        out["stop_sequence"] = seq
+    out["usage"] = {"input_tokens": len(req["prompt_ids"]), "output_tokens": len(state.steps)}
+    return out
+
+
+async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
+    n_in = len(req["prompt_ids"])
+    yield sse_event("message_start", {"type": "message_start", "message": {
+        "id": req["id"], "type": "message", "role": "assistant", "content": [], "model": req["model"],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_in, "output_tokens": 0}}})
+    state = CompletionState(server.engine, req["tools_enabled"])
+    index = -1
+    open_kind: str | None = None
+
+    def start(block: dict[str, Any]) -> list[bytes]:
+        nonlocal index, open_kind
+        evs = stop()
+        index += 1
+        open_kind = block["type"]
+        evs.append(sse_event("content_block_start", {"type": "content_block_start",
+                                                     "content_block": block, "index": index}))
+        return evs
+
+    def stop() -> list[bytes]:
+        nonlocal open_kind
+        if open_kind is None:
+            return []
+        evs = []
+        if open_kind == "thinking":
+            evs.append(sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "signature_delta", "signature": uuid.uuid4().hex}}))
+        evs.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        open_kind = None
+        return evs
+
+    def delta(d: dict[str, Any]) -> bytes:
+        return sse_event("content_block_delta", {"type": "content_block_delta", "delta": d, "index": index})
+
+    async for step in server.tokens(req):
+        d = state.push(step)
+        if d.reasoning:
+            if open_kind != "thinking":
+                for b in start({"type": "thinking", "thinking": ""}):
+                    yield b
+            yield delta({"type": "thinking_delta", "thinking": d.reasoning})
+        if d.content:
+            if open_kind != "text":
+                for b in start({"type": "text", "text": ""}):
+                    yield b
+            yield delta({"type": "text_delta", "text": d.content})
+        for _, c in d.tool_calls:
+            for b in start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}}):
+                yield b
+            yield delta({"type": "input_json_delta", "partial_json": c.arguments})
+    for b in stop():
+        yield b
+    reason, seq = stop_reason(state)
+    yield sse_event("message_delta", {"type": "message_delta",
+                                      "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                      "usage": {"input_tokens": n_in, "output_tokens": len(state.steps)}})
+    yield sse_event("message_stop", {"type": "message_stop"})

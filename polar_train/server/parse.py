@@ -1,0 +1,80 @@
+"""Completion tokens → what the wire formats report: text, reasoning, tool calls.
+
+One parser for every API (chat, responses, messages) and for both sampled and scripted turns, so
+they all have the same shape. Tool calls follow vLLM's ``hermes`` parser (``<tool_call>`` JSON
+blocks; content = the text before the first block, ``None`` when empty; arguments re-dumped with
+``ensure_ascii=False``). Reasoning is parsed only when the completion *starts* with ``<think>``
+(what our template renders for a turn with reasoning), so a sampled turn that never opens a think
+block keeps all its text as content, like vLLM without a reasoning parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def random_id(n: int = 16) -> str:
+    """vLLM-style random hex id suffix (``chatcmpl-<16 hex>``)."""
+    return secrets.token_hex(n // 2)
+
+
+def tool_call_id() -> str:
+    return f"chatcmpl-tool-{secrets.token_hex(8)}"
+
+
+@dataclass
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON object as text
+    id: str = field(default_factory=tool_call_id)
+
+
+@dataclass
+class ParsedTurn:
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ParsedToolCall]
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """``<think>\\nR\\n</think>\\n\\nC`` → (R, C), with the template's wrapping newlines removed,
+    so that sending R and C back renders the same text again."""
+    if not text.startswith(THINK_START):
+        return None, text
+    body = text[len(THINK_START):]
+    if THINK_END not in body:  # still thinking (cut by max_tokens)
+        return body.strip("\n"), ""
+    reasoning, _, rest = body.partition(THINK_END)
+    return reasoning.strip("\n"), rest.lstrip("\n")
+
+
+def parse_tool_calls(text: str, tools_enabled: bool) -> tuple[str | None, list[ParsedToolCall]]:
+    """hermes: (content before the first ``<tool_call>`` or None, parsed calls)."""
+    if not tools_enabled or TOOL_CALL_START not in text:
+        return text, []
+    try:
+        calls = []
+        for closed, open_ in _TOOL_CALL_RE.findall(text):
+            obj = json.loads(closed or open_)
+            calls.append(ParsedToolCall(obj["name"], json.dumps(obj["arguments"], ensure_ascii=False)))
+    except (ValueError, KeyError, TypeError):
+        return text, []  # vLLM keeps an unparsable block as plain content
+    content = text[: text.find(TOOL_CALL_START)]
+    return (content if content else None), calls
+
+
+def parse_turn(text: str, tools_enabled: bool) -> ParsedTurn:
+    reasoning, rest = split_reasoning(text)
+    content, calls = parse_tool_calls(rest, tools_enabled)
+    if calls and content is not None:
+        content = content.rstrip("\n") or None  # the template's glue before a <tool_call> block
+    return ParsedTurn(reasoning, content, calls)

@@ -1,0 +1,409 @@
+"""``POST /v1/responses`` (what Codex CLI uses) in vLLM 0.32's shapes.
+
+Input items become chat messages the way vLLM converts them (reasoning + function calls of one
+assistant turn merge into one message; ``custom`` tools are shown to the model as a function with
+a single ``input`` string, vLLM's shim). vLLM extensions: ``enable_response_messages`` puts
+``input_messages`` / ``output_messages`` (``raw_message_tokens``) into the final response, and
+``include: ["message.output_text.logprobs"]`` + ``top_logprobs`` adds per-token logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .common import check_model, integer, number, sampling
+from .completion import CompletionState
+from .errors import BadRequest
+from .parse import random_id
+from .prompt import encode, function_tool, render
+from .script import RequestView
+from .sse import sse_event
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+CUSTOM_INPUT_KEY = "input"
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {CUSTOM_INPUT_KEY: {"type": "string",
+                                      "description": "The freeform text payload for this tool."}},
+    "required": [CUSTOM_INPUT_KEY],
+    "additionalProperties": False,
+}
+
+
+def _uuid() -> str:
+    return random_id(16)
+
+
+# -- request → chat messages ------------------------------------------------------------------
+
+def _text_of(content: Any) -> str | list | None:
+    if isinstance(content, str) or content is None:
+        return content
+    if isinstance(content, list):
+        return [{"type": "text", "text": p.get("text", "")} for p in content
+                if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")]
+    raise BadRequest("message content must be a string or a list of parts", param="input")
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):  # content parts (input_text ...)
+        return "".join(p.get("text", "") for p in output if isinstance(p, dict))
+    return json.dumps(output, ensure_ascii=False)
+
+
+def input_messages(body: dict) -> list[dict[str, Any]]:
+    """vLLM's ``construct_input_messages``: instructions, then the input items."""
+    msgs: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions:
+        if not isinstance(instructions, str):
+            raise BadRequest("instructions must be a string", param="instructions")
+        msgs.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if isinstance(items, str):
+        msgs.append({"role": "user", "content": items})
+        return msgs
+    if not isinstance(items, list):
+        raise BadRequest("input must be a string or a list of items", param="input")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"input[{i}] must be an object", param="input")
+        kind = item.get("type", "message")
+        prev = msgs[-1] if msgs and msgs[-1].get("role") == "assistant" else None
+        if kind in ("function_call", "custom_tool_call"):
+            if not isinstance(item.get("name"), str):
+                raise BadRequest(f"input[{i}] ({kind}) needs a name", param="input")
+            if kind == "function_call":
+                args = item.get("arguments") or "{}"
+            else:
+                args = json.dumps({CUSTOM_INPUT_KEY: item.get("input") or ""}, ensure_ascii=False)
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item["name"], "arguments": args}}
+            if prev is not None:
+                prev.setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append({"role": "assistant", "tool_calls": [call]})
+        elif kind == "reasoning":
+            reasoning = ""
+            if item.get("encrypted_content"):
+                raise BadRequest("Encrypted content is not supported.", param="input")
+            if item.get("content"):
+                reasoning = item["content"][0].get("text", "")
+            elif item.get("summary"):
+                reasoning = item["summary"][0].get("text", "")
+            if prev is not None and prev.get("reasoning") is None:
+                prev["reasoning"] = reasoning
+            else:
+                msgs.append({"role": "assistant", "reasoning": reasoning})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            msgs.append({"role": "tool", "content": _output_text(item.get("output")),
+                         "tool_call_id": item.get("call_id")})
+        elif kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise BadRequest(f"input[{i}].role must be user, system, developer or assistant",
+                                 param="input")
+            content = _text_of(item.get("content"))
+            if role == "assistant":
+                text = content if isinstance(content, str) else (content[0]["text"] if content else None)
+                if prev is not None and prev.get("content") is None:
+                    prev["content"] = text
+                else:
+                    msgs.append({"role": "assistant", "content": text})
+            else:
+                msgs.append({"role": role, "content": content})
+        else:
+            raise BadRequest(f"Unsupported input item type: {kind}", param="input")
+    return msgs
+
+
+def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for t in tools:
+        if not isinstance(t, dict):
+            raise BadRequest("each tool must be an object", param="tools")
+        if t.get("type") == "function":
+            if not isinstance(t.get("name"), str):
+                raise BadRequest("function tools need a name", param="tools")
+            out.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
+        elif t.get("type") == "custom":
+            if not isinstance(t.get("name"), str):
+                raise BadRequest("custom tools need a name", param="tools")
+            out.append(function_tool(t["name"], t.get("description"), CUSTOM_PARAMETERS))
+        # built-in tools (web_search, ...) are not rendered: the model cannot call them here
+    return out
+
+
+def echo_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's tools as vLLM echoes them in the response object."""
+    out = []
+    for t in tools:
+        if t.get("type") == "function":
+            out.append({"name": t["name"], "parameters": t.get("parameters"), "strict": t.get("strict"),
+                        "type": "function", "allowed_callers": None, "async": None,
+                        "defer_loading": None, "description": t.get("description"),
+                        "output_schema": None})
+        elif t.get("type") == "custom":
+            out.append({"name": t["name"], "type": "custom", "allowed_callers": None, "async": None,
+                        "defer_loading": None, "description": t.get("description"),
+                        "format": t.get("format")})
+        else:
+            out.append(t)
+    return out
+
+
+def prepare(server, body: dict) -> dict[str, Any]:
+    model = check_model(body, server.served_name)
+    if body.get("previous_response_id"):
+        raise BadRequest("previous_response_id is not supported (send the whole input)",
+                         param="previous_response_id")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list", param="tools")
+    ctools = chat_tools(tools)
+    messages = input_messages(body)
+    tool_choice = body.get("tool_choice", "auto")
+    include = body.get("include") or []
+    if not isinstance(include, list):
+        raise BadRequest("include must be a list", param="include")
+    top = integer(body, "top_logprobs", None, lo=0, hi=20)
+    want_logprobs = LOGPROBS_INCLUDE in include
+    text = render(server.tokenizer, messages, ctools or None)
+    prompt_ids = encode(server.tokenizer, text)
+    params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
+                      top_logprobs=(top or 0) if want_logprobs else 0)
+    view = RequestView("openai.responses", messages, [t["function"]["name"] for t in ctools])
+    return {
+        "model": model, "body": body, "prompt_ids": prompt_ids, "prompt_text": text, "params": params,
+        "view": view, "tools": tools, "tools_enabled": bool(ctools) and tool_choice != "none",
+        "tool_choice": tool_choice if tools else "none",
+        "custom_names": {t["name"] for t in tools if t.get("type") == "custom"},
+        "logprobs": want_logprobs, "top_logprobs": top,
+        "response_messages": bool(body.get("enable_response_messages", False)),
+        "stream": bool(body.get("stream", False)),
+        "id": f"resp_{_uuid()}", "created": int(time.time()),
+    }
+
+
+# -- response objects -------------------------------------------------------------------------
+
+def response_object(req: dict[str, Any], status: str, output: list, usage: dict | None,
+                    incomplete: bool = False, messages: tuple | None = None) -> dict[str, Any]:
+    body = req["body"]
+    return {
+        "id": req["id"], "created_at": req["created"],
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.get("instructions"), "metadata": body.get("metadata"),
+        "model": req["model"], "object": "response", "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": number(body, "temperature", 1.0), "tool_choice": req["tool_choice"],
+        "tools": echo_tools(req["tools"]), "top_p": number(body, "top_p", 1.0),
+        "background": False, "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": body.get("max_tool_calls"), "previous_response_id": None,
+        "prompt": body.get("prompt"), "reasoning": body.get("reasoning"),
+        "service_tier": "auto", "status": status, "text": body.get("text"),
+        "top_logprobs": req["top_logprobs"], "truncation": "disabled", "usage": usage,
+        "user": body.get("user"), "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "kv_transfer_params": None, "ec_transfer_params": None,
+        "input_messages": messages[0] if messages else None,
+        "output_messages": messages[1] if messages else None,
+    }
+
+
+def usage(prompt_len: int, out_len: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_len,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0,
+                                 "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+        "output_tokens": out_len,
+        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                  "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
+        "total_tokens": prompt_len + out_len,
+    }
+
+
+def logprobs_full(server, steps) -> list[dict[str, Any]]:
+    e = server.engine
+    return [{"token": e.token_text(s.token_id), "bytes": e.token_bytes(s.token_id), "logprob": s.logprob,
+             "top_logprobs": [{"token": e.token_text(i), "bytes": e.token_bytes(i), "logprob": lp}
+                              for i, lp in s.top]} for s in steps]
+
+
+def logprobs_delta(server, steps) -> list[dict[str, Any]]:
+    e = server.engine
+    return [{"token": e.token_text(s.token_id), "logprob": s.logprob,
+             "top_logprobs": [{"token": e.token_text(i), "logprob": lp} for i, lp in s.top]}
+            for s in steps]
+
+
+def raw_messages(server, req: dict[str, Any], state: CompletionState) -> tuple[list, list]:
+    ids = state.token_ids
+    return ([{"message": req["prompt_text"], "tokens": req["prompt_ids"], "type": "raw_message_tokens"}],
+            [{"message": server.tokenizer.decode(ids, skip_special_tokens=True), "tokens": ids,
+              "type": "raw_message_tokens"}])
+
+
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "summary": [], "type": "reasoning",
+            "content": [{"text": text, "type": "reasoning_text"}], "encrypted_content": None,
+            "status": None}
+
+
+def message_item(item_id: str, text: str, logprobs: list | None) -> dict[str, Any]:
+    return {"id": item_id, "content": [{"annotations": [], "text": text, "type": "output_text",
+                                        "logprobs": logprobs}],
+            "role": "assistant", "status": "completed", "type": "message", "phase": None}
+
+
+def call_item(req: dict[str, Any], item_id: str, call) -> dict[str, Any]:
+    if call.name in req["custom_names"]:
+        try:
+            payload = json.loads(call.arguments).get(CUSTOM_INPUT_KEY)
+        except (ValueError, AttributeError):
+            payload = None
+        return {"call_id": call.id, "input": payload if isinstance(payload, str) else call.arguments,
+                "name": call.name, "type": "custom_tool_call", "id": item_id, "async": None,
+                "caller": None, "namespace": None}
+    return {"arguments": call.arguments, "call_id": call.id, "name": call.name, "type": "function_call",
+            "id": item_id, "async": None, "caller": None, "namespace": None, "status": "completed"}
+
+
+def _is_custom(req, call) -> bool:
+    return call.name in req["custom_names"]
+
+
+async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
+    state = CompletionState(server.engine, req["tools_enabled"])
+    async for step in server.tokens(req):
+        state.push(step)
+    parsed = state.final()
+    output: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        output.append(reasoning_item(f"rs_{_uuid()}", parsed.reasoning))
+    if parsed.content:
+        output.append(message_item(f"msg_{_uuid()}", parsed.content,
+                                   logprobs_full(server, state.steps) if req["logprobs"] else None))
+    for call in parsed.tool_calls:
+        output.append(call_item(req, (f"ctc_" if _is_custom(req, call) else "fc_") + _uuid(), call))
+    incomplete = state.finish.reason == "length"
+    return response_object(req, "incomplete" if incomplete else "completed", output,
+                           usage(len(req["prompt_ids"]), len(state.steps)), incomplete,
+                           raw_messages(server, req, state) if req["response_messages"] else None)
+
+
+async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
+    seq = 0
+
+    def ev(kind: str, payload: dict[str, Any]) -> bytes:
+        nonlocal seq
+        data = {**payload, "sequence_number": seq, "type": kind}
+        seq += 1
+        return sse_event(kind, data)
+
+    yield ev("response.created", {"response": response_object(req, "in_progress", [], None)})
+    yield ev("response.in_progress", {"response": response_object(req, "in_progress", [], None)})
+    state = CompletionState(server.engine, req["tools_enabled"])
+    output: list[dict[str, Any]] = []
+    out_index = 0
+    cur: dict[str, Any] | None = None  # the open item: {"kind", "id", "text", "steps"}
+    pending: list = []
+
+    def close() -> list[bytes]:
+        nonlocal cur, out_index
+        if cur is None:
+            return []
+        evs = []
+        base = {"content_index": 0, "item_id": cur["id"], "output_index": out_index}
+        if cur["kind"] == "reasoning":
+            part = {"text": cur["text"], "type": "reasoning_text"}
+            item = {"id": cur["id"], "summary": [], "type": "reasoning", "content": [part],
+                    "encrypted_content": None, "status": "completed"}
+            evs.append(ev("response.reasoning_text.done", {**base, "text": cur["text"]}))
+            evs.append(ev("response.content_part.done", {**base, "part": part}))
+        else:
+            lps = logprobs_full(server, cur["steps"]) if req["logprobs"] else None
+            part = {"annotations": [], "text": cur["text"], "type": "output_text", "logprobs": lps}
+            item = message_item(cur["id"], cur["text"], lps)
+            evs.append(ev("response.output_text.done", {**base, "logprobs": [], "text": cur["text"]}))
+            evs.append(ev("response.content_part.done", {**base, "part": part}))
+        evs.append(ev("response.output_item.done", {"item": item, "output_index": out_index}))
+        output.append(item)
+        out_index += 1
+        cur = None
+        return evs
+
+    def open_(kind: str) -> list[bytes]:
+        nonlocal cur
+        prefix = "rs_" if kind == "reasoning" else "msg_"
+        cur = {"kind": kind, "id": prefix + _uuid(), "text": "", "steps": []}
+        if kind == "reasoning":
+            item = {"id": cur["id"], "summary": [], "type": "reasoning", "content": None,
+                    "encrypted_content": None, "status": "in_progress"}
+            part = {"text": "", "type": "reasoning_text"}
+        else:
+            item = {"id": cur["id"], "content": [], "role": "assistant", "status": "in_progress",
+                    "type": "message", "phase": None}
+            part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+        return [ev("response.output_item.added", {"item": item, "output_index": out_index}),
+                ev("response.content_part.added", {"content_index": 0, "item_id": cur["id"],
+                                                   "output_index": out_index, "part": part})]
+
+    async for step in server.tokens(req):
+        d = state.push(step)
+        pending.append(step)
+        if d.reasoning:
+            if cur is None or cur["kind"] != "reasoning":
+                for b in close() + open_("reasoning"):
+                    yield b
+            cur["text"] += d.reasoning
+            yield ev("response.reasoning_text.delta", {"content_index": 0, "delta": d.reasoning,
+                                                       "item_id": cur["id"], "output_index": out_index})
+        if d.content:
+            if cur is None or cur["kind"] != "message":
+                for b in close() + open_("message"):
+                    yield b
+            cur["text"] += d.content
+            cur["steps"].extend(pending)
+            lp = logprobs_delta(server, pending) if req["logprobs"] else []
+            pending = []
+            yield ev("response.output_text.delta", {"content_index": 0, "delta": d.content,
+                                                    "item_id": cur["id"], "logprobs": lp,
+                                                    "output_index": out_index})
+        for _, call in d.tool_calls:
+            for b in close():
+                yield b
+            custom = _is_custom(req, call)
+            item_id = ("ctc_" if custom else "fc_") + _uuid()
+            done_item = call_item(req, item_id, call)
+            if custom:
+                added = {**done_item, "input": ""}
+                yield ev("response.output_item.added", {"item": added, "output_index": out_index})
+                yield ev("response.custom_tool_call_input.delta",
+                         {"delta": done_item["input"], "item_id": item_id, "output_index": out_index})
+                yield ev("response.custom_tool_call_input.done",
+                         {"input": done_item["input"], "item_id": item_id, "output_index": out_index})
+            else:
+                added = {**done_item, "arguments": "", "status": "in_progress"}
+                yield ev("response.output_item.added", {"item": added, "output_index": out_index})
+                yield ev("response.function_call_arguments.delta",
+                         {"delta": call.arguments, "item_id": item_id, "output_index": out_index})
+                yield ev("response.function_call_arguments.done",
+                         {"arguments": call.arguments, "item_id": item_id, "name": call.name,
+                          "output_index": out_index})
+            yield ev("response.output_item.done", {"item": done_item, "output_index": out_index})
+            output.append(done_item)
+            out_index += 1
+    if cur is not None and cur["kind"] == "message":
+        cur["steps"].extend(pending)
+    for b in close():
+        yield b
+    incomplete = state.finish is not None and state.finish.reason == "length"
+    final = response_object(req, "incomplete" if incomplete else "completed", output,
+                            usage(len(req["prompt_ids"]), len(state.steps)), incomplete,
+                            raw_messages(server, req, state) if req["response_messages"] else None)
+    yield ev("response.completed", {"response": final})

@@ -1,0 +1,222 @@
+"""Scenario files for scripted mode (format: docs/scenario-format.md).
+
+Why: a real harness must be able to run a deterministic multi-turn, tool-using session against the
+server while the token ids stay real. The scripted assistant turn is rendered exactly as the chat
+template renders an assistant message, tokenised, and closed with ``<|im_end|>``; the engine then
+scores those tokens, so the logprobs are the model's true ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..tokenizer import IM_END, IM_START
+from .errors import BadRequest
+from .prompt import encode, render
+
+APIS = ("openai.chat", "openai.responses", "anthropic.messages")
+_MATCH_KEYS = {"tool", "user_contains", "api", "no_tools", "system_contains"}
+_TURN_KEYS = {"reasoning", "content", "tool_calls"}
+
+
+class ScriptError(ValueError):
+    """A scenario file that cannot be used (reported as one line at server start)."""
+
+
+@dataclass
+class ScriptedTurn:
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{name, arguments: dict}]
+
+    def message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            msg["tool_calls"] = [{"type": "function", "function": dict(c)} for c in self.tool_calls]
+        return msg
+
+
+@dataclass
+class RequestView:
+    """What matching needs to know about a request, whatever its API."""
+
+    api: str
+    messages: list[dict[str, Any]]
+    tool_names: list[str]
+
+
+@dataclass
+class Scenario:
+    name: str
+    match: dict[str, Any]
+    turns: list[ScriptedTurn]
+    after_last: str = "last_text"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _matches(match: dict[str, Any], req: RequestView) -> bool:
+    if "api" in match and match["api"] != req.api:
+        return False
+    if "tool" in match and match["tool"] not in req.tool_names:
+        return False
+    if match.get("no_tools") is True and req.tool_names:
+        return False
+    if match.get("no_tools") is False and not req.tool_names:
+        return False
+    if "user_contains" in match:
+        first_user = next((m for m in req.messages if m.get("role") == "user"), None)
+        if first_user is None or str(match["user_contains"]) not in _text(first_user.get("content")):
+            return False
+    if "system_contains" in match:
+        system = "".join(_text(m.get("content")) for m in req.messages
+                         if m.get("role") in ("system", "developer"))
+        if str(match["system_contains"]) not in system:
+            return False
+    return True
+
+
+def assistant_turns(messages: list[dict[str, Any]]) -> int:
+    """Assistant turns already in the conversation (a run of assistant messages is one turn)."""
+    count, prev = 0, None
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and prev != "assistant":
+            count += 1
+        prev = role
+    return count
+
+
+def _turn(raw: Any, where: str) -> ScriptedTurn:
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: a turn must be a mapping")
+    unknown = set(raw) - _TURN_KEYS
+    if unknown:
+        raise ScriptError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_TURN_KEYS)})")
+    calls = []
+    for j, c in enumerate(raw.get("tool_calls") or []):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise ScriptError(f"{where}.tool_calls[{j}]: needs a 'name'")
+        if "input" in c:  # a freeform (custom) tool: vLLM's shim passes {"input": text}
+            args: Any = {"input": str(c["input"])}
+        else:
+            args = c.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise ScriptError(f"{where}.tool_calls[{j}].arguments is not JSON") from None
+        if not isinstance(args, dict):
+            raise ScriptError(f"{where}.tool_calls[{j}].arguments must be a mapping")
+        calls.append({"name": c["name"], "arguments": args})
+    for key in ("reasoning", "content"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ScriptError(f"{where}.{key} must be a string")
+    return ScriptedTurn(raw.get("reasoning"), raw.get("content"), calls)
+
+
+def _match(raw: Any, where: str) -> dict[str, Any]:
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}.match must be a mapping")
+    unknown = set(raw) - _MATCH_KEYS
+    if unknown:
+        raise ScriptError(f"{where}.match: unknown keys {sorted(unknown)}")
+    if "api" in raw and raw["api"] not in APIS:
+        raise ScriptError(f"{where}.match.api must be one of {', '.join(APIS)}")
+    return raw
+
+
+@dataclass
+class Script:
+    scenarios: list[Scenario]
+    side_calls: list[tuple[dict[str, Any], ScriptedTurn]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Script":
+        p = Path(path)
+        if not p.is_file():
+            raise ScriptError(f"scenario file not found: {p}")
+        try:
+            if p.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(p.read_text("utf-8"))
+            else:
+                data = json.loads(p.read_text("utf-8"))
+        except Exception as exc:
+            raise ScriptError(f"{p}: cannot parse: {exc}".splitlines()[0]) from None
+        return cls.from_data(data, str(p))
+
+    @classmethod
+    def from_data(cls, data: Any, where: str = "script") -> "Script":
+        if not isinstance(data, dict) or not isinstance(data.get("scenarios", []), list):
+            raise ScriptError(f"{where}: expected a mapping with a 'scenarios' list")
+        scenarios, names = [], set()
+        for i, raw in enumerate(data.get("scenarios") or []):
+            w = f"{where}: scenarios[{i}]"
+            if not isinstance(raw, dict):
+                raise ScriptError(f"{w} must be a mapping")
+            name = str(raw.get("name") or f"scenario-{i}")
+            if name in names:
+                raise ScriptError(f"{w}: duplicate name {name!r}")
+            names.add(name)
+            turns = [_turn(t, f"{w}.turns[{k}]") for k, t in enumerate(raw.get("turns") or [])]
+            if not turns:
+                raise ScriptError(f"{w}: needs at least one turn")
+            after = raw.get("after_last", "last_text")
+            if after not in ("repeat_last", "error", "last_text"):
+                raise ScriptError(f"{w}.after_last must be repeat_last or error")
+            scenarios.append(Scenario(name, _match(raw.get("match"), w), turns, after))
+        side = []
+        for i, raw in enumerate(data.get("side_calls") or []):
+            w = f"{where}: side_calls[{i}]"
+            if not isinstance(raw, dict) or "reply" not in raw:
+                raise ScriptError(f"{w} needs 'match' and 'reply'")
+            side.append((_match(raw.get("match"), w), _turn(raw["reply"], f"{w}.reply")))
+        if not scenarios and not side:
+            raise ScriptError(f"{where}: no scenarios")
+        return cls(scenarios, side)
+
+    def turn_for(self, req: RequestView) -> ScriptedTurn:
+        """The scripted answer to this request, or a 400 that says why there is none."""
+        for match, reply in self.side_calls:
+            if _matches(match, req):
+                return reply
+        for sc in self.scenarios:
+            if not _matches(sc.match, req):
+                continue
+            k = assistant_turns(req.messages)
+            if k < len(sc.turns):
+                return sc.turns[k]
+            if sc.after_last == "repeat_last":
+                return sc.turns[-1]
+            if sc.after_last == "error":
+                raise BadRequest(f"scenario {sc.name!r} has {len(sc.turns)} turns; "
+                                 f"this request is turn {k + 1}")
+            text_only = [t for t in sc.turns if not t.tool_calls]
+            return text_only[-1] if text_only else ScriptedTurn(content="Done.")
+        raise BadRequest("no scenario of the script matches this request "
+                         f"(api {req.api}, tools {req.tool_names})")
+
+
+def turn_token_ids(tokenizer, turn: ScriptedTurn) -> list[int]:
+    """The tokens the model would have produced for this turn: body + ``<|im_end|>``."""
+    text = render(tokenizer, [turn.message()], None, add_generation_prompt=False)
+    head = f"{IM_START}assistant\n"
+    tail = f"{IM_END}\n"
+    if not (text.startswith(head) and text.endswith(tail)):
+        raise RuntimeError("the chat template does not render an assistant turn as ChatML")
+    body = text[len(head): -len(tail)]
+    return encode(tokenizer, body) + [tokenizer.convert_tokens_to_ids(IM_END)]
