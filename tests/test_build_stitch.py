@@ -1,0 +1,300 @@
+"""Stitching hand-built call logs: exact token streams, masks, logprob alignment, forks, retries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polar_train.trajectories import BuildOptions, build_trajectories
+from tests.support.calls import IM_END_ID, Conversation, chat_tokenizer, encode, make_row, write_parts
+
+
+def build(tmp_path, rows, **options):
+    write_parts(tmp_path, rows)
+    return build_trajectories(tmp_path, BuildOptions(**options))
+
+
+def sampled_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of loss_mask == 1."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def assert_aligned(traj, rows) -> None:
+    """Every sampled run is one call's completion, with exactly the logprobs the server reported."""
+    ids, mask, lps = traj.completion_arrays()
+    assert len(ids) == len(mask) == len(lps)
+    assert mask.dtype == np.int8 and lps.dtype == np.float32
+    runs = sampled_runs(mask)
+    assert len(runs) == len(rows)
+    for (a, b), row in zip(runs, rows):
+        assert ids[a:b].tolist() == row["completion_token_ids"]
+        np.testing.assert_array_equal(lps[a:b], np.asarray(row["completion_logprobs"], np.float32))
+    assert np.isnan(lps[mask == 0]).all()
+    assert traj.call_ids == [r["call_id"] for r in rows]
+
+
+def tool_session(conv: Conversation, turns: int, **kw) -> list[dict]:
+    rows = []
+    conv.user("fix the failing test")
+    for k in range(turns):
+        rows.append(conv.assistant(f"step {k}", reasoning=f"thinking {k}",
+                                   tool_calls=[("ls", {"path": f"dir{k}"})], **kw))
+        conv.tool(f"file{k}.py\nREADME")
+    rows.append(conv.assistant("All green.", **kw))
+    return rows
+
+
+def test_tool_session_is_one_trajectory_with_exact_stream(tmp_path):
+    rows = tool_session(Conversation(rollout_id="r1"), 3)
+    result = build(tmp_path, rows)
+    assert len(result.trajectories) == 1
+    (t,) = result.trajectories
+    ids, mask, _ = t.completion_arrays()
+    assert t.prompt.tolist() == rows[0]["prompt_token_ids"]
+    assert t.prompt.tolist() + ids.tolist() == rows[-1]["prompt_token_ids"] + rows[-1]["completion_token_ids"]
+    assert_aligned(t, rows)
+    # glue between completions = what the next prompt adds: tool output + template, never trained
+    a, b = sampled_runs(mask)[0][1], sampled_runs(mask)[1][0]
+    glue = ids[a:b].tolist()
+    assert chat_tokenizer().decode(glue).startswith("\n<|im_start|>user\n<tool_response>\nfile0.py")
+    assert t.fork_cause is None and not t.truncated and not t.realigned
+    assert result.report.merge_ratio == 4.0 and result.report.forks == {}
+    assert result.report.tokens_trained == int(mask.sum())
+
+
+def test_server_without_im_end_glue_is_untrained(tmp_path):
+    rows = tool_session(Conversation(rollout_id="r1"), 2, include_im_end=False)
+    assert all(r["completion_token_ids"][-1] != IM_END_ID for r in rows)
+    (t,) = build(tmp_path, rows).trajectories
+    ids, mask, _ = t.completion_arrays()
+    assert t.prompt.tolist() + ids.tolist() == rows[-1]["prompt_token_ids"] + rows[-1]["completion_token_ids"]
+    assert_aligned(t, rows)
+    end_of_first = sampled_runs(mask)[0][1]
+    assert ids[end_of_first] == IM_END_ID and mask[end_of_first] == 0
+
+
+def test_new_user_message_dropping_reasoning_forks_as_history_rewrite(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 1)
+    conv.user("now also update the docs")
+    rows.append(conv.assistant("Done with docs.", reasoning="docs are in docs/"))
+    result = build(tmp_path, rows)
+    first, second = result.trajectories
+    assert_aligned(first, rows[:2])
+    assert_aligned(second, rows[2:])
+    assert second.fork_cause == "history_rewrite" and second.rollout_id == "r1"
+    assert second.prompt.tolist() == rows[2]["prompt_token_ids"]  # whole history = untrained prompt
+    assert result.report.forks == {"history_rewrite": 1}
+
+
+def test_dropped_long_reasoning_is_history_rewrite_not_compaction(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("explain")
+    first = conv.assistant("Short answer.", reasoning="long deliberation " * 100)
+    conv.user("ok")
+    second = conv.assistant("Bye.")
+    # the new prompt is shorter than the trajectory so far, yet nothing was summarised
+    assert len(second["prompt_token_ids"]) < len(first["prompt_token_ids"]) + len(first["completion_token_ids"])
+    result = build(tmp_path, [first, second])
+    assert [t.fork_cause for t in result.trajectories] == [None, "history_rewrite"]
+
+
+def _retokenized_session(conv: Conversation):
+    """Call 1 samples 'Hel'+'lo' where the re-rendered history has the single token 'Hello'."""
+    tok = conv.tok
+    conv.user("greet")
+    canonical = encode(tok, conv.completion_text(conv.assistant_message("Hello there")))
+    hello = encode(tok, "Hello")
+    assert hello == [9419] and canonical[0] == 9419
+    drifted = encode(tok, "Hel") + encode(tok, "lo") + canonical[1:]
+    assert tok.decode(drifted) == tok.decode(canonical) and drifted != canonical
+    first = conv.assistant("Hello there", completion_ids=drifted)
+    conv.user("again")
+    second = conv.assistant("Hi.")
+    return [first, second]
+
+
+def test_retokenization_forks_by_default(tmp_path):
+    rows = _retokenized_session(Conversation(rollout_id="r1"))
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+    assert not any(t.realigned for t in result.trajectories)
+    assert_aligned(result.trajectories[1], rows[1:])
+
+
+def test_realign_keeps_sampled_ids_and_resumes_after_the_same_text(tmp_path):
+    rows = _retokenized_session(Conversation(rollout_id="r1"))
+    result = build(tmp_path, rows, realign=True)
+    (t,) = result.trajectories
+    assert t.realigned and result.report.realigned_calls == 1
+    assert_aligned(t, rows)
+    ids, mask, _ = t.completion_arrays()
+    first_len = len(rows[0]["completion_token_ids"])
+    # after the sampled ids comes the next prompt from the point where the texts agree
+    resume = len(rows[0]["prompt_token_ids"]) + first_len - 1  # one token shorter ('Hello')
+    assert ids[first_len:].tolist() == rows[1]["prompt_token_ids"][resume:] + rows[1]["completion_token_ids"]
+    text = chat_tokenizer().decode(t.prompt.tolist() + ids.tolist())
+    assert text == chat_tokenizer().decode(rows[1]["prompt_token_ids"] + rows[1]["completion_token_ids"])
+
+
+def test_changed_completion_text_is_not_retokenization(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("greet")
+    first = conv.assistant("Hello there", append=False)
+    conv.messages.append(conv.assistant_message("Hello!"))  # the harness rewrote the answer
+    conv.user("again")
+    second = conv.assistant("Hi.")
+    result = build(tmp_path, [first, second], realign=True)
+    assert [t.fork_cause for t in result.trajectories] == [None, "history_rewrite"]
+    assert result.report.realigned_calls == 0
+
+
+def test_sub_agent_is_a_new_conversation_and_main_thread_keeps_merging(tmp_path):
+    main = Conversation(rollout_id="r1", name="main")
+    sub = Conversation(rollout_id="r1", name="sub", system="You are a search sub-agent.")
+    main.user("refactor utils")
+    m1 = main.assistant("", tool_calls=[("ls", {"path": "utils"})])
+    sub.user("find callers of utils.parse")
+    s1 = sub.assistant("", tool_calls=[("ls", {"path": "src"})])
+    sub.tool("src/a.py")
+    s2 = sub.assistant("Callers: src/a.py")
+    main.tool("sub-agent says: src/a.py")
+    m2 = main.assistant("Refactored.")
+    result = build(tmp_path, [m1, s1, s2, m2])
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert set(by_first) == {m1["call_id"], s1["call_id"]}
+    assert_aligned(by_first[m1["call_id"]], [m1, m2])
+    assert_aligned(by_first[s1["call_id"]], [s1, s2])
+    assert by_first[s1["call_id"]].fork_cause == "new_conversation"
+    assert by_first[s1["call_id"]].rollout_id == "r1"
+
+
+def test_same_system_prompt_different_first_task_is_a_new_conversation(tmp_path):
+    a = Conversation(rollout_id="r1", name="a")
+    b = Conversation(rollout_id="r1", name="b")
+    a.user("task one")
+    b.user("task two")
+    rows = [a.assistant("one"), b.assistant("two")]
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "new_conversation"]
+
+
+def test_compaction_forks(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 3)
+    # the harness compacts: keeps system + first request, replaces the rest by a summary
+    conv.messages = conv.messages[:2] + [{"role": "user", "content": "Summary: ran ls 3 times."}]
+    rows.append(conv.assistant("Continuing."))
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "compaction"]
+    assert_aligned(result.trajectories[1], rows[-1:])
+
+
+def test_resampling_an_earlier_prompt_is_a_branch(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("pick a file")
+    first = conv.assistant("", tool_calls=[("ls", {"path": "."})])
+    again = make_row(call_id="r1-resample", prompt_ids=first["prompt_token_ids"],
+                     completion_ids=encode(conv.tok, "Nothing to do.<|im_end|>"),
+                     request={"resample": 1})
+    conv.tool("a.txt")
+    second = conv.assistant("Picked a.txt")
+    result = build(tmp_path, [first, second, again])
+    causes = {t.call_ids[0]: t.fork_cause for t in result.trajectories}
+    assert causes == {first["call_id"]: None, "r1-resample": "branch"}
+    assert_aligned(result.trajectories[0], [first, second])
+
+
+def test_temperature_change_forks_as_sampler_change(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("", tool_calls=[("ls", {"path": "."})])
+    conv.tool("x")
+    conv.temperature = 0.25
+    second = conv.assistant("done")
+    result = build(tmp_path, [first, second])
+    assert [t.fork_cause for t in result.trajectories] == [None, "sampler_change"]
+    assert result.trajectories[1].temperature == pytest.approx(0.25)
+
+
+def test_retries_keep_the_completed_attempt(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    ok = conv.assistant("", tool_calls=[("ls", {"path": "."})], attempt=2)
+    failed = make_row(call_id="r1-failed", prompt_ids=None, completion_ids=None, status="upstream_error",
+                      attempt=1, request_hash=ok["request_hash"])
+    disconnected = make_row(call_id="r1-disc", prompt_ids=ok["prompt_token_ids"],
+                            completion_ids=ok["completion_token_ids"][:2], status="client_disconnected",
+                            attempt=3, request_hash=ok["request_hash"])
+    conv.tool("x")
+    final = conv.assistant("done")
+    lone_error = make_row(call_id="r2-err", rollout_id="r2", prompt_ids=None, completion_ids=None,
+                          status="upstream_error")
+    text_only = make_row(call_id="r3-text", rollout_id="r3", prompt_ids=None, completion_ids=None,
+                         token_source="none")
+    result = build(tmp_path, [failed, disconnected, ok, final, lone_error, text_only])
+    (t,) = result.trajectories
+    assert_aligned(t, [ok, final])
+    assert result.report.skipped == {"superseded_retry": 2, "status_upstream_error": 1,
+                                     "token_source_none": 1}
+    assert result.report.calls_read == 6 and result.report.calls_used == 2
+
+
+def test_two_completed_attempts_keep_the_last(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one", append=False)
+    second = conv.assistant("two", request_hash=first["request_hash"], attempt=2)
+    result = build(tmp_path, [first, second])
+    (t,) = result.trajectories
+    assert t.call_ids == [second["call_id"]]
+    assert result.report.skipped == {"superseded_retry": 1}
+
+
+def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
+    a = Conversation(rollout_id=None, name="a")
+    b = Conversation(rollout_id=None, name="b")
+    a.user("task A")
+    b.user("task B")
+    a1, b1 = a.assistant("", tool_calls=[("ls", {"path": "a"})]), b.assistant("", tool_calls=[("ls", {"path": "b"})])
+    a.tool("A!")
+    b.tool("B!")
+    b2, a2 = b.assistant("B done"), a.assistant("A done")
+    result = build(tmp_path, [a1, b1, b2, a2])
+    assert len(result.trajectories) == 2
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert_aligned(by_first[a1["call_id"]], [a1, a2])
+    assert_aligned(by_first[b1["call_id"]], [b1, b2])
+    assert {t.rollout_id for t in result.trajectories} == {f"conv-{a1['call_id']}", f"conv-{b1['call_id']}"}
+    assert all(t.fork_cause is None for t in result.trajectories)
+    assert result.report.rollouts == 2
+
+
+def test_interleaved_rollouts_and_truncation(tmp_path):
+    r1, r2 = Conversation(rollout_id="r1", name="x"), Conversation(rollout_id="r2", name="y")
+    r1.user("same task")
+    r2.user("same task")
+    a1 = r1.assistant("", tool_calls=[("ls", {"path": "."})])
+    b1 = r2.assistant("", tool_calls=[("ls", {"path": "."})])  # identical prompt, other rollout
+    r1.tool("x")
+    r2.tool("x")
+    a2 = r1.assistant("done")
+    b2 = r2.assistant("partial answer", include_im_end=False, finish_reason="length")
+    result = build(tmp_path, [a1, b1, b2, a2])
+    by_rollout = {t.rollout_id: t for t in result.trajectories}
+    assert_aligned(by_rollout["r1"], [a1, a2])
+    assert_aligned(by_rollout["r2"], [b1, b2])
+    assert by_rollout["r2"].truncated and not by_rollout["r1"].truncated
+    assert result.report.truncated_trajectories == 1
+
+
+def test_missing_logprobs_are_nan_and_counted(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    row = conv.assistant("ok", token_source="rendered")
+    row["completion_logprobs"] = None
+    (t,) = build(tmp_path, [row]).trajectories
+    ids, mask, lps = t.completion_arrays()
+    assert mask.tolist() == [1] * len(ids) and np.isnan(lps).all()
+    assert t.token_source == "rendered"

@@ -1,0 +1,136 @@
+"""The call-log reader: finished parts only, bad parts named and skipped, compact prompts resolved."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from polar_train.calllog import CallLogError, list_parts, read_call_log, read_calls
+from polar_train.schema import CALL_LOG_SCHEMA
+from tests.support.calls import Conversation, calls_table, compact, make_row, write_parts
+
+
+@pytest.fixture(scope="module")
+def session_rows() -> list[dict]:
+    """Four calls of one tool-using conversation (real template renders and token ids)."""
+    conv = Conversation(rollout_id="r-read")
+    conv.user("count the files")
+    rows = [conv.assistant("", tool_calls=[("ls", {"path": "."})])]
+    conv.tool("a.txt\nb.txt")
+    rows.append(conv.assistant("Two files.", reasoning="ls showed two"))
+    conv.user("and hidden ones?")
+    rows.append(conv.assistant("", tool_calls=[("ls", {"path": ".", "all": True})]))
+    conv.tool(".git a.txt b.txt")
+    rows.append(conv.assistant("One hidden: .git"))
+    return rows
+
+
+def test_reads_calls_folder_with_full_schema(tmp_path, session_rows):
+    write_parts(tmp_path, session_rows[:2], "part-a")
+    write_parts(tmp_path, session_rows[2:], "part-b")
+    table = read_calls(tmp_path)
+    assert table.schema.equals(CALL_LOG_SCHEMA, check_metadata=False)
+    assert sorted(table.column("call_id").to_pylist()) == sorted(r["call_id"] for r in session_rows)
+    by_id = {r["call_id"]: r for r in session_rows}
+    for row in table.to_pylist():
+        assert row["prompt_token_ids"] == by_id[row["call_id"]]["prompt_token_ids"]
+        assert row["completion_logprobs"] == pytest.approx(by_id[row["call_id"]]["completion_logprobs"])
+
+
+def test_folder_of_parts_itself_and_single_file(tmp_path, session_rows):
+    path = write_parts(tmp_path, session_rows, "part-x")
+    assert read_calls(path.parent).num_rows == 4  # <folder>/calls given directly
+    assert read_calls(path).num_rows == 4  # one part file
+
+
+def test_ignores_temporary_and_private_files(tmp_path, session_rows):
+    real = write_parts(tmp_path, session_rows[:1], "part-real")
+    calls = real.parent
+    # a part being written (the capture writer's temp name), a private one, a dot-folder
+    pq.write_table(calls_table(session_rows[1:2]), calls / ".part-b.parquet.tmp")
+    pq.write_table(calls_table(session_rows[1:2]), calls / ".part-c.parquet")
+    pq.write_table(calls_table(session_rows[2:3]), calls / "_scratch.parquet")
+    (calls / ".staging").mkdir()
+    pq.write_table(calls_table(session_rows[3:4]), calls / ".staging" / "part-d.parquet")
+    (calls / "notes.txt").write_text("not a part")
+    assert list_parts(tmp_path) == [real]
+    log = read_call_log(tmp_path)
+    assert log.table.column("call_id").to_pylist() == [session_rows[0]["call_id"]]
+    assert log.problems == []
+
+
+def test_missing_and_empty_folders_are_clear_errors(tmp_path):
+    with pytest.raises(CallLogError, match="call-log folder not found: .*nope"):
+        read_calls(tmp_path / "nope")
+    (tmp_path / "calls").mkdir()
+    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in .*calls"):
+        read_calls(tmp_path)
+
+
+def test_foreign_schema_and_corrupt_parts_are_named_and_skipped(tmp_path, session_rows):
+    write_parts(tmp_path, session_rows, "part-good")
+    calls = tmp_path / "calls"
+    pq.write_table(pa.table({"call_id": ["x"], "text": ["hello"]}), calls / "part-foreign.parquet")
+    wrong_type = calls_table(session_rows[:1]).drop_columns(["attempt"]).append_column(
+        "attempt", pa.array(["one"], pa.string()))
+    pq.write_table(wrong_type, calls / "part-wrongtype.parquet")
+    (calls / "part-garbage.parquet").write_bytes(b"this is not parquet at all")
+    good_bytes = (calls / "part-good.parquet").read_bytes()
+    (calls / "part-truncated.parquet").write_bytes(good_bytes[: len(good_bytes) // 2])
+    log = read_call_log(tmp_path)
+    assert log.table.num_rows == 4  # the good part is still read in full
+    problems = {p.path.rsplit("/", 1)[-1]: p.message for p in log.problems}
+    assert set(problems) == {"part-foreign.parquet", "part-wrongtype.parquet",
+                             "part-garbage.parquet", "part-truncated.parquet"}
+    assert "another schema" in problems["part-foreign.parquet"]
+    assert "api (missing)" in problems["part-foreign.parquet"]
+    assert "attempt (string, expected int32)" in problems["part-wrongtype.parquet"]
+    assert "not a readable Parquet file" in problems["part-garbage.parquet"]
+
+
+def test_compact_prompts_resolve_to_the_full_prompts(tmp_path, session_rows):
+    rows = compact(session_rows)
+    # the reference really is compact: later rows store much less than the full prompt
+    assert rows[1]["prompt_prefix_call_id"] == session_rows[0]["call_id"]
+    assert len(rows[3]["prompt_token_ids"]) < len(session_rows[3]["prompt_token_ids"]) // 2
+    # the third call drops reasoning after a new user message: its prefix is shorter than
+    # prompt + completion of the second call, so the truncation of the prefix matters
+    prev = session_rows[1]["prompt_token_ids"] + session_rows[1]["completion_token_ids"]
+    assert rows[2]["prompt_prefix_len"] < len(prev)
+    write_parts(tmp_path, rows[2:], "part-late")  # chains resolve across parts and order
+    write_parts(tmp_path, rows[:2], "part-early")
+    log = read_call_log(tmp_path)
+    assert log.problems == []
+    got = {r["call_id"]: r for r in log.table.to_pylist()}
+    for row in session_rows:
+        assert got[row["call_id"]]["prompt_token_ids"] == row["prompt_token_ids"]
+        assert got[row["call_id"]]["prompt_prefix_call_id"] is None
+        assert got[row["call_id"]]["prompt_prefix_len"] is None
+
+
+def test_unresolvable_compact_prompts_are_reported_not_guessed(tmp_path, session_rows):
+    rows = compact(session_rows)
+    rows[1]["prompt_prefix_call_id"] = "no-such-call"  # row 2 and 3 chain through row 1
+    short = make_row(call_id="short", prompt_ids=[1, 2], completion_ids=[3])
+    too_long = make_row(call_id="too-long", prompt_ids=[4], completion_ids=[5],
+                        prompt_prefix_call_id="short", prompt_prefix_len=99)
+    loop_a = make_row(call_id="loop-a", prompt_ids=[1], completion_ids=[2],
+                      prompt_prefix_call_id="loop-b", prompt_prefix_len=1)
+    loop_b = make_row(call_id="loop-b", prompt_ids=[1], completion_ids=[2],
+                      prompt_prefix_call_id="loop-a", prompt_prefix_len=1)
+    write_parts(tmp_path, rows + [loop_a, loop_b, short, too_long])
+    log = read_call_log(tmp_path)
+    got = {r["call_id"]: r["prompt_token_ids"] for r in log.table.to_pylist()}
+    assert got[session_rows[0]["call_id"]] == session_rows[0]["prompt_token_ids"]
+    for row in session_rows[1:]:
+        assert got[row["call_id"]] is None
+    assert got["loop-a"] is None and got["loop-b"] is None and got["too-long"] is None
+    assert got["short"] == [1, 2]
+    messages = [str(p) for p in log.problems]
+    assert any("unknown call no-such-call" in m and session_rows[1]["call_id"] in m for m in messages)
+    assert any("circular" in m for m in messages)
+    assert any("too-long" in m and "prompt_prefix_len 99 outside 0..3" in m for m in messages)
+    # nothing else is lost: every row is still there, completions intact
+    assert log.table.num_rows == 8
+    assert log.table.column("completion_token_ids").null_count == 0
