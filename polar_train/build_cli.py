@@ -14,6 +14,13 @@ from pathlib import Path
 REPORT_NAME = "build_report.json"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     from .cli import UserError
     from .trajectories import BuildOptions, build_trajectories
@@ -62,5 +69,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "tokenised differently) instead of forking; marks it realigned")
     p.add_argument("--tokenizer", help="model folder whose tokenizer compares token bytes "
                                        "(default: the built-in Qwen3.5 tokenizer)")
-    p.add_argument("--rows-per-part", type=int, default=2000, help="trajectories per Parquet part")
+    p.add_argument("--rows-per-part", type=_positive_int, default=2000,
+                   help="trajectories per Parquet part (default: 2000)")
     p.set_defaults(func=_cmd_build)

@@ -131,8 +131,6 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
     if resolve_prompts:
         result.table, unresolved = resolve_prompt_prefixes(result.table)
         result.problems.extend(unresolved)
-    for problem in result.problems:
-        log.warning("call log: %s", problem)
     return result
 
 
@@ -141,7 +139,10 @@ def read_calls(folder: str | Path) -> pa.Table:
 
     Skipped parts are logged as warnings; use :func:`read_call_log` to get them as data.
     """
-    return read_call_log(folder).table
+    result = read_call_log(folder)
+    for problem in result.problems:
+        log.warning("call log: %s", problem)
+    return result.table
 
 
 def _list_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from .tokenbytes import TokenBytes
 
+SPECIAL_START_ID = 248044  # Qwen3.5 special tokens are 248044..248076
 IM_START_ID = 248045
 IM_END_ID = 248046
 THINK_ID = 248068
@@ -253,6 +254,8 @@ class Stitcher:
         """
         if d < len(t.last_prompt) or d >= t.match_len:
             return None
+        if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
+            return None  # a special token on either side: no tokenisation of text produces it
         tb = self.token_bytes()
         want = b"".join(tb(int(x)) for x in t.match_tail(d))
         got = bytearray()

@@ -50,6 +50,7 @@ def token_bytes_of(tokenizer) -> TokenBytes:
     return token_bytes
 
 
+@lru_cache(maxsize=1)
 def default_token_bytes() -> TokenBytes:
     """Token bytes of the project's tokenizer (Qwen3.5 vocabulary), built on first use."""
     from ..tokenizer import build_tokenizer

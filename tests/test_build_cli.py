@@ -1,0 +1,120 @@
+"""``polar-train build`` as a user runs it: a subprocess, its exit code, its table, its output files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from polar_train.schema import TRAJECTORY_SCHEMA
+from tests.support.calls import Conversation, write_parts
+
+POLAR = str(Path(sys.executable).parent / "polar-train")
+
+
+def run_build(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([POLAR, "build", *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    """Two rollouts of one task (one with a history-rewrite fork), plus a failed call and a
+    foreign part and a corrupt part next to the good one."""
+    folder = tmp_path_factory.mktemp("capture")
+    rows = []
+    for rid in ("r1", "r2"):
+        conv = Conversation(rollout_id=rid, task_id="t1", name=rid)
+        conv.user("make the test pass")
+        rows.append(conv.assistant("", reasoning="look first", tool_calls=[("ls", {"path": "."})]))
+        conv.tool("test_x.py")
+        rows.append(conv.assistant("Fixed.", reasoning="edit done"))
+        if rid == "r1":
+            conv.user("thanks, and the docs?")
+            rows.append(conv.assistant("Docs too."))
+    rows[0]["status"] = "upstream_error"
+    rows[0]["request_hash"] = "unique-failure"
+    write_parts(folder, rows)
+    calls = folder / "calls"
+    pq.write_table(pa.table({"something": [1, 2]}), calls / "part-foreign.parquet")
+    (calls / "part-corrupt.parquet").write_bytes(b"PAR1 but not really")
+    (calls / ".part-open.parquet.tmp").write_bytes(b"half written")
+    (folder / "rewards.jsonl").write_text('{"rollout_id": "r1", "reward": 1}\n'
+                                          '{"rollout_id": "r2", "reward": "oops"}\n')
+    return folder
+
+
+def test_build_writes_loadable_trajectories_report_and_table(tmp_path, capture):
+    out = tmp_path / "traj"
+    proc = run_build(capture, "--out", out, "--rewards", capture / "rewards.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    table_text = proc.stdout
+    for label in ("rollouts", "calls", "trajectories", "merge ratio", "forks by cause",
+                  "skipped rows", "tokens trained / total"):
+        assert label in table_text
+    assert "history_rewrite 1" in table_text and "status_upstream_error 1" in table_text
+    assert "part-foreign.parquet: another schema" in table_text
+    assert "part-corrupt.parquet: not a readable Parquet file" in table_text
+    assert "line 2: non-numeric reward 'oops'" in table_text
+    assert "Traceback" not in proc.stderr
+
+    report = json.loads((out / "build_report.json").read_text())
+    assert report["trajectories"] == 3 and report["calls_used"] == 4 and report["calls_read"] == 5
+    assert report["forks"] == {"history_rewrite": 1}
+    assert report["parts_skipped"] == 2 and report["merge_ratio"] == pytest.approx(4 / 3, abs=1e-3)
+
+    from datasets import load_dataset
+
+    ds = load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train")
+    assert ds.num_rows == 3
+    assert set(ds.column_names) == set(TRAJECTORY_SCHEMA.names)
+    for row in ds:
+        assert len(row["completion_ids"]) == len(row["loss_mask"]) == len(row["logprobs"])
+        mask = np.asarray(row["loss_mask"])
+        lps = np.asarray(row["logprobs"], dtype=np.float64)
+        assert mask.sum() > 0 and np.isnan(lps[mask == 0]).all() and not np.isnan(lps[mask == 1]).any()
+    rewards = {r["trajectory_id"]: r["reward"] for r in ds}
+    assert sorted(rewards.values(), key=lambda v: (v is None, v)) == [1.0, 1.0, None]
+    assert pq.read_schema(out / "part-00000.parquet").equals(TRAJECTORY_SCHEMA)
+
+
+def test_rebuild_replaces_old_parts(tmp_path, capture):
+    out = tmp_path / "traj"
+    out.mkdir()
+    (out / "part-00007.parquet").write_bytes(b"stale part of an earlier build")
+    proc = run_build(capture, "--out", out, "--rows-per-part", "1", "--realign")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet",
+                                                             "part-00002.parquet"]
+    assert not list(out.glob(".*"))  # no temp files left
+
+
+def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path):
+    proc = run_build(tmp_path / "nope", "--out", tmp_path / "out")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"polar-train build: error: call-log folder not found: {tmp_path / 'nope'}"]
+    (tmp_path / "empty").mkdir()
+    proc = run_build(tmp_path / "empty", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "no call-log parts" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    row = conv.assistant("ok", token_source="none")
+    write_parts(tmp_path / "cap", [row])
+    proc = run_build(tmp_path / "cap", "--out", tmp_path / "out")
+    assert proc.returncode == 1
+    assert "token_source_none 1" in proc.stdout and "no trajectory could be built" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    proc = run_build(tmp_path / "cap", "--out", tmp_path / "out", "--rewards", tmp_path / "r.jsonl")
+    assert proc.returncode == 2 and "file not found" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,140 @@
+"""Rewards and groups: file formats, broadcast vs split, reported groups, bad rows named."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from polar_train.trajectories import BuildOptions, build_trajectories
+from polar_train.trajectories.rewards import RewardFileError
+from tests.support.calls import Conversation, write_parts
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory):
+    """Rollouts r1, r2 (task t-add), r3 (task t-sub), r4 (task from the call log: t-log).
+
+    r1 has two trajectories (a history rewrite after a second user message).
+    """
+    folder = tmp_path_factory.mktemp("captures")
+    rows = []
+    for rid, task in (("r1", None), ("r2", None), ("r3", None), ("r4", "t-log")):
+        conv = Conversation(rollout_id=rid, task_id=task, name=rid)
+        conv.user(f"task of {rid}")
+        rows.append(conv.assistant("", tool_calls=[("ls", {"path": rid})]))
+        conv.tool("ok")
+        rows.append(conv.assistant("done", reasoning="checked"))
+        if rid == "r1":
+            conv.user("one more thing")
+            rows.append(conv.assistant("also done"))
+    write_parts(folder, rows)
+    return folder
+
+
+def by_rollout(result):
+    out: dict[str, list] = {}
+    for t in result.trajectories:
+        out.setdefault(t.rollout_id, []).append(t)
+    return out
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+REWARDS = [{"rollout_id": "r1", "reward": 1.0, "task_id": "t-add"},
+           {"rollout_id": "r2", "reward": 0.0, "task_id": "t-add"},
+           {"rollout_id": "r3", "reward": 0.5, "task_id": "t-sub"},
+           {"rollout_id": "r4", "reward": 0.25}]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_rewards_and_tasks_attach_in_every_format(tmp_path, captures, fmt):
+    path = tmp_path / f"rewards.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, REWARDS)
+    elif fmt == "csv":
+        path.write_text("rollout_id,reward,task_id\n" + "".join(
+            f"{r['rollout_id']},{r['reward']},{r.get('task_id', '')}\n" for r in REWARDS))
+    else:
+        pq.write_table(pa.Table.from_pylist(REWARDS), path)
+    result = build_trajectories(captures, BuildOptions(rewards=path))
+    assert result.report.problems == []
+    per = by_rollout(result)
+    assert [t.reward for t in per["r1"]] == [1.0, 1.0]  # broadcast to both trajectories
+    assert per["r2"][0].reward == 0.0 and per["r3"][0].reward == 0.5
+    assert {t.group_id for t in per["r1"] + per["r2"]} == {"t-add"}
+    assert per["r3"][0].group_id == "t-sub"
+    assert per["r4"][0].group_id == "t-log" and per["r4"][0].task_id == "t-log"  # from the call log
+    assert result.report.singleton_groups == ["t-log", "t-sub"]
+    assert result.report.equal_reward_groups == []
+    assert result.report.groups == 3 and result.report.rollouts_with_reward == 4
+
+
+def test_split_divides_a_rollouts_reward_among_its_trajectories(tmp_path, captures):
+    path = write_jsonl(tmp_path / "r.jsonl", REWARDS)
+    result = build_trajectories(captures, BuildOptions(rewards=path, reward_mode="split"))
+    per = by_rollout(result)
+    assert [t.reward for t in per["r1"]] == [0.5, 0.5]
+    assert per["r3"][0].reward == 0.5
+
+
+def test_tasks_file_wins_and_equal_reward_groups_are_reported(tmp_path, captures):
+    rewards = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": r, "reward": 1} for r in ("r1", "r2", "r3")])
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text("rollout_id,task_id\nr1,same\nr2,same\nr3,other\nr4,other\n")
+    result = build_trajectories(captures, BuildOptions(rewards=rewards, tasks=tasks))
+    per = by_rollout(result)
+    assert per["r4"][0].group_id == "other"  # --tasks overrides the call log's task id
+    assert result.report.equal_reward_groups == ["same"]  # r1 and r2 both 1.0: no signal
+    assert result.report.singleton_groups == []
+    assert per["r4"][0].reward is None and result.report.rollouts_without_reward == 1
+
+
+def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captures):
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"rollout_id": "r1", "reward": 1.0}),
+        json.dumps({"rollout_id": "r2", "reward": "n/a"}),
+        json.dumps({"rollout_id": "ghost", "reward": 1.0}),
+        "{not json",
+        json.dumps({"rollout_id": "r3", "reward": float("nan")}).replace("NaN", "NaN"),
+        json.dumps({"rollout_id": "r1", "reward": 0.0}),
+        json.dumps(["r4", 1]),
+    ]) + "\n")
+    result = build_trajectories(captures, BuildOptions(rewards=path))
+    problems = result.report.problems
+    assert f"{path}: line 2: non-numeric reward 'n/a' for rollout 'r2'" in problems
+    assert f"{path}: line 3: unknown rollout 'ghost' (not in the call log)" in problems
+    assert any(p.startswith(f"{path}: line 4: not valid JSON") for p in problems)
+    assert any(p.startswith(f"{path}: line 5: non-numeric reward") for p in problems)  # NaN
+    assert f"{path}: line 6: rollout 'r1' listed again; the first reward is kept" in problems
+    assert f"{path}: line 7: expected a JSON object, got list" in problems
+    per = by_rollout(result)
+    assert [t.reward for t in per["r1"]] == [1.0, 1.0]
+    assert per["r2"][0].reward is None and len(result.trajectories) == 5
+
+
+def test_bad_csv_and_parquet_rows_name_their_row(tmp_path, captures):
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_text("rollout_id,reward\nr1,1\nr2,abc\nnobody,1\n")
+    result = build_trajectories(captures, BuildOptions(rewards=csv_path))
+    assert f"{csv_path}: line 3: non-numeric reward 'abc' for rollout 'r2'" in result.report.problems
+    assert f"{csv_path}: line 4: unknown rollout 'nobody' (not in the call log)" in result.report.problems
+    pq_path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"rollout_id": ["r1", "r9"], "reward": [1.0, 2.0]}), pq_path)
+    result = build_trajectories(captures, BuildOptions(rewards=pq_path))
+    assert result.report.problems == [f"{pq_path}: row 2: unknown rollout 'r9' (not in the call log)"]
+
+
+def test_unusable_reward_files_fail_before_building(tmp_path, captures):
+    with pytest.raises(RewardFileError, match="file not found: .*missing.jsonl"):
+        build_trajectories(captures, BuildOptions(rewards=tmp_path / "missing.jsonl"))
+    odd = tmp_path / "rewards.xlsx"
+    odd.write_text("x")
+    with pytest.raises(RewardFileError, match=r"unknown file type \.xlsx"):
+        build_trajectories(captures, BuildOptions(tasks=odd))
