@@ -132,7 +132,7 @@ class Engine:
                 logits[tid] += bias
         if p.temperature <= 1e-5:
             return int(torch.argmax(logits))
-        scaled = logits / p.temperature
+        scaled = logits / p.temperature if p.temperature != 1.0 else logits
         if p.top_k and 0 < p.top_k < scaled.numel():
             kth = torch.topk(scaled, p.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
