@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,12 @@ def _check_temperature(config, report) -> None:
 
 def prepare(args: argparse.Namespace):
     """Config + checked, grouped data, before any model weights are loaded."""
+    from .data import DataReport, load_trajectories, make_groups, modal_group_size, parquet_files
+
+    parquet_files(args.data)  # a missing or empty folder fails before the slow imports
+    if not Path(args.model).exists():
+        raise UserError(f"--model {args.model}: not found")
     from .config import load_config, user_set_keys
-    from .data import DataReport, load_trajectories, make_groups, modal_group_size
 
     given = user_set_keys(args.config, args.sets)
     vocab = _model_vocab_size(args.model)
@@ -106,9 +111,14 @@ def _check_output(out: Path, resume: bool) -> str | None:
     return None
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
+def build_trainer(args: argparse.Namespace):
+    """Checked config and data, the model with its LoRA, and the trainer - not yet trained.
+
+    Returns ``(trainer, report, checkpoint)``; ``checkpoint`` is what ``--resume`` continues.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers' own deprecation notices, raised from inside TRL: noise for a user of this command
+    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
     checkpoint = _check_output(out, args.resume)
@@ -137,6 +147,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
+    return trainer, report, checkpoint
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
+    trainer, report, checkpoint = build_trainer(args)
+    out = Path(args.output)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     result = trainer.train(resume_from_checkpoint=checkpoint)
     changed = max((float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters()

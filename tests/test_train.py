@@ -1,0 +1,230 @@
+"""The offline trainer on trajectories sampled from the tiny model itself (float32, exact logprobs).
+
+Every trainer here is the real one (TRL GRPOTrainer subclass + peft LoRA on the tiny model);
+the trajectories are sampled with transformers and written in TRAJECTORY_SCHEMA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from polar_train.cli import UserError
+from polar_train.schema import TRAJECTORY_SCHEMA
+from polar_train.train.cli import build_trainer, prepare
+from polar_train.train.data import DataReport, Trajectory, make_groups
+from polar_train.train.sampling import sample_trajectories
+
+
+def ns(data: Path, model: Path, out: Path, *sets: str, config: str | None = None,
+       resume: bool = False) -> argparse.Namespace:
+    return argparse.Namespace(data=str(data), model=str(model), output=str(out), config=config,
+                              sets=list(sets), resume=resume)
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 tasks x 4 trajectories: prompt, sampled turn, tool result (mask 0), sampled turn."""
+    d = tmp_path_factory.mktemp("train-traj") / "traj"
+    sample_trajectories(tiny_model_dir, d, num_tasks=2, group_size=4, turn_tokens=(6, 4), seed=1)
+    return d
+
+
+def rewrite(src: Path, dst: Path, fn) -> Path:
+    """Copy a trajectory folder, transforming its rows (a dict of columns) with ``fn``."""
+    table = pq.read_table(next(src.glob("*.parquet")))
+    cols = fn(table.to_pydict())
+    dst.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pydict(cols, schema=TRAJECTORY_SCHEMA), dst / "part-0.parquet")
+    return dst
+
+
+def test_training_step_is_exact_masked_and_group_relative(sampled, tiny_model_dir, tmp_path):
+    trainer, report, _ = build_trainer(ns(sampled, tiny_model_dir, tmp_path / "run",
+                                          "learning_rate=1e-3", "max_steps=1"))
+    assert report.num_generations == 4 and report.rows_out == 2
+    trainer.train()
+    batch = trainer.last_batch
+
+    # Same weights, float32: the trainer's logprobs equal the recorded sampler logprobs.
+    assert trainer.first_epoch_mismatch and trainer.first_epoch_mismatch[0] < 1e-3
+    mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    assert (~mask).any() and mask.any()  # the tool segment is in the batch, masked
+    diff = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"])[mask].abs()
+    assert float(diff.max()) < 1e-3
+
+    # Group-relative advantages: one group of 4 recorded trajectories, summing to ~0.
+    rewards = torch.tensor(list(trainer._logs["rewards"]["recorded_reward"]))
+    adv = batch["advantages"]
+    assert adv.shape == (4,) and abs(float(adv.sum())) < 1e-4
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    torch.testing.assert_close(adv, expected, atol=1e-4, rtol=1e-4)
+    data_groups = {}
+    for t in trainer.data.trajectories:
+        data_groups.setdefault(t.group, []).append(t.reward)
+    assert [round(r, 5) for r in sorted(rewards.tolist())] in [sorted(v) for v in data_groups.values()]
+
+    # Masked (tool) tokens receive zero gradient: the loss's gradient w.r.t. the LM head's input
+    # (logits = h @ W.T; TRL's fused head never materialises logits) at the position predicting
+    # each completion token is exactly 0 where loss_mask is 0, non-zero where it is 1.
+    model = trainer.model
+    model.train()
+    norm = next(m for n, m in model.named_modules() if n.endswith("model.norm"))
+    captured = {}
+
+    def keep(_module, _inp, out):
+        out.retain_grad()
+        captured["h"] = out
+
+    handle = norm.register_forward_hook(keep)
+    try:
+        loss = trainer.compute_loss(model, batch)
+        loss.backward()
+    finally:
+        handle.remove()
+    grad = captured["h"].grad.abs().sum(-1)  # (B, P + C)
+    p = batch["prompt_ids"].size(1)
+    pred = grad[:, p - 1: -1]  # position p-1+j predicts completion token j
+    assert float(pred[~mask].max()) == 0.0
+    assert float(grad[:, : p - 1].max()) == 0.0
+    nonzero_adv = batch["advantages"].abs() > 1e-3
+    assert (pred[nonzero_adv][mask[nonzero_adv]] > 0).all()
+
+
+def test_importance_ratio_uses_recorded_logprobs_and_truncates(sampled, tiny_model_dir, tmp_path):
+    """Recorded logprobs shifted by -1 (alternately +1): weight exp(+1) is truncated at the cap 2."""
+
+    def shift(cols):
+        cols["logprobs"] = [[v - 1.0 if i % 2 == 0 else v + 1.0 for v in lps]
+                            for i, lps in enumerate(cols["logprobs"])]
+        return cols
+
+    data = rewrite(sampled, tmp_path / "shifted", shift)
+    trainer, _, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run", "max_steps=1"))
+    trainer.train()
+    batch = trainer.last_batch
+    mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    log_w = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"])[mask]
+    up, down = log_w > 0, log_w < 0
+    assert up.any() and down.any()
+    torch.testing.assert_close(log_w.abs(), torch.ones_like(log_w), atol=1e-3, rtol=0)
+    ratio = batch["importance_sampling_ratio"][mask]
+    assert torch.allclose(ratio[up], torch.tensor(2.0))  # exp(1) = 2.72, truncated at the cap
+    torch.testing.assert_close(ratio[down], torch.exp(log_w[down]), atol=1e-5, rtol=1e-5)
+    logs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in logs if "loss" in r)
+    assert step["sampling/importance_sampling_ratio/clipped_frac"] == pytest.approx(float(up.float().mean()))
+    assert step["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
+    assert step["sampling/sampling_logp_difference/mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_temperature_must_match_the_recorded_one(sampled, tiny_model_dir, tmp_path):
+    args = ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7", "sampler_logprobs=processed")
+    with pytest.raises(UserError, match=r"temperature 0.7 differs .* recorded .*\(1\)"):
+        prepare(args)
+    with pytest.raises(UserError, match="raw sampler logprobs"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7"))
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7",
+                              "allow_temperature_mismatch=true"))
+    assert config.temperature == pytest.approx(0.7)
+
+
+def _no_rewards(c):
+    c["reward"] = [None] * len(c["reward"])
+    return c
+
+
+def _no_trainable(c):
+    c["loss_mask"] = [[0] * len(m) for m in c["loss_mask"]]
+    return c
+
+
+def _big_id(c):
+    c["completion_ids"][0][0] = 10_000_000
+    return c
+
+
+def _short_mask(c):
+    c["loss_mask"][0] = c["loss_mask"][0][:-1]
+    return c
+
+
+def _empty(c):
+    return {k: [] for k in c}
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_no_rewards, "no trajectory .* has a reward"),
+    (_no_trainable, r"no trajectory .* has a trainable \(loss_mask 1\) token"),
+    (_big_id, "token id 10000000 is outside the model's vocabulary"),
+    (_short_mask, "differ in length"),
+    (_empty, "no trajectories in"),
+])
+def test_bad_data_is_a_clear_error_before_training(fn, message, sampled, tiny_model_dir, tmp_path):
+    data = rewrite(sampled, tmp_path / "bad", fn)
+    with pytest.raises(UserError, match=message):
+        prepare(ns(data, tiny_model_dir, tmp_path / "r"))
+
+
+def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / ".hidden").mkdir()
+    with pytest.raises(UserError, match="no trajectory Parquet files"):
+        prepare(ns(tmp_path / "empty", tiny_model_dir, tmp_path / "r"))
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "empty" / "other.parquet")
+    with pytest.raises(UserError, match="not a trajectory table: trajectory_id"):
+        prepare(ns(tmp_path / "empty", tiny_model_dir, tmp_path / "r"))
+    with pytest.raises(UserError, match="--model .*nomodel: not found"):
+        prepare(ns(sampled, tmp_path / "nomodel", tmp_path / "r"))
+    with pytest.raises(UserError, match="--set lerning_rate: unknown option"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "lerning_rate=1"))
+    with pytest.raises(UserError, match="invalid float value: 'fast'"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "learning_rate=fast"))
+    bad_yaml = tmp_path / "t.yaml"
+    bad_yaml.write_text("learning_rate: 1e-4\nnot_an_option: 3\n")
+    with pytest.raises(UserError, match="unknown option.*not_an_option"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))
+
+
+def test_example_config_loads_and_set_overrides_it(sampled, tiny_model_dir, tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    config, grouped, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "learning_rate=3e-4",
+                                    "lora_target_modules=q_proj,v_proj",
+                                    config=str(repo / "data" / "train.yaml")))
+    assert config.learning_rate == pytest.approx(3e-4)
+    assert config.lora_target_modules == ["q_proj", "v_proj"]
+    assert config.vllm_importance_sampling_mode == "token_truncate"
+    assert config.num_generations == 4 and config.per_device_train_batch_size == 4
+    assert config.bf16 is (torch.cuda.is_available())
+
+
+def _traj(group: str, i: int, reward: float) -> Trajectory:
+    return Trajectory(f"{group}-{i}", group, [1, 2], [3, 4], [1, 1], [-1.0, -1.0], reward)
+
+
+def test_unequal_groups_are_padded_split_or_dropped_and_reported():
+    trajs = ([_traj("a", i, i) for i in range(4)] + [_traj("b", i, i) for i in range(3)]
+             + [_traj("c", i, i) for i in range(6)] + [_traj("d", 0, 0.0)])
+    report = DataReport()
+    g = make_groups(trajs, num_generations=4, policy="pad", min_group_size=2, seed=0, report=report)
+    assert all(len(r) == 4 for r in g.rows) and len(g.rows) == 4  # a, b padded, c -> 4 + 2 padded
+    assert {trajs[i].group for r in g.rows for i in r} == {"a", "b", "c"}
+    assert all(len({trajs[i].group for i in r}) == 1 for r in g.rows)  # never mixes groups
+    assert (report.groups_padded, report.padding_trajectories, report.groups_split) == (2, 3, 1)
+    assert (report.groups_dropped, report.trajectories_dropped_in_groups) == (1, 1)
+    assert any("padded by resampling (3 copies)" in line for line in report.lines())
+
+    report = DataReport()
+    g = make_groups(trajs, num_generations=4, policy="drop", min_group_size=2, seed=0, report=report)
+    assert len(g.rows) == 2 and report.groups_padded == 0
+    assert (report.groups_dropped, report.trajectories_dropped_in_groups) == (3, 6)
+    c_rows = [r for r in g.rows if trajs[r[0]].group == "c"]
+    assert len(c_rows) == 1 and len(set(c_rows[0])) == 4
+    assert math.isclose(sum(report.group_sizes.values()), 4)

@@ -1,0 +1,77 @@
+"""``polar-train train`` as a user runs it: a subprocess, real files in, a loadable adapter out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from polar_train.train.sampling import sample_trajectories
+
+BIN = Path(sys.executable).parent / "polar-train"
+
+
+def polar_train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("train-cli") / "traj"
+    sample_trajectories(tiny_model_dir, d, num_tasks=2, group_size=4, turn_tokens=(5, 3), seed=2)
+    (d / ".part-1.parquet.tmp").write_bytes(b"in progress")  # a builder's temporary file: ignored
+    return d
+
+
+def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                       "--set", "learning_rate=5e-3", "--set", "max_steps=1", "--set", "save_steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "data: 2 GRPO groups of 4" in proc.stdout
+    assert "logprob mismatch |trainer - sampler|" in proc.stdout
+
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 1
+    assert summary["logprob_mismatch_first_step"] < 1e-3
+    assert summary["adapter_max_abs_change"] > 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "loss" in r)
+    for key in ("loss", "reward", "reward_std", "clip_ratio/region_mean",
+                "sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/clipped_frac"):
+        assert key in step, key
+    assert list((out / "runs").rglob("events.out.tfevents.*")), "no TensorBoard event file"
+
+    adapter = out / "adapter"
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    ids = torch.tensor([[248045, 872, 198, 9707, 248046, 198, 248045, 74455, 198]])
+    with torch.no_grad():
+        before = base(input_ids=ids).logits
+        tuned = PeftModel.from_pretrained(base, str(adapter))
+        after = tuned(input_ids=ids).logits
+    assert float((after - before).abs().max()) > 0
+
+    again = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                        "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
+    assert (out / "checkpoint-2").is_dir()
+
+
+def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = polar_train("train", str(empty), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: no trajectory Parquet files in {empty}"
+    assert "Traceback" not in proc.stderr
