@@ -1,0 +1,181 @@
+"""The three real harnesses, unmodified, through the real mitmdump + our addon, against the scripted server.
+
+Each harness solves data/repos/calc in five scripted turns (data/scenarios/fix-add.yaml): read two
+files at once (with reasoning), run the failing test (~15 KB of output), edit (with reasoning), run
+the test again, answer. What is checked, per harness:
+
+* the session exits 0 and really ran its tools: the repo's own test passes afterwards;
+* every model call is exactly one row under the session's rollout id, in turn order, ``status=ok``
+  (the count is checked against an independent witness addon in the same mitmdump);
+* the prompt of call k+1 starts with prompt + completion of call k, token for token, except where a
+  harness rewrites history — stated per harness in ``HISTORY_REWRITES`` and located precisely;
+* the harness's final answer and its change to the repo are the same with and without the proxy;
+* two concurrent sessions through one proxy land on two rollouts with no row mixed up.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from polar_train.harnesses import HarnessRun, ModelServer, Proxy, get_harness
+from tests.support.harness import (FINAL_ANSWER, SCENARIOS, TASK_PROMPT, call_rows, capture_proxy,
+                                   first_divergence, make_task_repo, repo_diff, repo_test_passes,
+                                   require_harnesses)
+from tests.support.procs import polar_server
+
+pytestmark = pytest.mark.timeout(600)
+
+HARNESS_NAMES = ("codex", "claude-code", "pi")
+API = {"codex": "openai.responses", "claude-code": "anthropic.messages", "pi": "openai.chat"}
+SCRIPTED_TURNS = 5
+
+#: Where the prompt of call k+1 does NOT start with prompt(k) + completion(k), and why: turn k's
+#: tool-call text as the harness sends it back differs from what the model generated.
+#: * Claude Code re-serialises every tool_use ``input`` and adds the Edit tool's default:
+#:   ``{"file_path": …}`` comes back as ``{"replace_all": false, "file_path": …}`` (turn 2).
+#: * Codex sends ``arguments`` and reasoning items back byte for byte; Pi sends ``arguments`` back
+#:   through ``JSON.stringify`` (compact) and ``reasoning_content`` as received — both
+#:   prefix-stable as long as the server's arguments text is what the template renders.
+HISTORY_REWRITES: dict[str, dict[int, str]] = {
+    "codex": {},
+    "claude-code": {2: '"replace_all": false'},
+    "pi": {},
+}
+
+
+@dataclass
+class Session:
+    harness: str
+    rollout_id: str
+    run: HarnessRun
+    repo: Path
+    rows: list[dict]
+    witnessed: list[dict]
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tiny_model_dir: Path, logs_dir: Path):
+    with polar_server(tiny_model_dir, logs_dir, extra=["--script", str(SCENARIOS), "--served-model-name", "tiny",
+                                                              "--max-model-len", "65536"]) as base:
+        yield base
+
+
+def run_session(name: str, server: str, work: Path, proxy: Proxy | None) -> tuple[HarnessRun, Path]:
+    repo = make_task_repo(work / "repo")
+    run = get_harness(name).run(repo, TASK_PROMPT, ModelServer(server, model="tiny"), proxy,
+                                home=work / "home", timeout=240)
+    return run, repo
+
+
+@pytest.fixture(scope="module", params=HARNESS_NAMES)
+def proxied(request, scripted_server: str, tiny_model_dir: Path, tmp_path_factory) -> Session:
+    """One session of the harness through mitmdump + addon (its own proxy: all rows are its own)."""
+    name = request.param
+    require_harnesses(name)
+    work = tmp_path_factory.mktemp(f"{name}-proxied")
+    rollout = f"{name}-{uuid.uuid4().hex[:8]}"
+    with capture_proxy(work, tiny_model_dir) as px:
+        run, repo = run_session(name, scripted_server, work, Proxy(px.port, rollout, px.ca_cert))
+    return Session(name, rollout, run, repo, call_rows(px.out), px.witnessed_model_flows())
+
+
+def assistant_turns(api: str, request: dict) -> int:
+    """Assistant turns in a request (a run of assistant-side items counts once)."""
+    if api == "openai.responses":
+        items = request.get("input") or []
+        flags = [it.get("type") in ("reasoning", "function_call", "custom_tool_call")
+                 or (it.get("type", "message") == "message" and it.get("role") == "assistant") for it in items]
+    else:
+        flags = [m.get("role") == "assistant" for m in request.get("messages") or []]
+    return sum(1 for i, f in enumerate(flags) if f and (i == 0 or not flags[i - 1]))
+
+
+def test_session_exits_0_and_really_runs_its_tools(proxied: Session) -> None:
+    assert proxied.run.ok, proxied.run.describe()
+    assert proxied.run.final_message == FINAL_ANSWER
+    passed, output = repo_test_passes(proxied.repo)
+    assert passed, f"the repo's test still fails after the {proxied.harness} session:\n{output[-2000:]}"
+    assert "+    return a + b" in repo_diff(proxied.repo)
+
+
+def test_every_model_call_is_one_ok_row_in_order(proxied: Session) -> None:
+    rows = proxied.rows
+    assert len(proxied.witnessed) == SCRIPTED_TURNS, proxied.witnessed
+    assert len(rows) == len(proxied.witnessed), [(r["path"], r["status"]) for r in rows]
+    assert {r["rollout_id"] for r in rows} == {proxied.rollout_id}
+    assert {r["rollout_source"] for r in rows} == {"proxy_auth"}
+    assert [r["status"] for r in rows] == ["ok"] * len(rows), [r["error"] for r in rows]
+    assert {r["api"] for r in rows} == {API[proxied.harness]}
+    assert len({r["call_id"] for r in rows}) == len(rows)
+    # In order: the k-th row (by start time) is the request that already holds k assistant turns.
+    turns = [assistant_turns(r["api"], json.loads(r["request_json"])) for r in rows]
+    assert turns == list(range(SCRIPTED_TURNS))
+    for r in rows:
+        assert r["prompt_token_ids"] and r["completion_token_ids"], r["call_id"]
+        # Logprobs are optional per API (the Anthropic wire has none); where present, one per token.
+        assert r["completion_logprobs"] is None or len(r["completion_logprobs"]) in (0, len(r["completion_token_ids"]))
+    assert [r["tool_call_count"] for r in rows] == [2, 1, 1, 1, 0]
+
+
+def test_prompt_of_next_call_extends_prompt_and_completion(proxied: Session, tiny_tokenizer) -> None:
+    """The evidence the trajectory builder relies on, with each exception located and explained."""
+    rows = proxied.rows
+    assert len(rows) == SCRIPTED_TURNS
+    diverged: dict[int, str] = {}
+    for k in range(len(rows) - 1):
+        before = list(rows[k]["prompt_token_ids"]) + list(rows[k]["completion_token_ids"])
+        after = list(rows[k + 1]["prompt_token_ids"])
+        at = first_divergence(before, after)
+        if at is None:
+            continue
+        # A rewrite must lie inside call k's completion (the earlier prompt is never rewritten) ...
+        prompt_len = len(rows[k]["prompt_token_ids"])
+        assert at >= prompt_len, (f"{proxied.harness}: call {k + 1} rewrote the prompt of call {k} at token "
+                                  f"{at}: {tiny_tokenizer.decode(after[max(0, at - 20):at + 20])!r}")
+        # ... and is shown from a few tokens before the first differing one.
+        diverged[k] = tiny_tokenizer.decode(after[at - 3:at + 40])
+    expected = HISTORY_REWRITES[proxied.harness]
+    assert set(diverged) == set(expected), {k: v for k, v in diverged.items()}
+    for k, marker in expected.items():
+        assert marker in diverged[k], (k, diverged[k])
+
+
+def test_output_is_the_same_without_the_proxy(proxied: Session, scripted_server: str, tmp_path: Path) -> None:
+    run, repo = run_session(proxied.harness, scripted_server, tmp_path, proxy=None)
+    assert run.ok, run.describe()
+    assert run.final_message == proxied.run.final_message
+    assert run.stdout.strip() == proxied.run.stdout.strip()
+    assert repo_diff(repo) == repo_diff(proxied.repo)
+    assert repo_test_passes(repo)[0]
+
+
+@pytest.mark.parametrize("name", HARNESS_NAMES)
+def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server: str, tiny_model_dir: Path,
+                                                      tmp_path: Path) -> None:
+    require_harnesses(name)
+    rollouts = [f"{name}-a-{uuid.uuid4().hex[:6]}", f"{name}-b-{uuid.uuid4().hex[:6]}"]
+    with capture_proxy(tmp_path, tiny_model_dir) as px:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(run_session, name, scripted_server, tmp_path / r,
+                                   Proxy(px.port, r, px.ca_cert)) for r in rollouts]
+            results = [f.result() for f in futures]
+    for (run, repo), r in zip(results, rollouts):
+        assert run.ok, run.describe()
+        assert repo_test_passes(repo)[0]
+    rows = call_rows(px.out)
+    assert len(rows) == len(px.witnessed_model_flows()) == 2 * SCRIPTED_TURNS
+    for (run, repo), r in zip(results, rollouts):
+        mine = [row for row in rows if row["rollout_id"] == r]
+        assert len(mine) == SCRIPTED_TURNS
+        # No row mixed up: each of its requests carries its own work directory, never the other's.
+        other = str(results[1 - rollouts.index(r)][1])
+        for row in mine:
+            assert str(repo) in row["request_json"] and other not in row["request_json"], row["call_id"]
+        turns = [assistant_turns(row["api"], json.loads(row["request_json"])) for row in mine]
+        assert turns == list(range(SCRIPTED_TURNS))
