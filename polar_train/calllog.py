@@ -210,6 +210,9 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
             base = full.get(index[refs[j]])
             n = lens[j]
             if base is None:
+                if index[refs[j]] not in chain or j != chain[-1]:
+                    problems.append(PartProblem(f"call {call_ids[j]}",
+                                                f"prompt prefix call {refs[j]} is itself unresolved"))
                 full[j] = None
                 continue
             source = np.concatenate([base, completion(index[refs[j]])])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from polar_train.trajectories import BuildOptions, build_trajectories
-from tests.support.calls import IM_END_ID, Conversation, chat_tokenizer, encode, make_row, write_parts
+from tests.support.calls import IM_END_ID, Conversation, chat_tokenizer, compact, encode, make_row, write_parts
 
 
 def build(tmp_path, rows, **options):
@@ -298,3 +298,39 @@ def test_missing_logprobs_are_nan_and_counted(tmp_path):
     ids, mask, lps = t.completion_arrays()
     assert mask.tolist() == [1] * len(ids) and np.isnan(lps).all()
     assert t.token_source == "rendered"
+
+
+def test_compact_storage_builds_the_same_trajectory_without_comparing(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 3)
+    conv.user("one more")  # drops reasoning: row 5 refers to a shorter prefix of row 4
+    rows.append(conv.assistant("ok"))
+    full = build(tmp_path / "full", rows)
+    packed = build(tmp_path / "compact", compact(rows))
+    assert [t.call_ids for t in packed.trajectories] == [t.call_ids for t in full.trajectories]
+    assert [t.fork_cause for t in packed.trajectories] == [None, "history_rewrite"]
+    for a, b in zip(full.trajectories, packed.trajectories):
+        assert a.prompt.tolist() == b.prompt.tolist()
+        for x, y in zip(a.completion_arrays(), b.completion_arrays()):
+            np.testing.assert_array_equal(x, y)
+    assert_aligned(packed.trajectories[0], rows[:4])
+    assert packed.report.compact_fast_path == 3 and full.report.compact_fast_path == 0
+
+
+def test_compact_references_to_unstitched_or_unknown_calls(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("", tool_calls=[("ls", {"path": "."})])
+    cut = make_row(call_id="r1-cut", prompt_ids=first["prompt_token_ids"],
+                   completion_ids=first["completion_token_ids"], status="client_disconnected",
+                   request_hash="other")
+    conv.tool("x")
+    second = conv.assistant("done")
+    rows = compact([cut, second])  # second refers to the disconnected call, never stitched
+    orphan = dict(compact([first, second])[1], call_id="r1-orphan", prompt_prefix_call_id="gone",
+                  request_hash="orphan")
+    result = build(tmp_path, [first, *rows, orphan])
+    (t,) = result.trajectories
+    assert_aligned(t, [first, second])
+    assert result.report.skipped == {"status_client_disconnected": 1, "unresolved_prompt": 1}
+    assert "call r1-orphan: prompt prefix refers to unknown call gone" in result.report.problems

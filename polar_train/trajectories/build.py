@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..calllog import read_call_log
+from ..calllog import _list_values, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import Labels, attach, load_labels
 from .stitch import Stitcher, Trajectory, calls_from_table
@@ -103,6 +103,25 @@ def _token_bytes_factory(tokenizer_dir: str | Path | None):
     return factory
 
 
+def _fallback_resolver(table: pa.Table):
+    """Full prompts of compact calls whose reference the stitcher did not see (rare): resolve
+    the whole table once, on first need."""
+    cache: dict[str, object] = {}
+
+    def full_prompt(call_id: str):
+        if not cache:
+            resolved, problems = resolve_prompt_prefixes(table)
+            ids = resolved.column("call_id").to_pylist()
+            vals, offs, valid = _list_values(resolved.column("prompt_token_ids"))
+            cache["rows"] = {cid: (vals[offs[i]:offs[i + 1]] if valid[i] else None)
+                             for i, cid in enumerate(ids)}
+            cache["why"] = {p.path.removeprefix("call "): str(p) for p in problems}
+        full = cache["rows"].get(call_id)
+        return full if full is not None else cache["why"].get(call_id, f"call {call_id}: unresolved prompt")
+
+    return full_prompt
+
+
 def build_trajectories(folder: str | Path, options: BuildOptions | None = None) -> BuildResult:
     """Trajectories (not yet written) and the report for the call log in ``folder``.
 
@@ -115,7 +134,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         for p in (options.rewards, options.tasks):
             if p is not None:
                 check_file(p)  # fail before the (possibly long) read
-    log = read_call_log(folder)
+    log = read_call_log(folder, resolve_prompts=False)  # the stitcher resolves compact prompts
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
@@ -126,11 +145,16 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
     stitcher = Stitcher(realign=options.realign,
-                        token_bytes_factory=_token_bytes_factory(options.tokenizer))
+                        token_bytes_factory=_token_bytes_factory(options.tokenizer),
+                        fallback_prompt=_fallback_resolver(table))
     for call in calls:
         stitcher.add(call)
     trajectories = stitcher.trajectories
-    report.calls_used = len(calls)
+    if stitcher.stats.unresolved:
+        report.skipped["unresolved_prompt"] = stitcher.stats.unresolved
+    report.problems.extend(stitcher.stats.problems)
+    report.compact_fast_path = stitcher.stats.compact_fast_path
+    report.calls_used = len(calls) - stitcher.stats.unresolved
     report.trajectories = len(trajectories)
     report.rollouts = len({t.rollout_id for t in trajectories})
     report.forks = dict(stitcher.stats.forks)

@@ -27,6 +27,7 @@ class BuildReport:
     realigned_calls: int = 0
     truncated_trajectories: int = 0
     calls_without_logprobs: int = 0
+    compact_fast_path: int = 0
     tokens_trained: int = 0
     tokens_total: int = 0
     reward_mode: str = "broadcast"

@@ -58,7 +58,11 @@ MAX_OPEN_ANONYMOUS = 128
 
 @dataclass
 class Call:
-    """One usable call: ids as numpy views, sampler settings, and where it came from."""
+    """One usable call: ids as numpy views, sampler settings, and where it came from.
+
+    A compactly stored call has ``prefix_ref``/``prefix_len`` set and ``prompt`` holds only
+    the stored suffix until the stitcher resolves it (see :meth:`Stitcher.add`).
+    """
 
     call_id: str
     rollout_id: str | None
@@ -70,6 +74,8 @@ class Call:
     prompt: np.ndarray
     completion: np.ndarray
     logprobs: np.ndarray  # float32, len(completion); NaN where the server reported none
+    prefix_ref: str | None = None
+    prefix_len: int | None = None
 
 
 @dataclass
@@ -87,45 +93,67 @@ class Trajectory:
     logprobs: list[np.ndarray] = field(default_factory=list)
     call_ids: list[str] = field(default_factory=list)
     token_sources: set[str] = field(default_factory=set)
-    last_prompt: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    last_completion: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    #: Prompt space: ``buf[:match_len]`` = the last call's full prompt + its completion, i.e.
+    #: what the next prompt must start with. Append-only (grown by copying), so a slice
+    #: ``buf[:n]`` taken earlier stays valid: compact prompts resolve against it for free.
+    buf: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    match_len: int = 0
+    last_prompt_len: int = 0
     truncated: bool = False
     realigned: bool = False
     last_used: int = 0
     group_id: str | None = None
     reward: float | None = None
 
-    @property
-    def match_len(self) -> int:
-        return len(self.last_prompt) + len(self.last_completion)
+    def match(self) -> np.ndarray:
+        return self.buf[:self.match_len]
 
     def match_at(self, i: int) -> int:
-        n = len(self.last_prompt)
-        return int(self.last_prompt[i] if i < n else self.last_completion[i - n])
+        return int(self.buf[i])
 
     def match_tail(self, start: int) -> np.ndarray:
-        n = len(self.last_prompt)
-        if start >= n:
-            return self.last_completion[start - n:]
-        return np.concatenate([self.last_prompt[start:], self.last_completion])
+        return self.buf[start:self.match_len]
+
+    def append_prompt_space(self, *parts: np.ndarray) -> None:
+        need = self.match_len + sum(len(p) for p in parts)
+        if need > len(self.buf):
+            grown = np.empty(max(need, 2 * len(self.buf), 1024), np.int32)
+            grown[:self.match_len] = self.buf[:self.match_len]
+            self.buf = grown
+        for p in parts:
+            self.buf[self.match_len:self.match_len + len(p)] = p
+            self.match_len += len(p)
+
+    def reset_prompt_space(self, prompt: np.ndarray) -> None:
+        """Start the prompt space over at ``prompt`` (a new buffer: old slices stay valid)."""
+        self.buf = np.zeros(0, np.int32)
+        self.match_len = 0
+        self.append_prompt_space(prompt)
 
     def add_glue(self, glue: np.ndarray) -> None:
         if len(glue):
             self.ids.append(glue)
             self.sampled.append(False)
             self.logprobs.append(np.full(len(glue), np.nan, np.float32))
+            self.append_prompt_space(glue)
 
     def add_call(self, call: Call) -> None:
+        """Append a sampled completion; the prompt space must already hold the call's prompt."""
         self.ids.append(call.completion)
         self.sampled.append(True)
         self.logprobs.append(call.logprobs)
         self.call_ids.append(call.call_id)
         if call.token_source:
             self.token_sources.add(call.token_source)
-        self.last_prompt, self.last_completion = call.prompt, call.completion
+        self.last_prompt_len = self.match_len
+        self.append_prompt_space(call.completion)
         self.truncated = call.finish_reason == "length"
         if self.task_id is None:
             self.task_id = call.task_id
+
+    @property
+    def last_call_id(self) -> str:
+        return self.call_ids[-1]
 
     @property
     def token_source(self) -> str | None:
@@ -178,21 +206,32 @@ def _same_sampler(t: Trajectory, call: Call) -> bool:
 class StitchStats:
     forks: Counter = field(default_factory=Counter)
     realigned_calls: int = 0
+    #: Compact calls extended in O(new tokens), without comparing or expanding the prompt.
+    compact_fast_path: int = 0
+    unresolved: int = 0
+    problems: list[str] = field(default_factory=list)
 
 
 class Stitcher:
-    """Feeds calls in time order; keeps open trajectories per rollout; emits all at the end."""
+    """Feeds calls in time order; keeps open trajectories per rollout; emits all at the end.
+
+    ``fallback_prompt(call_id)`` returns the full prompt of a compact call whose reference was
+    not stitched here (e.g. it points at a failed call), or a message saying why it cannot.
+    """
 
     def __init__(self, *, realign: bool = False, token_bytes: TokenBytes | None = None,
-                 token_bytes_factory=None):
+                 token_bytes_factory=None, fallback_prompt=None):
         self.realign = realign
         self._token_bytes = token_bytes
         self._token_bytes_factory = token_bytes_factory
+        self._fallback_prompt = fallback_prompt
         self.trajectories: list[Trajectory] = []
         self.open: dict[str | None, list[Trajectory]] = {}
         self.stats = StitchStats()
         self._clock = 0
         self._counter: Counter = Counter()
+        #: call id -> (trajectory, prompt-space buffer, prompt end, prompt + completion end)
+        self._where: dict[str, tuple[Trajectory, np.ndarray, int, int]] = {}
 
     # --- helpers ----------------------------------------------------------------------
     def token_bytes(self) -> TokenBytes:
@@ -209,14 +248,19 @@ class Stitcher:
         self._counter[rollout] += 1
         return f"{rollout}#{n}"
 
+    def _record(self, t: Trajectory, call: Call) -> None:
+        self._where[call.call_id] = (t, t.buf, t.last_prompt_len, t.match_len)
+
     def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
-        key = rollout_id if call.rollout_id is not None else None
+        key = call.rollout_id
         t = Trajectory(
             trajectory_id=self._new_id(rollout_id or "anon"), rollout_id=rollout_id,
             task_id=call.task_id, model=call.model, temperature=call.temperature,
             prompt=call.prompt, fork_cause=cause, first_user_end=_first_user_end(call.prompt))
+        t.reset_prompt_space(call.prompt)
         t.add_call(call)
         t.last_used = self._clock
+        self._record(t, call)
         self.trajectories.append(t)
         pool = self.open.setdefault(key, [])
         pool.append(t)
@@ -228,23 +272,21 @@ class Stitcher:
             self.stats.forks[cause] += 1
         return t
 
+    def _extend(self, t: Trajectory, call: Call, glue: np.ndarray) -> Trajectory:
+        t.add_glue(glue)
+        t.add_call(call)
+        t.last_used = self._clock
+        self._record(t, call)
+        return t
+
     @staticmethod
     def _extends(t: Trajectory, prompt: np.ndarray) -> bool:
-        n1, n2 = len(t.last_prompt), len(t.last_completion)
-        if len(prompt) < n1 + n2:
+        m = t.match_len
+        if len(prompt) < m:
             return False
-        if n1 and prompt[n1 - 1] != t.last_prompt[-1]:  # O(1) rejections first
+        if m and (prompt[m - 1] != t.buf[m - 1] or prompt[0] != t.buf[0]):  # O(1) rejections first
             return False
-        if n2 and (prompt[n1] != t.last_completion[0] or prompt[n1 + n2 - 1] != t.last_completion[-1]):
-            return False
-        return bool(np.array_equal(prompt[:n1], t.last_prompt)
-                    and np.array_equal(prompt[n1:n1 + n2], t.last_completion))
-
-    def _divergence(self, t: Trajectory, prompt: np.ndarray) -> int:
-        d = common_prefix(prompt, t.last_prompt)
-        if d == len(t.last_prompt):
-            d += common_prefix(prompt[d:], t.last_completion)
-        return d
+        return bool(np.array_equal(prompt[:m], t.buf[:m]))
 
     def _retokenized_at(self, t: Trajectory, prompt: np.ndarray, d: int) -> int | None:
         """Where ``prompt`` resumes after saying the same bytes as the sampled tail ``t[d:]``.
@@ -252,7 +294,7 @@ class Stitcher:
         Only divergences inside the last completion qualify (earlier tokens were already
         checked against a prompt). Returns the index in ``prompt`` or None.
         """
-        if d < len(t.last_prompt) or d >= t.match_len:
+        if d < t.last_prompt_len or d >= t.match_len:
             return None
         if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
             return None  # a special token on either side: no tokenisation of text produces it
@@ -281,42 +323,73 @@ class Stitcher:
             return "compaction", None
         return "history_rewrite", None
 
+    def _full_prompt(self, call: Call) -> np.ndarray | None:
+        """The full prompt of a compact call: a prefix of its reference's prompt space + suffix."""
+        where = self._where.get(call.prefix_ref)
+        n = call.prefix_len
+        if where is not None:
+            _, buf, _, end = where
+            if n is None or n < 0 or n > end:
+                self.stats.problems.append(
+                    f"call {call.call_id}: prompt_prefix_len {n} outside 0..{end} of call {call.prefix_ref}")
+                return None
+            return np.concatenate([buf[:n], call.prompt])
+        full = self._fallback_prompt(call.call_id) if self._fallback_prompt else None
+        if full is None or isinstance(full, str):
+            self.stats.problems.append(
+                full or f"call {call.call_id}: prompt prefix refers to unknown call {call.prefix_ref}")
+            return None
+        return full
+
     # --- main entry ---------------------------------------------------------------------
-    def add(self, call: Call) -> Trajectory:
-        """Extend an open trajectory of the call's rollout with ``call``, or fork a new one."""
+    def add(self, call: Call) -> Trajectory | None:
+        """Extend an open trajectory of the call's rollout with ``call``, or fork a new one.
+
+        Returns None (and counts the call as unresolved) when a compact prompt cannot be
+        resolved.
+        """
         self._clock += 1
         key = call.rollout_id
         pool = self.open.get(key, [])
-        # 1. extension: the longest open trajectory whose last prompt + completion the prompt starts with
+        if call.prefix_ref is not None:
+            where = self._where.get(call.prefix_ref)
+            if where is not None:
+                t, buf, _, end = where
+                if (t.last_call_id == call.prefix_ref and buf is t.buf and end == t.match_len
+                        and call.prefix_len == end and t in pool and _same_sampler(t, call)):
+                    self.stats.compact_fast_path += 1  # O(new tokens): nothing to compare
+                    return self._extend(t, call, call.prompt)
+            full = self._full_prompt(call)
+            if full is None:
+                self.stats.unresolved += 1
+                return None
+            call.prompt, call.prefix_ref, call.prefix_len = full, None, None
+        # 1. extension: the longest open trajectory whose prompt space the prompt starts with
         best: Trajectory | None = None
         for t in pool:
             if (best is None or t.match_len > best.match_len) and self._extends(t, call.prompt):
                 best = t
         if best is not None:
             if _same_sampler(best, call):
-                best.add_glue(call.prompt[best.match_len:])
-                best.add_call(call)
-                best.last_used = self._clock
-                return best
+                return self._extend(best, call, call.prompt[best.match_len:])
             return self._start(call, best.rollout_id, "sampler_change")
         if not pool:
             return self._start(call, key if key is not None else f"conv-{call.call_id}", None)
         # 2. fork: classify against the open trajectory sharing the longest prefix
         parent, d = None, -1
         for t in pool:
-            dt = self._divergence(t, call.prompt)
+            dt = common_prefix(call.prompt, t.match())
             if dt > d:
                 parent, d = t, dt
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
             assert resume is not None
-            parent.add_glue(call.prompt[resume:])
-            parent.add_call(call)
             parent.realigned = True
-            parent.last_used = self._clock
             self.stats.realigned_calls += 1
-            return parent
+            glue = call.prompt[resume:]
+            parent.reset_prompt_space(call.prompt[:resume])  # prompt space follows the prompt
+            return self._extend(parent, call, glue)
         if key is None and cause == "new_conversation":  # anonymous: a new conversation = new rollout
             return self._start(call, f"conv-{call.call_id}", None)
         if cause in ("retokenization", "history_rewrite", "compaction"):
@@ -325,7 +398,7 @@ class Stitcher:
 
 
 def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Call]:
-    """``Call`` objects for the given row indices of a (resolved) call-log table.
+    """``Call`` objects for the given row indices of a call-log table (compact or resolved).
 
     Ids are numpy views into the table's flat buffers: no per-token Python objects.
     """
@@ -339,7 +412,8 @@ def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Ca
         lp_vals = np.asarray(lp_col.values.fill_null(np.nan), dtype=np.float32)
         lp_valid = ~np.asarray(lp_col.is_null(), dtype=bool)
     cols = {name: table.column(name).to_pylist() for name in
-            ("call_id", "rollout_id", "task_id", "model", "temperature", "token_source", "finish_reason")}
+            ("call_id", "rollout_id", "task_id", "model", "temperature", "token_source", "finish_reason",
+             "prompt_prefix_call_id", "prompt_prefix_len")}
     out = []
     for i in (range(table.num_rows) if rows is None else rows):
         i = int(i)
@@ -352,5 +426,6 @@ def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Ca
             model=cols["model"][i], temperature=cols["temperature"][i],
             token_source=cols["token_source"][i], finish_reason=cols["finish_reason"][i],
             prompt=p_vals[p_offs[i]:p_offs[i + 1]], completion=completion,
-            logprobs=lp if lp is not None else np.full(len(completion), np.nan, np.float32)))
+            logprobs=lp if lp is not None else np.full(len(completion), np.nan, np.float32),
+            prefix_ref=cols["prompt_prefix_call_id"][i], prefix_len=cols["prompt_prefix_len"][i]))
     return out
