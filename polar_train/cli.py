@@ -40,6 +40,7 @@ _LAZY_COMMANDS: list[tuple[str, str]] = [
     ("polar_train.build_cli", "add_parser"),
     ("polar_train.train.cli", "add_parser"),
     ("polar_train.demo", "add_parser"),
+    ("polar_train.harnesses.cli", "add_parser"),
 ]
 
 

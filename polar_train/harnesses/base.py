@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,9 @@ DEFAULT_HARNESS_PREFIX = REPO_ROOT / ".harnesses"
 #: (node, python3, git) and behave like a normal terminal session. Nothing with keys or proxies.
 _PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
                     "PYENV_ROOT", "PYENV_VERSION")
+
+#: Rollout ids travel in a URL's user part and a Basic auth header: keep them to unreserved characters.
+_ROLLOUT_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 #: Placeholder key: local servers ignore it, but every harness refuses to start without one.
 DEFAULT_API_KEY = "polar-local"
@@ -70,14 +74,15 @@ class Proxy:
     secret: str = "x"
 
     def __post_init__(self) -> None:
-        if not self.rollout_id or ":" in self.rollout_id:
-            raise HarnessError(f"rollout id must be non-empty and contain no ':', got {self.rollout_id!r}")
+        if not _ROLLOUT_ID.fullmatch(self.rollout_id or ""):
+            raise HarnessError("rollout id must be 1-128 characters of A-Z a-z 0-9 . _ ~ - "
+                               f"(it is sent as the proxy user name), got {self.rollout_id!r}")
         if self.ca_cert is not None and not Path(self.ca_cert).is_file():
             raise HarnessError(f"proxy CA certificate not found: {self.ca_cert}")
 
     @property
     def url(self) -> str:
-        return f"http://{quote(self.rollout_id, safe='')}:{quote(self.secret, safe='')}@{self.host}:{self.port}"
+        return f"http://{self.rollout_id}:{quote(self.secret, safe='')}@{self.host}:{self.port}"
 
     def env(self) -> dict[str, str]:
         """Proxy variables in both spellings; never a NO_PROXY (it would bypass loopback)."""

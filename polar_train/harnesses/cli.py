@@ -1,0 +1,61 @@
+"""``polar-train harness``: run one real harness session (Codex, Claude Code, Pi) through the proxy.
+
+Why a command: collecting rollouts means running the unmodified harness many times with the right
+environment (private home, proxy credentials = rollout id, CA trust); this is that, once per call.
+The API key comes from ``$POLAR_API_KEY`` (never from the command line, which others can read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("harness", help="run Codex, Claude Code or Pi non-interactively through the proxy")
+    p.add_argument("name", choices=["codex", "claude-code", "pi"], help="which harness")
+    p.add_argument("prompt", help="the task, as a user would type it")
+    p.add_argument("--workdir", default=".", help="the repository the session works in (default: .)")
+    p.add_argument("--server", required=True,
+                   help="model server root URL, e.g. http://127.0.0.1:8000 (vLLM, SGLang, polar-train serve)")
+    p.add_argument("--model", default="tiny", help="model name the server serves (default: tiny)")
+    p.add_argument("--proxy-port", type=int, default=None,
+                   help="port of `mitmdump -s addons/polar_capture.py` on 127.0.0.1 (omit: no proxy)")
+    p.add_argument("--rollout", default=None, help="rollout id, sent as the proxy user name")
+    p.add_argument("--ca-cert", default=None,
+                   help="mitmproxy CA certificate (default: ~/.mitmproxy/mitmproxy-ca-cert.pem)")
+    p.add_argument("--home", default=None, help="private HOME/config dir (default: a new temporary dir)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..cli import UserError
+    from . import DEFAULT_API_KEY, HarnessError, ModelServer, Proxy, get_harness
+
+    try:
+        server = ModelServer(args.server, args.model, os.environ.get("POLAR_API_KEY") or DEFAULT_API_KEY)
+        proxy = None
+        if args.proxy_port is not None:
+            if not 0 < args.proxy_port < 65536:
+                raise UserError("--proxy-port must be in 1..65535")
+            if not args.rollout:
+                raise UserError("--proxy-port needs --rollout (the id the calls are recorded under)")
+            ca = Path(args.ca_cert or Path.home() / ".mitmproxy" / "mitmproxy-ca-cert.pem")
+            proxy = Proxy(args.proxy_port, args.rollout, ca)
+        elif args.rollout:
+            raise UserError("--rollout needs --proxy-port")
+        run = get_harness(args.name).run(Path(args.workdir), args.prompt, server, proxy,
+                                         Path(args.home) if args.home else None, args.timeout)
+    except HarnessError as exc:
+        raise UserError(str(exc)) from None
+    sys.stdout.write(run.stdout)
+    sys.stderr.write(run.stderr)
+    if not run.ok:
+        print(f"polar-train harness: {run.harness} exited "
+              f"{run.returncode}{' (timed out)' if run.timed_out else ''} after {run.seconds:.1f}s "
+              f"(home: {run.home})", file=sys.stderr)
+        return run.returncode if run.returncode > 0 else 1
+    return 0

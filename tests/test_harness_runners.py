@@ -1,0 +1,196 @@
+"""The harness runners without a model server: environment, config files, errors, timeouts, pins.
+
+The end-to-end sessions are in test_harness_sessions.py; these check what every session relies on
+and fail in seconds: the proxy variables carry the rollout id and nothing bypasses the proxy, the
+user's own keys/config never reach the child, no key is ever written to a file, bad input is one
+clear error, a hung harness is killed with all its children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from polar_train.harnesses import (ClaudeCode, Codex, Harness, HarnessError, ModelServer, Pi, Proxy,
+                                   find_binary, get_harness)
+from polar_train.harnesses.base import REPO_ROOT
+from tests.support.harness import require_harnesses
+
+SECRET = "sk-test-DO-NOT-WRITE-0123456789"
+ALL = ("codex", "claude-code", "pi")
+
+
+@pytest.fixture
+def ca_cert(tmp_path: Path) -> Path:
+    path = tmp_path / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\nnot parsed here\n-----END CERTIFICATE-----\n")
+    return path
+
+
+@pytest.fixture
+def hostile_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user environment that would redirect or bypass the proxy if it leaked into a rollout."""
+    for k, v in {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1", "OPENAI_API_KEY": "sk-user",
+                 "OPENAI_BASE_URL": "https://api.openai.com/v1", "ANTHROPIC_API_KEY": "sk-ant-user",
+                 "ANTHROPIC_BASE_URL": "https://api.anthropic.com", "CODEX_HOME": "/root/.codex",
+                 "CLAUDE_CONFIG_DIR": "/root/.claude", "PI_CODING_AGENT_DIR": "/root/.pi/agent",
+                 "HTTPS_PROXY": "http://corp-proxy:3128"}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_environment_routes_through_the_proxy_with_the_rollout_id(name, tmp_path, ca_cert, hostile_env) -> None:
+    harness = get_harness(name)
+    proxy = Proxy(8123, "rollout-7.a_b~c", ca_cert)
+    env = harness.environment(tmp_path, ModelServer("http://127.0.0.1:9000/v1/", api_key=SECRET), proxy)
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        assert env[var] == "http://rollout-7.a_b~c:x@127.0.0.1:8123"
+    assert urlsplit(env["HTTPS_PROXY"]).username == proxy.rollout_id
+    assert not {"NO_PROXY", "no_proxy"} & env.keys()
+    assert env["NODE_EXTRA_CA_CERTS"] == str(ca_cert)
+    assert env["HOME"] == str(tmp_path)
+    leaked = {k: v for k, v in env.items() if v in ("sk-user", "sk-ant-user", "https://api.openai.com/v1",
+                                                     "https://api.anthropic.com", "/root/.codex", "/root/.claude",
+                                                     "/root/.pi/agent", "http://corp-proxy:3128")}
+    assert not leaked
+    assert SECRET in env.values()  # the key travels in the child's environment only
+
+
+def test_without_a_proxy_no_proxy_variable_is_set(tmp_path, hostile_env) -> None:
+    env = Pi().environment(tmp_path, ModelServer("http://127.0.0.1:9000"), None)
+    assert not {k for k in env if k.lower().endswith("_proxy")}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_config_file_holds_the_api_key(name, tmp_path, ca_cert) -> None:
+    harness = get_harness(name)
+    harness.environment(tmp_path, ModelServer("http://127.0.0.1:9000", api_key=SECRET), Proxy(1, "r", ca_cert))
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert name == "claude-code" or files  # Codex and Pi write a config file
+    for p in files:
+        assert SECRET not in p.read_text(errors="replace"), p
+
+
+def test_codex_config_is_a_responses_provider_read_from_the_environment(tmp_path) -> None:
+    env = Codex().configure(tmp_path, ModelServer("http://127.0.0.1:9000", model="qwen"), None)
+    config = tomllib.loads((Path(env["CODEX_HOME"]) / "config.toml").read_text())
+    assert config["model"] == "qwen" and config["model_provider"] == "polar"
+    assert config["check_for_update_on_startup"] is False and config["analytics"]["enabled"] is False
+    assert config["model_providers"]["polar"] == {"name": "polar", "base_url": "http://127.0.0.1:9000/v1",
+                                                  "wire_api": "responses", "env_key": "POLAR_API_KEY"}
+    assert Path(env["CODEX_HOME"]).is_relative_to(tmp_path)
+
+
+def test_codex_trusts_the_proxy_ca_through_its_own_variables(tmp_path, ca_cert) -> None:
+    env = Codex().configure(tmp_path, ModelServer("http://127.0.0.1:9000"), Proxy(1, "r", ca_cert))
+    assert env["CODEX_CA_CERTIFICATE"] == env["SSL_CERT_FILE"] == str(ca_cert)
+
+
+def test_pi_models_json_names_the_key_variable(tmp_path) -> None:
+    env = Pi().configure(tmp_path, ModelServer("https://gpu-box:8000", model="Qwen/Qwen3-8B"), None)
+    spec = json.loads((Path(env["PI_CODING_AGENT_DIR"]) / "models.json").read_text())
+    provider = spec["providers"]["polar"]
+    assert provider["baseUrl"] == "https://gpu-box:8000/v1" and provider["api"] == "openai-completions"
+    assert provider["apiKey"] == "POLAR_API_KEY" and env["POLAR_API_KEY"]
+    assert provider["models"][0]["id"] == "Qwen/Qwen3-8B"
+    assert env["PI_OFFLINE"] == "1"
+
+
+def test_claude_code_command_is_non_interactive_and_preapproves_tools(tmp_path) -> None:
+    harness = ClaudeCode()
+    env = harness.configure(tmp_path, ModelServer("http://127.0.0.1:9000"), None)
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9000"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == env["DISABLE_TELEMETRY"] == "1"
+    argv = harness.command(Path("claude"), "do it", tmp_path, tmp_path, ModelServer("http://h:1", "m"))
+    assert argv[:3] == ["claude", "-p", "do it"]
+    assert "--dangerously-skip-permissions" not in argv  # refused when running as root
+    assert argv[argv.index("--allowedTools") + 1] == "Bash Read Edit"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: ModelServer("localhost:8000"), "must start with http:// or https://"),
+    (lambda p: Proxy(8080, ""), "rollout id must be"),
+    (lambda p: Proxy(8080, "a:b"), "rollout id must be"),
+    (lambda p: Proxy(8080, "r" * 129), "rollout id must be"),
+    (lambda p: Proxy(8080, "r", p / "missing.pem"), "CA certificate not found"),
+    (lambda p: get_harness("aider"), "unknown harness 'aider'"),
+    (lambda p: Pi().run(p / "nowhere", "x", ModelServer("http://127.0.0.1:1")), "work directory not found"),
+])
+def test_bad_input_is_one_clear_error(make, message, tmp_path) -> None:
+    with pytest.raises(HarnessError, match=re.escape(message)):
+        make(tmp_path)
+
+
+def test_a_missing_binary_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HarnessError, match="run scripts/install-harnesses"):
+        find_binary("codex", prefix=tmp_path)
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path) -> None:
+    cmd = [str(Path(sys.executable).parent / "polar-train"), "harness", "pi", "fix it", "--server",
+           "http://127.0.0.1:1", "--workdir", str(tmp_path), "--proxy-port", "8080"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("polar-train harness: error: --proxy-port needs --rollout "
+                                   "(the id the calls are recorded under)")
+
+
+@dataclass
+class _ShellSession(Harness):
+    """A 'harness' that starts a background child and hangs: checks the runner's timeout path."""
+
+    pidfile: Path = Path()
+
+    def __post_init__(self) -> None:
+        self.name, self.binary = "shell", "sh"
+
+    def configure(self, home, server, proxy):
+        return {}
+
+    def command(self, exe, prompt, workdir, home, server):
+        return [str(exe), "-c", f"sleep 300 & echo $! > {self.pidfile}; echo started; wait"]
+
+
+def test_a_hung_session_is_killed_with_its_children(tmp_path) -> None:
+    harness = _ShellSession(pidfile=tmp_path / "child.pid")
+    start = time.monotonic()
+    run = harness.run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), None, home=tmp_path / "home", timeout=2)
+    assert run.timed_out and not run.ok and run.final_message == ""
+    assert "started" in run.stdout
+    assert time.monotonic() - start < 30
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)  # polling for the kill to land, not synchronising on time
+    assert not _alive(child), "the background child of the harness survived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_installed_versions_are_the_pinned_ones() -> None:
+    require_harnesses(*ALL)
+    script = (REPO_ROOT / "scripts" / "install-harnesses").read_text()
+    pins = {k: re.search(rf"^{k}=(\S+)$", script, re.M).group(1)
+            for k in ("CODEX_VERSION", "CLAUDE_CODE_VERSION", "PI_VERSION")}
+    env = {**os.environ, "HOME": "/nonexistent-home", "DISABLE_AUTOUPDATER": "1", "PI_OFFLINE": "1"}
+    for binary, key in (("codex", "CODEX_VERSION"), ("claude", "CLAUDE_CODE_VERSION"), ("pi", "PI_VERSION")):
+        out = subprocess.run([str(find_binary(binary)), "--version"], capture_output=True, text=True,
+                             timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert pins[key] in out.stdout + out.stderr, (binary, out.stdout, out.stderr)
