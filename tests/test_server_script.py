@@ -5,7 +5,6 @@ parsed by the official SDKs."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import anthropic
 import httpx
@@ -15,7 +14,7 @@ import torch
 import yaml
 
 from polar_train.server.script import Script, ScriptError, assistant_turns
-from tests.support.procs import VENV_BIN, polar_server
+from tests.support.procs import polar_server
 
 SCRIPT = {
     "scenarios": [{
@@ -163,17 +162,18 @@ def test_scripted_mismatch_is_a_400(scripted_url):
     assert r.status_code == 400 and "no scenario" in r.json()["error"]["message"]
 
 
-def test_script_parsing_errors_are_one_line(tmp_path, tiny_model_dir):
+def test_script_parsing_errors_are_one_line(tmp_path, tiny_model_dir, capsys):
     with pytest.raises(ScriptError, match="unknown keys"):
         Script.from_data({"scenarios": [{"turns": [{"text": "x"}]}]})
     with pytest.raises(ScriptError, match="at least one turn"):
         Script.from_data({"scenarios": [{"name": "a"}]})
     bad = tmp_path / "bad.yaml"
     bad.write_text("scenarios: [\n")
-    p = subprocess.run([str(VENV_BIN / "polar-train"), "serve", "--model", str(tiny_model_dir),
-                        "--script", str(bad)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip().count("\n") == 0 and "cannot parse" in p.stderr
+    from polar_train.cli import main
+
+    assert main(["serve", "--model", str(tiny_model_dir), "--script", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().count("\n") == 0 and "cannot parse" in err
 
 
 def test_assistant_turns_counts_runs():

@@ -39,6 +39,8 @@ def _serve(args: argparse.Namespace) -> int:
     for f in (args.ssl_certfile, args.ssl_keyfile):
         if f and not Path(f).is_file():
             raise UserError(f"file not found: {f}")
+    if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
+        raise UserError(f"{args.adapter} is not a peft adapter (no adapter_config.json)")
     if args.chunk_delay_ms < 0:
         raise UserError("--chunk-delay-ms must be >= 0")
     if not 0 < args.port < 65536:

@@ -1,0 +1,43 @@
+"""``polar-train tiny-model`` writes a model directory that loads offline; the seed fixes its weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from polar_train.cli import main
+
+
+def _digest(path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_loads_offline_with_auto_classes(tiny_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    cfg = model.config
+    assert cfg.model_type == "qwen3" and cfg.head_dim == 32  # vLLM CPU attention needs 32/64/80...
+    assert cfg.vocab_size == len(tok) == 248077
+    assert sum(p.numel() for p in model.parameters()) < 20_000_000
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                  tokenize=True, return_dict=False)
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with torch.no_grad():
+        out = model(torch.tensor([ids])).logits
+    assert out.shape == (1, len(ids), 248077) and torch.isfinite(out).all()
+    assert tok.eos_token == "<|im_end|>"
+
+
+def test_same_seed_same_weights_other_seed_other(tiny_model_dir, tmp_path, capsys):
+    assert main(["tiny-model", str(tmp_path / "a")]) == 0
+    assert main(["tiny-model", str(tmp_path / "b"), "--seed", "1"]) == 0
+    assert "wrote tiny model" in capsys.readouterr().out
+    assert _digest(tmp_path / "a") == _digest(tiny_model_dir)
+    assert _digest(tmp_path / "b") != _digest(tiny_model_dir)
+    spec = json.loads((tmp_path / "b" / "polar_tiny_model.json").read_text())
+    assert spec["seed"] == 1

