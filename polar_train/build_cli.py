@@ -26,6 +26,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .trajectories import BuildOptions, build_trajectories
     from .trajectories.writer import write_json, write_trajectories
 
+    out = Path(args.out)
+    captures = Path(args.captures)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out is a file, not a folder: {out}")
+    if captures.exists():
+        from .calllog import part_folder
+
+        parts = part_folder(captures)
+        parts = parts.parent if parts.is_file() else parts
+        target = out.resolve()
+        if target in (captures.resolve(), parts.resolve()) or parts.resolve() in target.parents:
+            raise UserError(f"--out {out} is inside the capture folder {captures}; choose another folder")
     options = BuildOptions(realign=args.realign, reward_mode=args.reward_mode,
                            rewards=args.rewards, tasks=args.tasks, tokenizer=args.tokenizer)
     try:
@@ -33,9 +45,6 @@ def _cmd_build(args: argparse.Namespace) -> int:
     except ValueError as exc:  # CallLogError, RewardFileError: one clear line
         raise UserError(str(exc)) from None
     report = result.report
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out is a file, not a folder: {out}")
     if not result.trajectories:
         print(report.table())
         print(f"polar-train build: error: no trajectory could be built from {args.captures}"

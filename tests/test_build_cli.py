@@ -87,12 +87,14 @@ def test_build_writes_loadable_trajectories_report_and_table(tmp_path, capture):
 
 def test_rebuild_replaces_old_parts(tmp_path, capture):
     out = tmp_path / "traj"
+    assert run_build(capture, "--out", tmp_path / "earlier").returncode == 0
     out.mkdir()
-    (out / "part-00007.parquet").write_bytes(b"stale part of an earlier build")
+    (tmp_path / "earlier" / "part-00000.parquet").rename(out / "part-00007.parquet")  # an earlier build
+    (out / "part-00008.parquet").write_bytes(b"not ours: must survive")
     proc = run_build(capture, "--out", out, "--rows-per-part", "1", "--realign")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet",
-                                                             "part-00002.parquet"]
+                                                             "part-00002.parquet", "part-00008.parquet"]
     assert not list(out.glob(".*"))  # no temp files left
 
 
@@ -118,3 +120,11 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path):
     assert not (tmp_path / "out").exists()
     proc = run_build(tmp_path / "cap", "--out", tmp_path / "out", "--rewards", tmp_path / "r.jsonl")
     assert proc.returncode == 2 and "file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, capture):
+    before = sorted(p.name for p in (capture / "calls").iterdir())
+    for out in (capture, capture / "calls", capture / "calls" / "traj"):
+        proc = run_build(capture, "--out", out)
+        assert proc.returncode == 2 and "inside the capture folder" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in (capture / "calls").iterdir()) == before

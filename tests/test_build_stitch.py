@@ -334,3 +334,31 @@ def test_compact_references_to_unstitched_or_unknown_calls(tmp_path):
     assert_aligned(t, [first, second])
     assert result.report.skipped == {"status_client_disconnected": 1, "unresolved_prompt": 1}
     assert "call r1-orphan: prompt prefix refers to unknown call gone" in result.report.problems
+
+
+def test_duplicate_call_ids_are_used_once(tmp_path):
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    row = conv.assistant("ok")
+    write_parts(tmp_path, [row], "part-a")
+    write_parts(tmp_path, [row], "part-a-copy")
+    result = build_trajectories(tmp_path)
+    (t,) = result.trajectories
+    assert t.call_ids == [row["call_id"]] and result.report.skipped == {"duplicate_call_id": 1}
+
+
+def test_a_call_log_part_in_out_is_never_deleted(tmp_path):
+    from polar_train.trajectories.writer import write_trajectories
+
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    row = conv.assistant("ok")
+    calls_part = write_parts(tmp_path / "cap", [row], "part-00009")
+    result = build_trajectories(tmp_path / "cap")
+    (tmp_path / "out").mkdir()
+    calls_part = calls_part.rename(tmp_path / "out" / calls_part.name)  # a call-log part in --out
+    write_trajectories(result.trajectories, tmp_path / "out")
+    write_trajectories(result.trajectories, tmp_path / "out")  # a rebuild replaces only its own parts
+    assert calls_part.exists()
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == ["part-00000.parquet",
+                                                                                 "part-00009.parquet"]

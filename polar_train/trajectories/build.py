@@ -44,7 +44,8 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
 
     Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
     completed; the completed one is kept), ``status_<status>`` (failed calls),
-    ``token_source_none`` (text only), ``no_token_ids`` (ids missing or prompt unresolved).
+    ``token_source_none`` (text only), ``no_token_ids`` (ids missing), ``duplicate_call_id``
+    (a row whose call id was already seen: only the first is used).
     """
     skipped: Counter = Counter()
     n = table.num_rows
@@ -75,7 +76,12 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             keep = max(ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
             superseded.update(i for i in rows if i != keep)
     chosen = []
+    seen_ids: set[str] = set()
     for i in range(n):
+        if call_id[i] in seen_ids:
+            skipped["duplicate_call_id"] += 1  # the same part copied twice, or a writer bug
+            continue
+        seen_ids.add(call_id[i])
         if i in superseded:
             skipped["superseded_retry"] += 1
         elif status[i] != "ok":

@@ -74,11 +74,21 @@ def write_json(path: Path, obj: Any) -> None:
     _atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+def is_trajectory_part(path: Path) -> bool:
+    """True for a Parquet file this writer made (its schema metadata says so)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:
+        return False
+    return meta.get(b"polar_train.table") == b"trajectories"
+
+
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                        rows_per_part: int = ROWS_PER_PART) -> list[Path]:
     """Write ``part-NNNNN.parquet`` files under ``out``; returns their paths.
 
-    Parts from an earlier build in ``out`` are removed once the new ones are complete.
+    Parts from an earlier build in ``out`` are removed once the new ones are complete; other
+    files (a call-log part, anything not written by this function) are never deleted.
     """
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
@@ -98,8 +108,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         raise
     finals = {final for _, final in tmp_paths}
     for old in out_dir.glob(PART_GLOB):
-        if old not in finals:
-            old.unlink()
+        if old not in finals and is_trajectory_part(old):
+            old.unlink()  # only our own earlier output: never a call-log part or a foreign file
     for tmp, final in tmp_paths:
         os.replace(tmp, final)
     return [final for _, final in tmp_paths]
