@@ -40,6 +40,11 @@ def polar_base_url(tiny_model_dir: Path, logs_dir: Path):
         yield base
 
 
+#: How the suite's vLLM runs (docs/vllm.md): tool calls parsed from <tool_call> blocks like our
+#: server does (Codex/Claude Code send tool_choice "auto", which vLLM refuses without these).
+VLLM_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
 @pytest.fixture(scope="session")
 def vllm_base_url(tiny_model_dir: Path, logs_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The real vLLM CPU server on the tiny model, started once for the whole run.
@@ -51,5 +56,6 @@ def vllm_base_url(tiny_model_dir: Path, logs_dir: Path, tmp_path_factory: pytest
         if os.environ.get("POLAR_SKIP_VLLM") == "1":
             pytest.skip("POLAR_SKIP_VLLM=1 and .venv-vllm missing")
         pytest.fail(".venv-vllm is missing: run scripts/install-vllm-cpu (make test does)")
-    with vllm_server(tiny_model_dir, logs_dir, tmp_path_factory.mktemp("vllm-cache")) as base:
+    with vllm_server(tiny_model_dir, logs_dir, tmp_path_factory.mktemp("vllm-cache"),
+                     extra=VLLM_FLAGS) as base:
         yield base

@@ -129,7 +129,12 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
         return req
     if body.get("max_tokens") is None:
         raise BadRequest("max_tokens: Field required", param="max_tokens")
-    integer(body, "max_tokens", None, lo=1)
+    max_tokens = integer(body, "max_tokens", None, lo=1)
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        budget = integer(thinking, "budget_tokens", None, lo=1024)
+        if budget is not None and budget >= max_tokens:
+            raise BadRequest("thinking.budget_tokens must be less than max_tokens", param="body")
     tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
         body.get("tool_choice"), dict) else "auto"
     req.update({

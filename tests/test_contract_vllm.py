@@ -1,0 +1,289 @@
+"""Contract: the same requests to real vLLM 0.32 (CPU) and to ``polar-train serve`` give the same
+wire shape (keys, nesting, JSON types, event order), and the same prompt token ids.
+
+Both servers run the same tiny model and chat template, so where a value is fully determined by
+the request (prompt ids, ``usage.input_tokens``, ``/tokenize``) it must be *equal*, not only of the
+same shape. Sampled tokens differ (different RNGs), so text values are not compared.
+
+Deliberately not compared (values, not shapes): ids (``chatcmpl-``/``resp_``/``msg_`` + random hex),
+``created``/``created_at``, ``system_fingerprint`` (ours says ``polar``), and how many tokens one
+streamed text delta carries (vLLM may merge several; consecutive repeats of one event type are
+collapsed before comparing the order). The ``tools`` echo in a Responses object is compared too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+USER = [{"role": "user", "content": "Hello"}]
+CHAT_TOOLS = [{"type": "function", "function": {
+    "name": "shell", "description": "Run a shell command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
+RESP_TOOLS = [{"type": "function", "name": "shell", "description": "Run a shell command",
+               "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+              {"type": "custom", "name": "apply_patch", "description": "Apply a patch"}]
+RESP_INPUT = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix add()"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [],
+     "content": [{"type": "reasoning_text", "text": "Read the file first."}]},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+    {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"cmd\": \"cat calc.py\"}"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "def add(a, b): return a - b"},
+    {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch",
+     "input": "*** Begin Patch\n*** End Patch"},
+    {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done!"},
+]
+ANTH_TOOLS = [{"name": "Bash", "description": "Run a command",
+               "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+ANTH_MESSAGES = [
+    {"role": "user", "content": [{"type": "text", "text": "fix add()"}]},
+    {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Read it.", "signature": "sig"},
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "cat calc.py"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "def add"}]},
+        {"type": "text", "text": "go on"}]},
+]
+ANTH_SYSTEM = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=abc;"},
+               {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+
+
+# -- shapes -----------------------------------------------------------------------------------
+
+def shape(x: Any) -> Any:
+    """Types and keys, recursively; a list is described by the set of its elements' shapes."""
+    if isinstance(x, dict):
+        return {k: shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        uniq: dict[str, Any] = {}
+        for el in x:
+            s = shape(el)
+            uniq.setdefault(json.dumps(s, sort_keys=True), s)
+        return ["list", *[uniq[k] for k in sorted(uniq)]]
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, int):
+        return "int"
+    if isinstance(x, float):
+        return "float"
+    if isinstance(x, str):
+        return "str"
+    if x is None:
+        return "null"
+    raise TypeError(type(x))
+
+
+def diff(a: Any, b: Any, path: str = "$") -> list[str]:
+    """Readable differences between two shapes (for assertion messages)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only in vLLM" for k in a.keys() - b.keys()]
+        out += [f"{path}.{k}: only in ours" for k in b.keys() - a.keys()]
+        for k in a.keys() & b.keys():
+            out += diff(a[k], b[k], f"{path}.{k}")
+        if not out and list(a) != list(b):
+            out.append(f"{path}: key order {list(a)} != {list(b)}")
+        return out
+    if a != b:
+        return [f"{path}: vLLM {json.dumps(a)[:300]} != ours {json.dumps(b)[:300]}"]
+    return []
+
+
+def assert_same_shape(vllm: Any, ours: Any) -> None:
+    d = diff(shape(vllm), shape(ours))
+    assert not d, "\n".join(d)
+
+
+def post(base: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=120)
+
+
+def both(vllm: str, ours: str, path: str, body: dict) -> tuple[dict, dict]:
+    a, b = post(vllm, path, body), post(ours, path, body)
+    assert a.status_code == b.status_code == 200, (a.text[:500], b.text[:500])
+    return a.json(), b.json()
+
+
+def sse(base: str, path: str, body: dict) -> list[tuple[str | None, Any]]:
+    """(event name or None, parsed data) for each server-sent event."""
+    out: list[tuple[str | None, Any]] = []
+    with httpx.stream("POST", base + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()[:500]
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+            elif line.startswith("data: "):
+                data = line[len("data: "):]
+                out.append((event, data if data == "[DONE]" else json.loads(data)))
+                event = None
+    return out
+
+
+def collapse(seq: list[str]) -> list[str]:
+    return [s for i, s in enumerate(seq) if i == 0 or seq[i - 1] != s]
+
+
+def assert_same_event_stream(a: list, b: list, kind=lambda e: e[0]) -> None:
+    """Same order of event kinds (repeats collapsed) and, per kind, the same data shapes."""
+    assert collapse([kind(e) for e in a]) == collapse([kind(e) for e in b])
+    by_kind: dict[str, tuple[list, list]] = {}
+    for side, events in ((0, a), (1, b)):
+        for e in events:
+            by_kind.setdefault(kind(e), ([], []))[side].append(e[1])
+    for k, (va, vb) in by_kind.items():
+        assert_same_shape(va, vb)
+
+
+# -- chat completions -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"return_token_ids": True, "logprobs": True, "top_logprobs": 2},
+    {"return_token_ids": True, "tools": CHAT_TOOLS, "seed": 3, "temperature": 0.8, "top_p": 0.95},
+], ids=["plain", "token-ids-logprobs", "tools"])
+def test_chat_non_streamed(vllm_base_url, polar_base_url, extra):
+    body = {"model": "tiny", "messages": USER, "max_tokens": 4, **extra}
+    a, b = both(vllm_base_url, polar_base_url, "/v1/chat/completions", body)
+    assert_same_shape(a, b)
+    assert a["usage"] == b["usage"]
+    assert a["prompt_token_ids"] == b["prompt_token_ids"]
+
+
+def test_chat_stop_token_is_reported_alike(vllm_base_url, polar_base_url):
+    body = {"model": "tiny", "messages": USER, "max_tokens": 4, "logit_bias": {"248046": 100},
+            "return_token_ids": True, "logprobs": True}
+    a, b = both(vllm_base_url, polar_base_url, "/v1/chat/completions", body)
+    assert_same_shape(a, b)
+    ca, cb = a["choices"][0], b["choices"][0]
+    assert (ca["finish_reason"], ca["token_ids"], ca["message"]["content"]) == \
+        (cb["finish_reason"], cb["token_ids"], cb["message"]["content"]) == ("stop", [248046], "")
+    # same model, same context: the same raw logprob of <|im_end|>
+    assert abs(ca["logprobs"]["content"][0]["logprob"] - cb["logprobs"]["content"][0]["logprob"]) < 1e-4
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"return_token_ids": True, "logprobs": True, "stream_options": {"include_usage": True}},
+], ids=["plain", "token-ids-logprobs-usage"])
+def test_chat_streamed(vllm_base_url, polar_base_url, extra):
+    body = {"model": "tiny", "messages": USER, "max_tokens": 4, **extra}
+    a = sse(vllm_base_url, "/v1/chat/completions", body)
+    b = sse(polar_base_url, "/v1/chat/completions", body)
+
+    def kind(e):
+        data = e[1]
+        if data == "[DONE]":
+            return "done"
+        if not data["choices"]:
+            return "usage"
+        ch = data["choices"][0]
+        return "role" if "role" in ch["delta"] else ("finish" if ch["finish_reason"] else "delta")
+
+    assert_same_event_stream(a, b, kind)
+    if extra:
+        assert a[0][1]["prompt_token_ids"] == b[0][1]["prompt_token_ids"]
+        assert a[-2][1]["usage"] == b[-2][1]["usage"]
+
+
+# -- responses --------------------------------------------------------------------------------
+
+RESP_EXTRA = {"enable_response_messages": True, "include": ["message.output_text.logprobs"],
+              "top_logprobs": 1}
+
+
+@pytest.mark.parametrize("extra", [
+    {"input": "Hello"},
+    {"input": "Hello", **RESP_EXTRA},
+    {"input": RESP_INPUT, "instructions": "You are Codex.", "tools": RESP_TOOLS, **RESP_EXTRA},
+], ids=["plain", "messages-logprobs", "codex-like-history"])
+def test_responses_non_streamed(vllm_base_url, polar_base_url, extra):
+    body = {"model": "tiny", "max_output_tokens": 4, **extra}
+    a, b = both(vllm_base_url, polar_base_url, "/v1/responses", body)
+    assert_same_shape(a, b)
+    # input_tokens_details.cached_tokens is vLLM's prefix-cache hit count (0 on ours: no cache)
+    assert {**a["usage"], "input_tokens_details": None} == {**b["usage"], "input_tokens_details": None}
+    if "enable_response_messages" in extra:
+        assert a["input_messages"] == b["input_messages"]  # the same rendered prompt, text and ids
+
+
+def test_responses_streamed(vllm_base_url, polar_base_url):
+    body = {"model": "tiny", "max_output_tokens": 4, "input": RESP_INPUT, "tools": RESP_TOOLS,
+            **RESP_EXTRA}
+    a = sse(vllm_base_url, "/v1/responses", body)
+    b = sse(polar_base_url, "/v1/responses", body)
+    assert all(name == data["type"] for name, data in a + b)
+    assert_same_event_stream(a, b)
+    assert [d["sequence_number"] for _, d in b] == list(range(len(b)))
+    assert a[-1][1]["response"]["input_messages"] == b[-1][1]["response"]["input_messages"]
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+ANTH_BODY = {"model": "tiny", "max_tokens": 4, "system": ANTH_SYSTEM, "tools": ANTH_TOOLS,
+             "messages": ANTH_MESSAGES, "metadata": {"user_id": "u1"}, "temperature": 1,
+             "thinking": {"type": "adaptive"}}
+
+
+def test_messages_non_streamed(vllm_base_url, polar_base_url):
+    a, b = both(vllm_base_url, polar_base_url, "/v1/messages?beta=true", ANTH_BODY)
+    assert_same_shape(a, b)
+    assert a["usage"] == b["usage"]  # input_tokens is the true prompt count on both
+
+
+def test_messages_streamed(vllm_base_url, polar_base_url):
+    a = sse(vllm_base_url, "/v1/messages?beta=true", ANTH_BODY)
+    b = sse(polar_base_url, "/v1/messages?beta=true", ANTH_BODY)
+    assert_same_event_stream(a, b)
+    assert a[0][1]["message"]["usage"] == b[0][1]["message"]["usage"]
+
+
+def test_messages_count_tokens(vllm_base_url, polar_base_url):
+    body = {k: v for k, v in ANTH_BODY.items() if k in ("model", "system", "tools", "messages")}
+    a, b = both(vllm_base_url, polar_base_url, "/v1/messages/count_tokens", body)
+    assert a == b
+
+
+# -- tokenize, models, errors -----------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"model": "tiny", "messages": USER, "add_generation_prompt": True},
+    {"model": "tiny", "messages": USER + [{"role": "assistant", "content": "Hi"}], "tools": CHAT_TOOLS,
+     "add_generation_prompt": False, "return_token_strs": True},
+    {"model": "tiny", "prompt": "Hello <think>"},
+], ids=["messages", "tools-token-strs", "prompt"])
+def test_tokenize(vllm_base_url, polar_base_url, body):
+    a, b = both(vllm_base_url, polar_base_url, "/tokenize", body)
+    assert a == b
+
+
+def test_detokenize(vllm_base_url, polar_base_url):
+    body = {"model": "tiny", "tokens": [248045, 846, 198, 9419, 248068]}
+    a, b = both(vllm_base_url, polar_base_url, "/detokenize", body)
+    assert a == b
+
+
+def test_models(vllm_base_url, polar_base_url):
+    a, b = httpx.get(vllm_base_url + "/v1/models").json(), httpx.get(polar_base_url + "/v1/models").json()
+    assert_same_shape(a, b)
+    assert [m["id"] for m in a["data"]] == [m["id"] for m in b["data"]]
+    assert a["data"][0]["max_model_len"] == b["data"][0]["max_model_len"]
+
+
+@pytest.mark.parametrize("path, body, status", [
+    ("/v1/chat/completions", {"model": "nope", "messages": USER}, 404),
+    ("/v1/responses", {"model": "nope", "input": "x"}, 404),
+    ("/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 100000}, 400),
+    ("/v1/messages", {"model": "nope", "max_tokens": 2, "messages": USER}, 404),
+])
+def test_error_shapes(vllm_base_url, polar_base_url, path, body, status):
+    a, b = post(vllm_base_url, path, body), post(polar_base_url, path, body)
+    assert a.status_code == b.status_code == status
+    assert_same_shape(a.json(), b.json())
