@@ -28,6 +28,7 @@ from tests.support.harness import (FINAL_ANSWER, SCENARIOS, TASK_PROMPT, call_ro
                                    first_divergence, make_task_repo, repo_diff, repo_test_passes,
                                    require_harnesses)
 from tests.support.procs import polar_server
+from tests.support.tls_front import tls_front
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -158,11 +159,19 @@ def test_output_is_the_same_without_the_proxy(proxied: Session, scripted_server:
 @pytest.mark.parametrize("name", HARNESS_NAMES)
 def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server: str, tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
+    """Over ``https://``: the rollout id is then only on each CONNECT, never on the requests inside.
+
+    So the addon must keep it per client connection, with two sessions' tunnels open at once; and
+    each harness must trust the proxy's CA through its own variable (Codex: CODEX_CA_CERTIFICATE,
+    Node harnesses: NODE_EXTRA_CA_CERTS).
+    """
     require_harnesses(name)
     rollouts = [f"{name}-a-{uuid.uuid4().hex[:6]}", f"{name}-b-{uuid.uuid4().hex[:6]}"]
-    with capture_proxy(tmp_path, tiny_model_dir) as px:
+    port = int(scripted_server.rsplit(":", 1)[1])
+    with tls_front(port, tmp_path) as https_server, \
+            capture_proxy(tmp_path, tiny_model_dir, upstream_self_signed=True) as px:
         with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(run_session, name, scripted_server, tmp_path / r,
+            futures = [pool.submit(run_session, name, https_server, tmp_path / r,
                                    Proxy(px.port, r, px.ca_cert)) for r in rollouts]
             results = [f.result() for f in futures]
     for (run, repo), r in zip(results, rollouts):
@@ -173,6 +182,8 @@ def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server
     for (run, repo), r in zip(results, rollouts):
         mine = [row for row in rows if row["rollout_id"] == r]
         assert len(mine) == SCRIPTED_TURNS
+        assert {row["rollout_source"] for row in mine} == {"proxy_auth"}
+        assert {row["status"] for row in mine} == {"ok"}
         # No row mixed up: each of its requests carries its own work directory, never the other's.
         other = str(results[1 - rollouts.index(r)][1])
         for row in mine:

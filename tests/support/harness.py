@@ -99,8 +99,11 @@ class CaptureProxy:
 
 
 @contextlib.contextmanager
-def capture_proxy(work: Path, tokenizer_dir: Path | None = None, timeout: float = 60) -> Iterator[CaptureProxy]:
+def capture_proxy(work: Path, tokenizer_dir: Path | None = None, timeout: float = 60,
+                  upstream_self_signed: bool = False) -> Iterator[CaptureProxy]:
     """mitmdump with our addon, its CA in a private confdir (never ~/.mitmproxy); stopped on exit.
+
+    ``upstream_self_signed``: accept the test server's self-signed certificate (``ssl_insecure``).
 
     Stopping it (SIGTERM: mitmproxy runs the addon's ``done``) flushes every row, so a test reads
     the call log after the ``with`` block.
@@ -115,6 +118,8 @@ def capture_proxy(work: Path, tokenizer_dir: Path | None = None, timeout: float 
             "-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={out}"]
     if tokenizer_dir is not None:
         args += ["--set", f"polar_tokenizer={tokenizer_dir}"]
+    if upstream_self_signed:
+        args += ["--set", "ssl_insecure=true"]
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["HF_HUB_OFFLINE"] = "1"
     proc = ManagedProcess(args, work / f"mitmdump-{port}.log", env=env, cwd=str(REPO)).start()
