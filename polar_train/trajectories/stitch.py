@@ -7,9 +7,11 @@ output and template glue (not trained). Wherever the next prompt does *not* star
 came before, merging would train on tokens the model never produced in that context, so the
 call starts a new trajectory and the reason is recorded.
 
-Linear time: per rollout only the open trajectories' last prompt and completion are kept
-(numpy views into the call log's flat buffers); a new prompt is compared against them once,
-with O(1) pre-checks first. Nothing is re-tokenised; histories are never rescanned.
+Linear time: per rollout only the open trajectories' prompt space is kept (one append-only
+int32 buffer each = the last call's full prompt + completion); a new prompt is compared against
+it once, with O(1) pre-checks first, so each input token is read once. Nothing is
+re-tokenised; earlier calls are never rescanned. A compactly stored prompt that continues its
+reference's trajectory is not even compared: its suffix is appended, O(new tokens).
 
 Fork causes (``fork_cause`` of the new trajectory):
 
@@ -56,7 +58,7 @@ MAX_OPEN_PER_ROLLOUT = 32
 MAX_OPEN_ANONYMOUS = 128
 
 
-@dataclass
+@dataclass(eq=False)
 class Call:
     """One usable call: ids as numpy views, sampler settings, and where it came from.
 
@@ -78,7 +80,7 @@ class Call:
     prefix_len: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: pools use `in` / remove, and fields hold arrays
 class Trajectory:
     trajectory_id: str
     rollout_id: str | None
