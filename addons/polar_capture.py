@@ -281,7 +281,12 @@ class PolarCapture:
             return
         try:
             msg = flow.error.msg if flow.error else "unknown error"
-            if _client_side(msg):
+            waited = (record.utcnow() - state.started_at).total_seconds()
+            idle_limit = float(ctx.options.tcp_timeout)
+            if _client_side(msg) and state.http_status is None and waited >= 0.95 * idle_limit:
+                # mitmproxy's inactivity watchdog (tcp_timeout) closed a call the upstream never answered
+                state.fail("upstream_error", f"no response from the upstream within tcp_timeout ({idle_limit:g} s)")
+            elif _client_side(msg):
                 state.fail("client_disconnected", msg)
             else:
                 state.fail("upstream_error", msg)

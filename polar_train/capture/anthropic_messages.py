@@ -69,6 +69,16 @@ def parse_body(obj: dict[str, Any]) -> ParsedCall:
     return parsed
 
 
+def _index(obj: dict[str, Any], default: int) -> int:
+    """A block index; a malformed one (string, list, bool) counts as the default (fuzzed upstreams)."""
+    value = obj.get("index", default)
+    return as_int(value) if as_int(value) is not None else default
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall:
     parsed = ParsedCall()
     message: dict[str, Any] = {}
@@ -84,15 +94,15 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
             message = dict(obj["message"])
             _usage(parsed, message.get("usage"))
         elif kind == "content_block_start" and isinstance(obj.get("content_block"), dict):
-            blocks[int(obj.get("index", len(blocks)) or 0)] = dict(obj["content_block"])
+            blocks[_index(obj, len(blocks))] = dict(obj["content_block"])
         elif kind == "content_block_delta" and isinstance(obj.get("delta"), dict):
-            idx = int(obj.get("index", 0) or 0)
+            idx = _index(obj, 0)
             block = blocks.setdefault(idx, {"type": "text", "text": ""})
             delta = obj["delta"]
             if delta.get("type") == "text_delta":
-                block["text"] = (block.get("text") or "") + (delta.get("text") or "")
+                block["text"] = _str(block.get("text")) + _str(delta.get("text"))
             elif delta.get("type") == "thinking_delta":
-                block["thinking"] = (block.get("thinking") or "") + (delta.get("thinking") or "")
+                block["thinking"] = _str(block.get("thinking")) + _str(delta.get("thinking"))
             elif delta.get("type") == "input_json_delta":
                 partial_json.setdefault(idx, []).append(delta.get("partial_json") or "")
         elif kind == "message_delta":

@@ -71,7 +71,8 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
 
 
 def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
-    for choice in obj.get("choices") or ():
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
             return choice
     return None
@@ -146,15 +147,16 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
         r = delta.get("reasoning") or delta.get("reasoning_content")
         if isinstance(r, str):
             reasoning.append(r)
-        for tc in delta.get("tool_calls") or ():
+        tool_deltas = delta.get("tool_calls")
+        for tc in tool_deltas if isinstance(tool_deltas, list) else ():
             if not isinstance(tc, dict):
                 continue
-            slot = tools.setdefault(int(tc.get("index", 0) or 0),
+            slot = tools.setdefault(as_int(tc.get("index")) or 0,
                                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
             if tc.get("id"):
                 slot["id"] = tc["id"]
-            fn = tc.get("function") or {}
-            if fn.get("name"):
+            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            if isinstance(fn.get("name"), str):
                 slot["function"]["name"] += fn["name"]
             if isinstance(fn.get("arguments"), str):
                 slot["function"]["arguments"] += fn["arguments"]

@@ -118,12 +118,14 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
     reasoning: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     lps: list[float] | None = []
-    for item in resp.get("output") or ():
+    output = resp.get("output")
+    for item in output if isinstance(output, list) else ():
         if not isinstance(item, dict):
             continue
         kind = item.get("type")
         if kind == "message":
-            for part in item.get("content") or ():
+            content = item.get("content")
+            for part in content if isinstance(content, list) else ():
                 if not isinstance(part, dict):
                     continue
                 if isinstance(part.get("text"), str):
@@ -140,7 +142,8 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
                     else:
                         lps = None
         elif kind == "reasoning":
-            for part in (item.get("content") or []) + (item.get("summary") or []):
+            parts = [p for key in ("content", "summary") if isinstance(item.get(key), list) for p in item[key]]
+            for part in parts:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     reasoning.append(part["text"])
         elif kind == "function_call":

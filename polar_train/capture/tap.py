@@ -38,9 +38,12 @@ class Decoder:
 
             self._obj = brotli.Decompressor()
         elif enc == "zstd":
-            import zstandard
+            try:
+                from compression import zstd  # Python >= 3.14
+            except ImportError:
+                from backports import zstd  # what mitmproxy itself uses before 3.14
 
-            self._obj = zstandard.ZstdDecompressor().decompressobj()
+            self._obj = zstd.ZstdDecompressor()
         else:
             raise ValueError(f"unsupported content-encoding {encoding!r}")
 

@@ -85,9 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
 
             return self._send(200, brotli.compress(json.dumps(BODY).encode()), headers={"Content-Encoding": "br"})
         if model == "fault-zstd":
-            import zstandard
+            from backports import zstd
 
-            return self._send(200, zstandard.ZstdCompressor().compress(json.dumps(BODY).encode()),
+            return self._send(200, zstd.compress(json.dumps(BODY).encode()),
                               headers={"Content-Encoding": "zstd"})
         if model == "fault-gzip-sse":
             data = sse(CHUNK) * 3 + b"data: [DONE]\n\n"
@@ -113,6 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def fault_upstream() -> Iterator[tuple[str, list]]:
     """Yields (base URL, list of received (path, headers, body))."""
+    ThreadingHTTPServer.request_queue_size = 256  # 64 concurrent sessions must not overflow the backlog
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     server.requests = []  # type: ignore[attr-defined]
