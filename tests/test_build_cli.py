@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from polar_train.cli import main
 from polar_train.schema import TRAJECTORY_SCHEMA
 from tests.support.calls import Conversation, write_parts
 
@@ -98,18 +99,18 @@ def test_rebuild_replaces_old_parts(tmp_path, capture):
     assert not list(out.glob(".*"))  # no temp files left
 
 
-def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path):
+def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path, capsys):
     proc = run_build(tmp_path / "nope", "--out", tmp_path / "out")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"polar-train build: error: call-log folder not found: {tmp_path / 'nope'}"]
     (tmp_path / "empty").mkdir()
-    proc = run_build(tmp_path / "empty", "--out", tmp_path / "out")
-    assert proc.returncode == 2 and "no call-log parts" in proc.stderr and "Traceback" not in proc.stderr
+    assert main(["build", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith("polar-train build: error: no call-log parts")
     assert not (tmp_path / "out").exists()
 
 
-def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path):
+def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys):
     conv = Conversation(rollout_id="r1")
     conv.user("go")
     row = conv.assistant("ok", token_source="none")
@@ -118,13 +119,14 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path):
     assert proc.returncode == 1
     assert "token_source_none 1" in proc.stdout and "no trajectory could be built" in proc.stderr
     assert not (tmp_path / "out").exists()
-    proc = run_build(tmp_path / "cap", "--out", tmp_path / "out", "--rewards", tmp_path / "r.jsonl")
-    assert proc.returncode == 2 and "file not found" in proc.stderr and "Traceback" not in proc.stderr
+    assert main(["build", str(tmp_path / "cap"), "--out", str(tmp_path / "out"),
+                 "--rewards", str(tmp_path / "r.jsonl")]) == 2
+    assert "error: file not found: " in capsys.readouterr().err
 
 
-def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, capture):
+def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, capture, capsys):
     before = sorted(p.name for p in (capture / "calls").iterdir())
     for out in (capture, capture / "calls", capture / "calls" / "traj"):
-        proc = run_build(capture, "--out", out)
-        assert proc.returncode == 2 and "inside the capture folder" in proc.stderr, proc.stderr
+        assert main(["build", str(capture), "--out", str(out)]) == 2  # in-process: same code path
+        assert "inside the capture folder" in capsys.readouterr().err
     assert sorted(p.name for p in (capture / "calls").iterdir()) == before
