@@ -1,0 +1,472 @@
+"""Unit tests of the capture package (pure parts) and of the addon's hooks with mitmproxy's
+``tflow``/``taddons``: SSE splitting, field stripping against recorded vLLM 0.32 wire data,
+identity, redaction, the Parquet part writer, row building for bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib.util
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polar_train.capture import anthropic_messages, openai_chat, openai_responses, record
+from polar_train.capture.identity import IdentityResolver, rollout_from_proxy_auth
+from polar_train.capture.options import parse_port_rollouts
+from polar_train.capture.redact import REDACTED, header_secrets, redact_json, scrub
+from polar_train.capture.sse import SSESplitter, event_json, split_all
+from polar_train.capture.tap import StreamTap
+from polar_train.capture.writer import PartWriter
+from polar_train.schema import CALL_LOG_SCHEMA
+from tests.support.capture_wire import WIRE
+
+REPO = Path(__file__).resolve().parents[1]
+MASK = {"id", "created", "created_at", "item_id"}
+
+
+def _mask(v):
+    if isinstance(v, dict):
+        return {k: ("*" if k in MASK else _mask(x)) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_mask(x) for x in v]
+    return v
+
+
+def _sse_objs(text: str) -> list:
+    events, rest = split_all(text.encode())
+    assert rest == b""
+    return [event_json(e) for e in events]
+
+
+# -- SSE ------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2000), max_size=12), st.sampled_from(["\n", "\r\n"]))
+def test_sse_splitter_any_chunking_gives_same_events(cuts, nl):
+    data = WIRE["resp_inj_sse"].replace("\n", nl).encode()
+    whole, rest = split_all(data)
+    s = SSESplitter()
+    got = []
+    points = sorted({min(c, len(data)) for c in cuts})
+    prev = 0
+    for p in [*points, len(data)]:
+        got += s.feed(data[prev:p])
+        prev = p
+    assert got == whole and s.pending == rest
+    assert b"".join(got) + rest == data
+
+
+def test_sse_splitter_keeps_partial_event_pending():
+    s = SSESplitter()
+    assert s.feed(b"data: {\"a\": 1}\n\ndata: {\"b\"") == [b"data: {\"a\": 1}\n\n"]
+    assert s.pending == b"data: {\"b\""
+    assert s.feed(b": 2}\n\n") == [b"data: {\"b\": 2}\n\n"]
+
+
+# -- stripping: injected vLLM output must equal the plain output -----------------------------
+def test_chat_body_strip_equals_plain():
+    inj = json.loads(WIRE["chat_inj"])
+    parsed = openai_chat.parse_body(json.loads(WIRE["chat_inj"]))
+    assert parsed.prompt_ids and len(parsed.completion_ids) == len(parsed.completion_logprobs) == 2
+    asked = openai_chat.inject({"messages": []}).asked
+    assert openai_chat.strip(inj, asked)
+    assert _mask(inj) == _mask(json.loads(WIRE["chat_plain"]))
+
+
+def test_chat_stream_strip_equals_plain_event_by_event():
+    asked = openai_chat.inject({"messages": [], "stream": True}).asked
+    inj = _sse_objs(WIRE["chat_inj_sse"])
+    plain = _sse_objs(WIRE["chat_plain_sse"])
+    assert len(inj) == len(plain)
+    for (ev_i, obj_i), (ev_p, obj_p) in zip(inj, plain):
+        if obj_i is not None:
+            openai_chat.strip(obj_i, asked)
+        assert _mask(obj_i) == _mask(obj_p) and ev_i.data is not None
+    events = [(e.event, o) for e, o in _sse_objs(WIRE["chat_inj_sse"]) if o is not None]
+    parsed = openai_chat.parse_stream(events, done=True)
+    assert parsed.prompt_ids == json.loads(WIRE["chat_inj"])["prompt_token_ids"]
+    assert parsed.completion_ids == json.loads(WIRE["chat_inj"])["choices"][0]["token_ids"]
+
+
+def test_chat_strip_keeps_what_the_client_asked_for():
+    asked = openai_chat.inject({"messages": [], "return_token_ids": True, "logprobs": True}).asked
+    inj = json.loads(WIRE["chat_inj"])
+    assert not openai_chat.strip(inj, asked)
+    assert not openai_chat.inject({"messages": [], "return_token_ids": True, "logprobs": True}).changed
+
+
+def test_responses_body_strip_equals_plain():
+    asked = openai_responses.inject({"input": "Hi"}).asked
+    inj = json.loads(WIRE["resp_inj"])
+    parsed = openai_responses.parse_body(json.loads(WIRE["resp_inj"]))
+    assert parsed.prompt_ids == inj["input_messages"][0]["tokens"]
+    assert parsed.completion_ids == inj["output_messages"][0]["tokens"]
+    assert len(parsed.completion_logprobs) == len(parsed.completion_ids)
+    assert openai_responses.strip(inj, asked)
+    assert _mask(inj) == _mask(json.loads(WIRE["resp_plain"]))
+
+
+def test_responses_stream_strip_equals_plain_event_by_event():
+    asked = openai_responses.inject({"input": "Hi", "stream": True}).asked
+    inj = _sse_objs(WIRE["resp_inj_sse"])
+    plain = _sse_objs(WIRE["resp_plain_sse"])
+    assert [e.event for e, _ in inj] == [e.event for e, _ in plain]
+    for (_, obj_i), (_, obj_p) in zip(inj, plain):
+        openai_responses.strip(obj_i, asked)
+        assert _mask(obj_i) == _mask(obj_p)
+    events = [(e.event, o) for e, o in _sse_objs(WIRE["resp_inj_sse"])]
+    parsed = openai_responses.parse_stream(events, done=True)
+    assert parsed.complete and parsed.prompt_ids and parsed.completion_ids
+    assert parsed.usage_prompt_tokens == len(parsed.prompt_ids)
+
+
+def test_responses_inject_is_idempotent_and_keeps_client_include():
+    body = {"input": "x", "include": ["reasoning.encrypted_content"]}
+    inj = openai_responses.inject(body)
+    assert inj.body["include"] == ["reasoning.encrypted_content", "message.output_text.logprobs"]
+    assert inj.body["enable_response_messages"] is True and inj.body["top_logprobs"] == 0
+    assert body == {"input": "x", "include": ["reasoning.encrypted_content"]}  # the original is untouched
+    assert not openai_responses.inject(inj.body).changed
+
+
+def test_stream_tap_rewrites_only_events_with_injected_fields():
+    state = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", None,  # type: ignore[arg-type]
+                             record.utcnow(), "http://h")
+    asked = openai_chat.inject({"messages": []}).asked
+    seen = []
+    tap = StreamTap(state, lambda o: openai_chat.strip(o, asked), None, False, lambda: seen.append(1))
+    data = WIRE["chat_inj_sse"].encode()
+    out = b""
+    for i in range(0, len(data), 37):
+        chunks = tap(data[i:i + 37])
+        out += b"".join(chunks if isinstance(chunks, list) else [chunks])
+    out += b"".join(tap(b""))
+    assert seen == [1]
+    got = [_mask(o) for _, o in _sse_objs(out.decode())]
+    want = [_mask(o) for _, o in _sse_objs(WIRE["chat_plain_sse"])]
+    assert got == want
+    assert out.endswith(b"data: [DONE]\n\n")
+    assert len(state.stream_events) == len(split_all(data)[0])
+
+
+def test_stream_tap_passthrough_is_byte_exact():
+    state = record.CallState("openai.chat", "POST", "h", "/p", "c", None, record.utcnow(), "")  # type: ignore[arg-type]
+    tap = StreamTap(state, None, None, False, lambda: None)
+    data = WIRE["chat_inj_sse"].encode() + b"data: {trunc"
+    out = b"".join(tap(data[i:i + 50]) for i in range(0, len(data), 50))
+    assert out == data and tap(b"") == [] and state.stream_pending == b"data: {trunc"
+
+
+# -- identity, redaction, options ------------------------------------------------------------
+class _Headers(dict):
+    def get_all(self, name):
+        return [self[name]] if name in self else []
+
+
+def _basic(user: str, pw: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+
+
+def test_identity_precedence_and_header_removal():
+    res = IdentityResolver()
+    h = _Headers({"proxy-authorization": _basic("r1", "pw"), "x-polar-rollout": "r2",
+                  "authorization": "Bearer polar-r3", "x-polar-task": "t9"})
+    ident = res.resolve("c1", h, 8081, "x-polar-rollout", "x-polar-task", {8081: "r4"})
+    assert (ident.rollout_id, ident.source, ident.task_id) == ("r1", "proxy_auth", "t9")
+    assert set(h) == {"authorization"}  # identity-only headers removed, the API key forwarded
+    h = _Headers({"x-polar-rollout": "r2", "authorization": "Bearer polar-r3"})
+    assert res.resolve("c1", h, None, "x-polar-rollout", "x-polar-task", {}).source == "header"
+    h = _Headers({"x-api-key": "polar-r3"})
+    assert res.resolve("c1", h, None, "x-polar-rollout", "", {}).rollout_id == "r3"
+    assert res.resolve("c1", _Headers(), 8081, "x", "", {8081: "r4"}).source == "listen_port"
+    assert res.resolve("c1", _Headers(), 9999, "x", "", {8081: "r4"}).rollout_id is None
+    res.remember_connect("c2", _basic("tunnel-1", "secret"))
+    assert res.resolve("c2", _Headers(), None, "x", "", {}).rollout_id == "tunnel-1"
+    res.forget("c2")
+    assert res.resolve("c2", _Headers(), None, "x", "", {}).rollout_id is None
+
+
+def test_malformed_proxy_credentials_are_ignored():
+    assert rollout_from_proxy_auth("Basic !!!") is None
+    assert rollout_from_proxy_auth("Bearer abc") is None
+    assert rollout_from_proxy_auth(_basic("has space", "x")) is None
+    assert rollout_from_proxy_auth(_basic("r%2F1", "x")) == "r/1"
+
+
+def test_redaction():
+    body = {"messages": [{"content": "key is sk-abcdef"}], "api_key": "sk-abcdef",
+            "nested": {"Authorization": "Bearer sk-abcdef"}, "max_tokens": 3}
+    secrets = header_secrets(_Headers({"authorization": "Bearer sk-abcdef",
+                                       "proxy-authorization": _basic("r1", "hunter22")}))
+    assert {"sk-abcdef", "hunter22"} <= secrets
+    text = scrub(json.dumps(redact_json(body)), secrets)
+    assert "sk-abcdef" not in text and json.loads(text)["max_tokens"] == 3
+    assert json.loads(text)["api_key"] == REDACTED
+
+
+def test_port_rollouts_option():
+    assert parse_port_rollouts("8081=a, 8082=b") == {8081: "a", 8082: "b"}
+    with pytest.raises(ValueError, match="PORT=ROLLOUT"):
+        parse_port_rollouts("8081")
+
+
+def test_detect_api_paths():
+    assert record.detect_api("POST", "/v1/messages?beta=true") == "anthropic.messages"
+    assert record.detect_api("POST", "/openai/v1/chat/completions") == "openai.chat"
+    assert record.detect_api("POST", "/v1/responses") == "openai.responses"
+    assert record.detect_api("GET", "/v1/responses") is None
+    assert record.detect_api("POST", "/v1/messages/count_tokens") is None
+    assert record.detect_api("POST", "/v1/embeddings") is None
+
+
+def test_attempts_count_retries_per_rollout():
+    c = record.AttemptCounter()
+    h = record.request_hash({"model": "m", "input": "x", "metadata": {"t": 1}})
+    assert h == record.request_hash({"model": "m", "input": "x", "metadata": {"t": 2}})
+    assert [c.next("r", h), c.next("r", h), c.next("other", h)] == [1, 2, 1]
+
+
+# -- writer ----------------------------------------------------------------------------------
+def _row(i: int) -> dict:
+    return {"call_id": f"c{i}", "api": "openai.chat", "status": "ok"}
+
+
+def test_writer_flushes_by_rows_and_on_close(tmp_path):
+    w = PartWriter(tmp_path, flush_rows=3, flush_seconds=3600)
+    w.start()
+    for i in range(7):
+        assert w.submit(lambda i=i: _row(i))
+    w.close()
+    parts = sorted((tmp_path / "calls").glob("*.parquet"))
+    assert [pq.read_metadata(p).num_rows for p in parts] == [3, 3, 1]
+    assert all(not p.name.startswith(".") for p in (tmp_path / "calls").iterdir())
+    assert pq.read_schema(parts[0]).equals(CALL_LOG_SCHEMA, check_metadata=False)
+    assert stat.S_IMODE(os.stat(parts[0]).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "calls").st_mode) == 0o700
+
+
+def test_writer_flushes_by_time(tmp_path):
+    w = PartWriter(tmp_path, flush_rows=1000, flush_seconds=0.2)
+    w.start()
+    w.submit(lambda: _row(1))
+    deadline = time.monotonic() + 10
+    while not list((tmp_path / "calls").glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the part, with a deadline
+    assert list((tmp_path / "calls").glob("part-*.parquet"))
+    w.close()
+
+
+def test_writer_full_queue_drops_instead_of_blocking(tmp_path):
+    w = PartWriter(tmp_path, flush_rows=10, flush_seconds=3600, queue_size=2)
+    gate = threading.Event()
+    w.start()
+    w.submit(lambda: (gate.wait(10), _row(0))[1])
+    time.sleep(0.2)  # let the worker pick up the blocking job (a drop needs the queue full)
+    results = [w.submit(lambda i=i: _row(i)) for i in range(1, 6)]
+    assert results.count(False) >= 1 and w.dropped == results.count(False)
+    gate.set()
+    w.close()
+
+
+def test_writer_survives_a_failing_job(tmp_path):
+    w = PartWriter(tmp_path, flush_rows=10, flush_seconds=3600)
+    w.start()
+    w.submit(lambda: 1 / 0)
+    w.submit(lambda: _row(1))
+    w.close()
+    assert w.failed_jobs == 1 and w.written_rows == 1
+
+
+# -- row building for bad input --------------------------------------------------------------
+def _state(api="openai.chat", **kw) -> record.CallState:
+    from polar_train.capture.identity import Identity
+
+    s = record.CallState(api, "POST", "h", "/v1/chat/completions", "c", Identity("r", "header"),
+                         record.utcnow(), "http://h")
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    (b"{oops", "upstream_error", "malformed JSON"),
+    (b"\xff\xfe\x00", "upstream_error", "malformed JSON"),
+    (b'{"error": "x"}', "upstream_error", "HTTP 500"),
+])
+def test_build_row_bad_bodies(body, status, needle):
+    row = record.build_row(_state(response_body=body, http_status=500 if b"error" in body else 200,
+                                  request={"model": "m", "messages": []}), None)
+    assert row["status"] == status and needle in row["error"]
+    import pyarrow as pa
+
+    pa.Table.from_pylist([row], schema=CALL_LOG_SCHEMA)  # always a valid row
+
+
+def test_build_row_truncated_and_malformed_stream():
+    row = record.build_row(_state(stream_events=[b'data: {"choices": []}\n\n', b"data: {bad\n\n"],
+                                  stream_pending=b"data: {", http_status=200, stream=True), None)
+    assert row["status"] == "upstream_error" and "malformed" in row["error"]
+
+
+def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
+    from polar_train.capture.render import Renderer
+
+    req = {"model": "tiny", "max_tokens": 4, "system": "Be brief.",
+           "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]}
+    body = {"id": "m", "type": "message", "role": "assistant", "model": "tiny",
+            "content": [{"type": "text", "text": "Hi there"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
+    renderer = Renderer(str(tiny_model_dir))
+    tok = renderer.tokenizer
+    want = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+                                   tokenize=False, add_generation_prompt=True)
+    prompt = tok.encode(want, add_special_tokens=False)
+    body["usage"] = {"input_tokens": len(prompt), "output_tokens": len(tok.encode("Hi there")) + 1}
+    row = record.build_row(_state("anthropic.messages", request=req, http_status=200,
+                                  response_body=json.dumps(body).encode()), renderer)
+    assert row["token_source"] == "rendered" and row["prompt_token_ids"] == prompt
+    assert row["completion_token_ids"][-1] == tok.convert_tokens_to_ids("<|im_end|>")
+    assert row["usage_match"] is True
+
+
+def test_anthropic_to_chat_tool_round_trip():
+    req = {"system": [{"type": "text", "text": "x-anthropic-billing-header: 1"}, {"type": "text", "text": "S"}],
+           "messages": [{"role": "user", "content": "do it"},
+                        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "sh",
+                                                           "input": {"c": "ls"}}]},
+                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                      "content": [{"type": "text", "text": "a.py"}]}]}],
+           "tools": [{"name": "sh", "description": "run", "input_schema": {"type": "object"}}]}
+    messages, tools = anthropic_messages.to_chat(req)
+    assert messages[0] == {"role": "system", "content": "S"}
+    assert messages[2]["tool_calls"][0]["function"] == {"name": "sh", "arguments": '{"c": "ls"}'}
+    assert messages[3] == {"role": "tool", "tool_call_id": "t1", "content": "a.py"}
+    assert tools[0]["function"]["parameters"] == {"type": "object"}
+
+
+# -- hooks with mitmproxy's tflow / taddons --------------------------------------------------
+def _load_addon():
+    spec = importlib.util.spec_from_file_location("polar_capture_addon", REPO / "addons" / "polar_capture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _chat_flow(body: dict, path="/v1/chat/completions"):
+    from mitmproxy.test import tflow, tutils
+
+    f = tflow.tflow(req=tutils.treq(method=b"POST", path=path.encode(), content=json.dumps(body).encode(),
+                                    headers=((b"content-type", b"application/json"),
+                                             (b"accept-encoding", b"gzip"))))
+    return f
+
+
+def test_hooks_connect_identity_injection_and_stream(tmp_path):
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import taddons, tflow
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="0.1")
+
+        async def run():
+            connect = tflow.tflow()
+            connect.request.method = "CONNECT"
+            connect.request.headers["proxy-authorization"] = _basic("roll-7", "pw-secret")
+            addon.http_connect(connect)
+            f = _chat_flow({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+            f.client_conn = connect.client_conn
+            addon.requestheaders(f)
+            assert "accept-encoding" not in f.request.headers
+            await addon.request(f)
+            sent = json.loads(f.request.content)
+            assert sent["return_token_ids"] is True and sent["logprobs"] is True
+            f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
+            addon.responseheaders(f)
+            out = b""
+            for chunk in [WIRE["chat_inj_sse"].encode()[i:i + 64] for i in range(0, len(WIRE["chat_inj_sse"]), 64)]:
+                got = f.response.stream(chunk)
+                out += b"".join(got) if isinstance(got, list) else got
+            out += b"".join(f.response.stream(b""))
+            assert b"token_ids\":[" not in out and b"prompt_token_ids\":[" not in out
+            await addon.response(f)
+
+        asyncio.run(run())
+        addon.done()
+    (part,) = (tmp_path / "calls").glob("part-*.parquet")
+    (row,) = pq.read_table(part).to_pylist()
+    assert row["rollout_id"] == "roll-7" and row["rollout_source"] == "proxy_auth"
+    assert row["token_source"] == "server" and row["status"] == "ok" and row["stream"] is True
+    assert row["prompt_token_ids"] == json.loads(WIRE["chat_inj"])["prompt_token_ids"]
+
+
+def test_hooks_plain_http_proxy_auth_removed_and_non_model_untouched(tmp_path):
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False)
+        f = _chat_flow({"model": "m", "messages": []})
+        f.request.headers["proxy-authorization"] = _basic("r-plain", "pw")
+        addon.requestheaders(f)
+        assert "proxy-authorization" not in f.request.headers
+        assert addon.calls[f.id].identity.rollout_id == "r-plain"
+        other = _chat_flow({"x": 1}, path="/api/v3/repos")
+        other.request.headers["x-polar-rollout"] = "keep"
+        before = other.request.content
+        addon.requestheaders(other)
+        asyncio.run(addon.request(other))
+        assert other.request.headers["x-polar-rollout"] == "keep" and other.request.content == before
+        assert other.id not in addon.calls
+        addon.done()
+
+
+def test_hook_exception_becomes_proxy_error_row(tmp_path, monkeypatch):
+    from mitmproxy.http import Response
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+
+    def boom(body):
+        raise RuntimeError("injected bug")
+
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path))
+        monkeypatch.setattr(mod.record.FORMATS["openai.chat"], "inject", boom)
+        f = _chat_flow({"model": "m", "messages": []})
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))  # must not raise
+        f.response = Response.make(200, json.dumps({"choices": []}).encode(), {"content-type": "application/json"})
+        addon.responseheaders(f)
+        asyncio.run(addon.response(f))
+        addon.done()
+    (row,) = pq.read_table(next((tmp_path / "calls").glob("part-*.parquet"))).to_pylist()
+    assert row["status"] == "proxy_error" and "injected bug" in row["error"]
+
+
+def test_bad_options_give_clear_errors(tmp_path):
+    from mitmproxy import exceptions
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    with taddons.context(addon) as tctx:
+        with pytest.raises(exceptions.OptionsError, match="PORT=ROLLOUT"):
+            tctx.configure(addon, polar_out=str(tmp_path), polar_port_rollouts="nonsense")
+        with pytest.raises(exceptions.OptionsError, match="not a tokenizer folder"):
+            tctx.configure(addon, polar_out=str(tmp_path), polar_tokenizer=str(tmp_path / "missing"))
+        with pytest.raises(exceptions.OptionsError, match="seconds"):
+            tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="soon")
+        addon.done()
