@@ -27,7 +27,11 @@ CHAT_TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
 RESP_TOOLS = [{"type": "function", "name": "shell", "description": "Run a shell command",
                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
-              {"type": "custom", "name": "apply_patch", "description": "Apply a patch"}]
+              {"type": "custom", "name": "apply_patch", "description": "Apply a patch"},
+              {"type": "namespace", "name": "multi_agent_v1", "description": "Agents", "tools": [
+                  {"type": "function", "name": "spawn", "description": "Spawn an agent",
+                   "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+              {"type": "web_search", "external_web_access": True}]
 RESP_INPUT = [
     {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix add()"}]},
@@ -39,6 +43,9 @@ RESP_INPUT = [
     {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch",
      "input": "*** Begin Patch\n*** End Patch"},
     {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done!"},
+    {"type": "function_call", "call_id": "call_3", "name": "spawn", "namespace": "multi_agent_v1",
+     "arguments": "{\"task\": \"test\"}"},
+    {"type": "function_call_output", "call_id": "call_3", "output": "spawned"},
 ]
 ANTH_TOOLS = [{"name": "Bash", "description": "Run a command",
                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
@@ -59,15 +66,21 @@ ANTH_SYSTEM = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=
 # -- shapes -----------------------------------------------------------------------------------
 
 def shape(x: Any) -> Any:
-    """Types and keys, recursively; a list is described by the set of its elements' shapes."""
+    """Types and keys, recursively; a list is described by its elements' shapes, merged."""
     if isinstance(x, dict):
         return {k: shape(v) for k, v in x.items()}
     if isinstance(x, list):
-        uniq: dict[str, Any] = {}
+        kinds: list[Any] = []
         for el in x:
             s = shape(el)
-            uniq.setdefault(json.dumps(s, sort_keys=True), s)
-        return ["list", *[uniq[k] for k in sorted(uniq)]]
+            for i, k in enumerate(kinds):
+                m = merge(k, s)
+                if m is not None:
+                    kinds[i] = m
+                    break
+            else:
+                kinds.append(s)
+        return ["list", *sorted(kinds, key=lambda k: json.dumps(k, sort_keys=True))]
     if isinstance(x, bool):
         return "bool"
     if isinstance(x, int):
@@ -79,6 +92,27 @@ def shape(x: Any) -> Any:
     if x is None:
         return "null"
     raise TypeError(type(x))
+
+
+def merge(a: Any, b: Any) -> Any:
+    """One shape covering both, when they differ only by empty lists (``bytes: []`` of a token
+    that decodes to nothing); None when they really differ."""
+    if a == b:
+        return a
+    if isinstance(a, dict) and isinstance(b, dict) and list(a) == list(b):
+        out = {}
+        for k in a:
+            m = merge(a[k], b[k])
+            if m is None:
+                return None
+            out[k] = m
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if a == ["list"]:
+            return b
+        if b == ["list"]:
+            return a
+    return None
 
 
 def diff(a: Any, b: Any, path: str = "$") -> list[str]:

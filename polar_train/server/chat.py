@@ -43,7 +43,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
                   continue_final_message=bool(body.get("continue_final_message", False)))
     prompt_ids = encode(server.tokenizer, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),
-                      top_logprobs=top)
+                      top_logprobs=top, clamp=server.script is not None)
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])
     return {
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view,

@@ -50,8 +50,11 @@ def check_model(body: dict, served_name: str, required: bool = False) -> str:
 
 
 def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
-             top_logprobs: int = 0, stop_key: str = "stop") -> SamplingParams:
-    """Sampling parameters; the token budget defaults to what is left of the context."""
+             top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False) -> SamplingParams:
+    """Sampling parameters; the token budget defaults to what is left of the context.
+
+    ``clamp`` (scripted mode): a budget beyond the context is cut to fit instead of refused, so
+    Claude Code's ``max_tokens: 32000`` works with any ``--max-model-len``."""
     room = engine.max_model_len - prompt_len
     if room <= 0:
         raise BadRequest(
@@ -64,6 +67,8 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
         if max_tokens is not None:
             break
     if max_tokens is None:
+        max_tokens = room
+    elif max_tokens > room and clamp:
         max_tokens = room
     elif max_tokens > room:
         raise BadRequest(

@@ -138,7 +138,8 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
         body.get("tool_choice"), dict) else "auto"
     req.update({
-        "params": sampling(body, server.engine, len(prompt_ids), ("max_tokens",), stop_key="stop_sequences"),
+        "params": sampling(body, server.engine, len(prompt_ids), ("max_tokens",),
+                           stop_key="stop_sequences", clamp=server.script is not None),
         "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
         "tools_enabled": bool(tools) and tool_choice != "none",
         "stream": bool(body.get("stream", False)),

@@ -78,12 +78,15 @@ def input_messages(body: dict) -> list[dict[str, Any]]:
         if kind in ("function_call", "custom_tool_call"):
             if not isinstance(item.get("name"), str):
                 raise BadRequest(f"input[{i}] ({kind}) needs a name", param="input")
+            name = item["name"]
             if kind == "function_call":
                 args = item.get("arguments") or "{}"
+                if item.get("namespace"):
+                    name = item["namespace"] + NAMESPACE_SEPARATOR + name
             else:
                 args = json.dumps({CUSTOM_INPUT_KEY: item.get("input") or ""}, ensure_ascii=False)
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item["name"], "arguments": args}}
+                    "function": {"name": name, "arguments": args}}
             if prev is not None:
                 prev.setdefault("tool_calls", []).append(call)
             else:
@@ -122,12 +125,25 @@ def input_messages(body: dict) -> list[dict[str, Any]]:
     return msgs
 
 
+NAMESPACE_SEPARATOR = "__"
+
+
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function tools the model is shown, as vLLM's ``get_function_tools``: namespace tools
+    flattened to ``<namespace>__<name>``, custom tools as a one-string shim, others dropped."""
     out = []
     for t in tools:
         if not isinstance(t, dict):
             raise BadRequest("each tool must be an object", param="tools")
-        if t.get("type") == "function":
+        if t.get("type") == "namespace":
+            inner = t.get("tools") or []
+            if not isinstance(t.get("name"), str) or not isinstance(inner, list):
+                raise BadRequest("namespace tools need a name and a list of tools", param="tools")
+            for f in inner:
+                if isinstance(f, dict) and f.get("type") == "function" and isinstance(f.get("name"), str):
+                    out.append(function_tool(t["name"] + NAMESPACE_SEPARATOR + f["name"],
+                                             f.get("description"), f.get("parameters")))
+        elif t.get("type") == "function":
             if not isinstance(t.get("name"), str):
                 raise BadRequest("function tools need a name", param="tools")
             out.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
@@ -152,6 +168,16 @@ def echo_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"name": t["name"], "type": "custom", "allowed_callers": None, "async": None,
                         "defer_loading": None, "description": t.get("description"),
                         "format": t.get("format")})
+        elif t.get("type") == "namespace":
+            out.append({"description": t.get("description"), "name": t.get("name"), "tools": [
+                {"name": f.get("name"), "type": f.get("type"), "allowed_callers": None, "async": None,
+                 "defer_loading": None, "description": f.get("description"), "output_schema": None,
+                 "parameters": f.get("parameters"), "strict": f.get("strict")}
+                for f in t.get("tools") or [] if isinstance(f, dict)], "type": "namespace"})
+        elif t.get("type") == "web_search":
+            out.append({"type": "web_search", "external_web_access": t.get("external_web_access"),
+                        "filters": t.get("filters"), "search_context_size": t.get("search_context_size"),
+                        "user_location": t.get("user_location")})
         else:
             out.append(t)
     return out
@@ -176,13 +202,14 @@ def prepare(server, body: dict) -> dict[str, Any]:
     text = render(server.tokenizer, messages, ctools or None)
     prompt_ids = encode(server.tokenizer, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
-                      top_logprobs=(top or 0) if want_logprobs else 0)
+                      top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None)
     view = RequestView("openai.responses", messages, [t["function"]["name"] for t in ctools])
     return {
         "model": model, "body": body, "prompt_ids": prompt_ids, "prompt_text": text, "params": params,
         "view": view, "tools": tools, "tools_enabled": bool(ctools) and tool_choice != "none",
         "tool_choice": tool_choice if tools else "none",
         "custom_names": {t["name"] for t in tools if t.get("type") == "custom"},
+        "namespaces": namespace_map(tools),
         "logprobs": want_logprobs, "top_logprobs": top,
         "response_messages": bool(body.get("enable_response_messages", False)),
         "stream": bool(body.get("stream", False)),
@@ -260,6 +287,16 @@ def message_item(item_id: str, text: str, logprobs: list | None) -> dict[str, An
             "role": "assistant", "status": "completed", "type": "message", "phase": None}
 
 
+def namespace_map(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    out = {}
+    for t in tools:
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            for f in t.get("tools") or []:
+                if isinstance(f, dict) and isinstance(f.get("name"), str):
+                    out[t["name"] + NAMESPACE_SEPARATOR + f["name"]] = (t["name"], f["name"])
+    return out
+
+
 def call_item(req: dict[str, Any], item_id: str, call) -> dict[str, Any]:
     if call.name in req["custom_names"]:
         try:
@@ -269,8 +306,9 @@ def call_item(req: dict[str, Any], item_id: str, call) -> dict[str, Any]:
         return {"call_id": call.id, "input": payload if isinstance(payload, str) else call.arguments,
                 "name": call.name, "type": "custom_tool_call", "id": item_id, "async": None,
                 "caller": None, "namespace": None}
-    return {"arguments": call.arguments, "call_id": call.id, "name": call.name, "type": "function_call",
-            "id": item_id, "async": None, "caller": None, "namespace": None, "status": "completed"}
+    namespace, name = req["namespaces"].get(call.name, (None, call.name))
+    return {"arguments": call.arguments, "call_id": call.id, "name": name, "type": "function_call",
+            "id": item_id, "async": None, "caller": None, "namespace": namespace, "status": "completed"}
 
 
 def _is_custom(req, call) -> bool:
@@ -393,7 +431,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
                 yield ev("response.function_call_arguments.delta",
                          {"delta": call.arguments, "item_id": item_id, "output_index": out_index})
                 yield ev("response.function_call_arguments.done",
-                         {"arguments": call.arguments, "item_id": item_id, "name": call.name,
+                         {"arguments": call.arguments, "item_id": item_id, "name": done_item["name"],
                           "output_index": out_index})
             yield ev("response.output_item.done", {"item": done_item, "output_index": out_index})
             output.append(done_item)

@@ -76,8 +76,10 @@ def _matches(match: dict[str, Any], req: RequestView) -> bool:
     if match.get("no_tools") is False and not req.tool_names:
         return False
     if "user_contains" in match:
-        first_user = next((m for m in req.messages if m.get("role") == "user"), None)
-        if first_user is None or str(match["user_contains"]) not in _text(first_user.get("content")):
+        # any user message: Codex's first one is its <environment_context>, Claude Code's first
+        # block a <system-reminder>, so the task is not always in the first user message
+        users = "\n".join(_text(m.get("content")) for m in req.messages if m.get("role") == "user")
+        if str(match["user_contains"]) not in users:
             return False
     if "system_contains" in match:
         system = "".join(_text(m.get("content")) for m in req.messages
