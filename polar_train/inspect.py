@@ -1,0 +1,108 @@
+"""``polar-train inspect DIR``: a summary of a capture folder's call log.
+
+Why: before building trajectories a user wants to see at a glance what was captured - how many
+calls per API, rollout and status, how many tokens, where the ids came from (server / rendered /
+none), and whether rendered ids matched the server's usage counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+
+def _part_files(path: Path) -> list[Path]:
+    calls = path / "calls" if (path / "calls").is_dir() else path
+    return sorted(p for p in calls.glob("*.parquet") if not p.name.startswith("."))
+
+
+def load_calls(path: str | Path):
+    """The call log under ``path`` (a capture folder or its ``calls/``) as a pyarrow Table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .cli import UserError
+    from .schema import CALL_LOG_SCHEMA, missing_columns
+
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder")
+    files = _part_files(root)
+    if not files:
+        raise UserError(f"no call-log parts (*.parquet) under {root}")
+    tables = []
+    for f in files:
+        try:
+            t = pq.read_table(f)
+        except Exception as exc:  # a foreign or broken file: say which
+            raise UserError(f"{f} is not a readable Parquet file: {exc}") from None
+        problems = missing_columns(t.schema, pa.schema([fld for fld in CALL_LOG_SCHEMA
+                                                       if fld.name in ("call_id", "api", "status")]))
+        if problems:
+            raise UserError(f"{f} is not a call-log part: {', '.join(problems)}")
+        tables.append(t.select([n for n in CALL_LOG_SCHEMA.names if n in t.schema.names]))
+    return pa.concat_tables(tables, promote_options="default"), files
+
+
+def _table(title: str, header: list[str], rows: list[list[object]]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([title, line(header), line(["-" * w for w in widths]), *map(line, cells[1:])])
+
+
+def summarize(table, top: int = 20) -> str:
+    rows = table.to_pylist()
+    n = len(rows)
+    out = [f"{n} calls"]
+    by_api: dict[str, Counter] = {}
+    for r in rows:
+        c = by_api.setdefault(r["api"], Counter())
+        c["calls"] += 1
+        c[r["status"]] += 1
+        c["prompt"] += len(r.get("prompt_token_ids") or [])
+        c["completion"] += len(r.get("completion_token_ids") or [])
+        c[f"src:{r.get('token_source') or 'none'}"] += 1
+        if r.get("usage_match") is False:
+            c["usage_mismatch"] += 1
+    statuses = ["ok", "upstream_error", "client_disconnected", "proxy_error"]
+    sources = ["server", "rendered", "none"]
+    api_rows = []
+    for api, c in sorted(by_api.items()):
+        calls = c["calls"]
+        api_rows.append([api, calls, *[c[s] for s in statuses], c["prompt"], c["completion"],
+                         *[f"{100 * c['src:' + s] / calls:.0f}%" for s in sources], c["usage_mismatch"]])
+    out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
+                                    *sources, "usage_mismatch"], api_rows))
+    per_rollout: dict[str, Counter] = {}
+    for r in rows:
+        c = per_rollout.setdefault(r.get("rollout_id") or "(none)", Counter())
+        c["calls"] += 1
+        c["ok"] += r["status"] == "ok"
+        c["retries"] += (r.get("attempt") or 1) > 1
+        c["tokens"] += len(r.get("prompt_token_ids") or []) + len(r.get("completion_token_ids") or [])
+    ranked = sorted(per_rollout.items(), key=lambda kv: -kv[1]["calls"])
+    roll_rows = [[k, c["calls"], c["ok"], c["retries"], c["tokens"]] for k, c in ranked[:top]]
+    more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
+    out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"], roll_rows)
+               + more)
+    errors = Counter((r["status"], (r.get("error") or "")[:80]) for r in rows if r["status"] != "ok")
+    if errors:
+        out.append(_table("\nerrors", ["status", "count", "error"],
+                          [[s, k, e] for (s, e), k in errors.most_common(top)]))
+    return "\n".join(out)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    table, files = load_calls(args.dir)
+    print(f"{args.dir}: {len(files)} part(s)")
+    print(summarize(table, top=args.top))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="summarise a capture folder's call log")
+    p.add_argument("dir", help="capture folder (polar_out) or its calls/ subfolder")
+    p.add_argument("--top", type=int, default=20, help="rows shown per table (default 20)")
+    p.set_defaults(func=_cmd_inspect)
