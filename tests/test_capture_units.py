@@ -470,3 +470,32 @@ def test_bad_options_give_clear_errors(tmp_path):
         with pytest.raises(exceptions.OptionsError, match="seconds"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="soon")
         addon.done()
+
+
+# -- readers and inspect ---------------------------------------------------------------------
+def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys):
+    import duckdb
+    import pyarrow.dataset as ds
+
+    from polar_train.cli import main
+
+    w = PartWriter(tmp_path, flush_rows=2, flush_seconds=3600)
+    w.start()
+    for i in range(5):
+        w.submit(lambda i=i: {**_row(i), "rollout_id": f"r{i % 2}", "token_source": "server",
+                              "prompt_token_ids": [1, 2], "completion_token_ids": [3]})
+    w.close()
+    (tmp_path / "calls" / ".part-half-written.parquet.tmp").write_bytes(b"PAR1 garbage")
+    calls = tmp_path / "calls"
+    assert ds.dataset(str(calls), format="parquet", exclude_invalid_files=False).count_rows() == 5
+    assert duckdb.sql(f"select count(*) from '{calls}/*.parquet'").fetchall()[0][0] == 5
+    from datasets import load_dataset
+
+    dset = load_dataset("parquet", data_files=str(calls / "*.parquet"), split="train",
+                        cache_dir=str(tmp_path / "hf-cache"))
+    assert dset.num_rows == 5
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "5 calls" in out and "openai.chat" in out and "r0" in out
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert "not a folder" in capsys.readouterr().err
