@@ -298,6 +298,8 @@ def test_missing_logprobs_are_nan_and_counted(tmp_path):
     ids, mask, lps = t.completion_arrays()
     assert mask.tolist() == [1] * len(ids) and np.isnan(lps).all()
     assert t.token_source == "rendered"
+    report = build(tmp_path / "again", [row]).report
+    assert report.sampled_without_logprob == len(ids) and report.calls_without_logprobs == 1
 
 
 def test_compact_storage_builds_the_same_trajectory_without_comparing(tmp_path):

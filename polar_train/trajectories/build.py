@@ -178,6 +178,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     for t in trajectories:
         trained = sum(len(c) for c, s in zip(t.ids, t.sampled) if s)
         report.tokens_trained += trained
+        report.sampled_without_logprob += sum(int(np.isnan(lp).sum()) for lp, s in zip(t.logprobs, t.sampled) if s)
         report.tokens_total += len(t.prompt) + sum(len(c) for c in t.ids)
         report.truncated_trajectories += int(t.truncated)
     return BuildResult(trajectories=trajectories, report=report, labels=labels)

@@ -30,6 +30,8 @@ class BuildReport:
     compact_fast_path: int = 0
     tokens_trained: int = 0
     tokens_total: int = 0
+    #: sampled (mask 1) tokens whose logprob the server did not report (NaN in ``logprobs``)
+    sampled_without_logprob: int = 0
     reward_mode: str = "broadcast"
     rollouts_with_reward: int = 0
     rollouts_without_reward: int = 0
@@ -63,7 +65,9 @@ class BuildReport:
             ("merge ratio", f"{self.merge_ratio:.2f} calls/trajectory"),
             ("forks by cause", counts(self.forks)),
             ("skipped rows", counts(self.skipped)),
-            ("tokens trained / total", f"{self.tokens_trained} / {self.tokens_total} ({pct:.1f}%)"),
+            ("tokens trained / total", f"{self.tokens_trained} / {self.tokens_total} ({pct:.1f}%)"
+                                       + (f"; {self.sampled_without_logprob} sampled without logprob"
+                                          if self.sampled_without_logprob else "")),
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"),
