@@ -282,3 +282,49 @@ def test_no_secret_in_outputs(proxy):
     for f in proxy.out_dir.rglob("*"):
         if f.is_file():
             assert b"sk-fault-secret" not in f.read_bytes()
+
+
+def test_retries_get_increasing_attempts(proxy):
+    r = rid()
+    for _ in range(3):
+        assert post(proxy, "ok", r).status_code == 200
+    rows = wait_rows(proxy.out_dir, r, 3)
+    assert sorted(row["attempt"] for row in rows) == [1, 2, 3]
+    assert len({row["request_hash"] for row in rows}) == 1 and len({row["call_id"] for row in rows}) == 3
+
+
+def test_api_key_identity(proxy, upstream):
+    _, received = upstream
+    r = rid()
+    resp = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "ok", "messages": []}, timeout=30,
+                      headers={"authorization": f"Bearer polar-{r}"})
+    assert resp.status_code == 200
+    assert {k.lower(): v for k, v in received[-1][1].items()}["authorization"] == f"Bearer polar-{r}"  # forwarded
+    (row,) = wait_rows(proxy.out_dir, r)
+    assert row["rollout_source"] == "api_key"
+    assert f"polar-{r}" not in json.dumps(row, default=str)
+
+
+def test_plain_http_proxy_credentials_are_used_and_removed(upstream, tmp_path):
+    base, received = upstream
+    p1, p2 = free_port(), free_port()
+    m = start_mitm(tmp_path, modes=[f"regular@{p1}", f"regular@{p2}"],
+                   options={"polar_flush_seconds": "0.2", "polar_port_rollouts": f"{p2}=port-rollout"})
+    try:
+        r = rid()
+        with httpx.Client(proxy=f"http://{r}:cred-SECRET-9@127.0.0.1:{p1}") as c:
+            assert c.post(base + "/v1/chat/completions", json={"model": "ok", "messages": []},
+                          headers={"x-polar-task": "task-1"}).status_code == 200
+        _, headers, _ = received[-1]
+        assert not any(k.lower() in ("proxy-authorization", "x-polar-task") for k in headers)
+        (row,) = wait_rows(m.out_dir, r)
+        assert row["rollout_source"] == "proxy_auth" and row["task_id"] == "task-1"
+        with httpx.Client(proxy=f"http://127.0.0.1:{p2}") as c:
+            assert c.post(base + "/v1/chat/completions", json={"model": "ok", "messages": []}).status_code == 200
+        (row,) = wait_rows(m.out_dir, "port-rollout")
+        assert row["rollout_source"] == "listen_port"
+    finally:
+        m.stop()
+    for f in m.out_dir.rglob("*"):
+        if f.is_file():
+            assert b"cred-SECRET-9" not in f.read_bytes()
