@@ -35,6 +35,8 @@ pytestmark = pytest.mark.timeout(600)
 HARNESS_NAMES = ("codex", "claude-code", "pi")
 API = {"codex": "openai.responses", "claude-code": "anthropic.messages", "pi": "openai.chat"}
 SCRIPTED_TURNS = 5
+REASONING = ("The test fails, so add() is probably wrong. I will read the code and the test first.",
+             "add() returns a - b but must return a + b.")
 
 #: Where the prompt of call k+1 does NOT start with prompt(k) + completion(k), and why: turn k's
 #: tool-call text as the harness sends it back differs from what the model generated.
@@ -128,6 +130,8 @@ def test_prompt_of_next_call_extends_prompt_and_completion(proxied: Session, tin
     """The evidence the trajectory builder relies on, with each exception located and explained."""
     rows = proxied.rows
     assert len(rows) == SCRIPTED_TURNS
+    missing = [k for k, r in enumerate(rows) if not r["prompt_token_ids"] or not r["completion_token_ids"]]
+    assert not missing, f"calls without token ids: {missing} ({[rows[k]['status'] for k in missing]})"
     diverged: dict[int, str] = {}
     for k in range(len(rows) - 1):
         before = list(rows[k]["prompt_token_ids"]) + list(rows[k]["completion_token_ids"])
@@ -145,6 +149,11 @@ def test_prompt_of_next_call_extends_prompt_and_completion(proxied: Session, tin
     assert set(diverged) == set(expected), {k: v for k, v in diverged.items()}
     for k, marker in expected.items():
         assert marker in diverged[k], (k, diverged[k])
+    # Reasoning is not dropped: every scripted turn comes after the last user message, so the
+    # template keeps both reasoning blocks in the last prompt (all three harnesses send them back).
+    last_prompt = tiny_tokenizer.decode(rows[-1]["prompt_token_ids"])
+    for reasoning in REASONING:
+        assert f"<think>\n{reasoning}\n</think>" in last_prompt, reasoning
 
 
 def test_output_is_the_same_without_the_proxy(proxied: Session, scripted_server: str, tmp_path: Path) -> None:
