@@ -125,27 +125,49 @@ class Engine:
         return out[:k]
 
     @staticmethod
-    def _sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    def _top_p_mask(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+        """Mask all but the smallest set of best tokens whose probability reaches ``top_p``.
+
+        A full sort of 248k logits costs ~90 ms on CPU; the nucleus of a trained model is
+        usually within the best 1024, so try those first and sort everything only if not."""
+        probs = torch.softmax(scaled, -1)
+        for k in (1024, probs.numel()):
+            k = min(k, probs.numel())
+            vals, idx = torch.topk(probs, k) if k < probs.numel() else torch.sort(probs, descending=True)
+            cum = torch.cumsum(vals, -1)
+            if k == probs.numel() or cum[-1] >= top_p:
+                keep = int(torch.searchsorted(cum, torch.tensor([top_p], dtype=cum.dtype))) + 1
+                mask = torch.full_like(scaled, float("-inf"))
+                mask[idx[:keep]] = 0.0
+                return scaled + mask
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _sample(cls, logits: torch.Tensor, logprobs: torch.Tensor, p: SamplingParams,
+                gen: torch.Generator) -> int:
         if p.logit_bias:
             logits = logits.clone()
             for tid, bias in p.logit_bias.items():
                 logits[tid] += bias
         if p.temperature <= 1e-5:
             return int(torch.argmax(logits))
-        scaled = logits / p.temperature if p.temperature != 1.0 else logits
-        if p.top_k and 0 < p.top_k < scaled.numel():
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_vals, sorted_idx = torch.sort(scaled, descending=True)
-            probs = torch.softmax(sorted_vals, -1)
-            remove = torch.cumsum(probs, -1) - probs > p.top_p
-            scaled = scaled.clone()
-            scaled[sorted_idx[remove]] = float("-inf")
-        probs = torch.softmax(scaled, -1)
-        # Exponential race (as vLLM samples): argmax(p / E), E ~ Exp(1); exact and cheap.
-        q = torch.empty_like(probs).exponential_(generator=gen)
-        return int(torch.argmax(probs / q))
+        plain = p.temperature == 1.0 and not p.logit_bias and not p.top_k and p.top_p >= 1.0
+        if plain:
+            probs = logprobs.exp()
+        else:
+            scaled = logits / p.temperature if p.temperature != 1.0 else logits
+            if p.top_k and 0 < p.top_k < scaled.numel():
+                kth = torch.topk(scaled, p.top_k).values[-1]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            if p.top_p < 1.0:
+                scaled = cls._top_p_mask(scaled, p.top_p)
+            probs = torch.softmax(scaled, -1)
+        # Inverse-CDF sampling with one uniform number: exact, and ~20x cheaper on CPU than an
+        # exponential race or torch.multinomial over 248k tokens. Zero-probability tokens have a
+        # flat CDF and are never picked.
+        cdf = torch.cumsum(probs.double(), 0)
+        u = torch.rand(1, generator=gen, dtype=torch.float64) * cdf[-1]
+        return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[TokenStep]:
@@ -164,7 +186,7 @@ class Engine:
                 hidden = self._hidden(feed, cache, pos)[-1]
                 logits = self._logits(hidden)
                 logprobs = torch.log_softmax(logits, -1)
-                tok = self._sample(logits, params, gen)
+                tok = self._sample(logits, logprobs, params, gen)
                 step = TokenStep(tok, float(logprobs[tok]), self._top(logprobs, tok, params.top_logprobs))
             pos += len(feed)
             feed = [tok]
