@@ -24,7 +24,7 @@ setup: $(STAMP) vllm harnesses
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup
+demo: $(STAMP)
 	$(VENV)/bin/polar-train demo
 
 clean:

@@ -1,7 +1,11 @@
 """``polar-train demo``: the whole loop on an embedded default, on CPU, in minutes.
 
-Why a command and not a shell script: it must run the same on any machine with ``make demo``,
-start and stop its servers by pid, and fail with one clear line when a step fails.
+capture (server → mitmdump + addon) → build (trajectories, rewards, groups) → train (GRPO + LoRA)
+→ serve the adapter and capture again, so the reward before and after training is measured the
+same way. Why a command and not a shell script: it must run the same on any machine with
+``make demo``, start and stop its servers by pid, and fail with one clear line when a step fails.
+Every step is the real command a user runs (``polar-train serve``, ``mitmdump -s
+addons/polar_capture.py``, ``polar-train build``, ``polar-train train``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,33 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cli import UserError
 
 BIN = Path(sys.executable).parent
+ADDON = Path(__file__).resolve().parent.parent / "addons" / "polar_capture.py"
+
+#: The embedded default: tasks a tiny model can be rewarded on. The verifier rewards plain Latin
+#: text (the share of the reply's characters that are ASCII letters or spaces): a random model
+#: writes every script of the 248k vocabulary, so the reward varies among samples and can rise.
+TASKS = [
+    ("greet", "Say hello to the user in plain English."),
+    ("list", "List three fruits."),
+    ("explain", "Explain what a unit test is."),
+    ("name", "Suggest a name for a cat."),
+]
+FOLLOW_UP = "Thanks. Now say it once more, shorter."
+SYSTEM = "You are a helpful assistant. Answer in plain English."
+
+
+def latin_share(text: str) -> float:
+    """The demo's verifier: share of characters that are ASCII letters or spaces (0 for empty)."""
+    if not text:
+        return 0.0
+    return sum(1 for ch in text if ch == " " or ("a" <= ch.lower() <= "z")) / len(text)
 
 
 def _free_port() -> int:
@@ -39,17 +65,20 @@ def _get(url: str) -> bool:
         return False
 
 
-def post_json(url: str, body: dict, timeout: float = 120) -> dict:
+def post_json(url: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 300) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback only
-        return json.loads(r.read())
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback only
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"POST {url} answered {exc.code}: {exc.read()[:300]!r}") from None
 
 
 @contextlib.contextmanager
 def running(args: list[str], log: Path, ready_url: str | None = None, ready_port: int | None = None,
             what: str = "process", timeout: float = 180) -> Iterator[subprocess.Popen]:
-    """Start a child process, wait until it answers, stop it (by pid, its whole group) afterwards."""
+    """Start a child process, wait until it answers, stop it (SIGTERM to its group) afterwards."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
@@ -67,53 +96,143 @@ def running(args: list[str], log: Path, ready_url: str | None = None, ready_port
                         break
             if time.monotonic() > deadline:
                 raise UserError(f"{what} did not become ready in {timeout:.0f}s; see {log}")
-            time.sleep(0.2)
+            time.sleep(0.2)  # polling a readiness probe
         yield proc
     finally:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(30)
+                proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 
-def run_demo(workdir: Path) -> int:
-    from .tiny_model import write_tiny_model
+def _run(args: list[str], what: str) -> None:
+    print(f"  $ {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(args))}", flush=True)
+    rc = subprocess.call(args, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    if rc != 0:
+        raise UserError(f"{what} failed with exit code {rc}")
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = workdir / "tiny-model"
+
+@dataclass
+class DemoConfig:
+    """The embedded default of ``make demo`` (every field is a command-line option)."""
+
+    workdir: Path = Path("runs/demo")
+    rounds: int = 2
+    group_size: int = 4
+    max_tokens: int = 12
+    temperature: float = 1.0
+    train_steps: int = 8
+    learning_rate: float = 2e-3
+    final_norm_weight: float = 8.0
+
+
+def _rollout(proxy: str, rollout_id: str, task_id: str, prompt: str, cfg: DemoConfig, seed: int) -> float:
+    """One agent session of two model calls; returns the verifier's reward."""
+    headers = {"x-polar-rollout": rollout_id, "x-polar-task": task_id}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+    texts = []
+    for turn in range(2):
+        body = {"model": "tiny", "messages": messages, "max_tokens": cfg.max_tokens,
+                "temperature": cfg.temperature, "top_p": 1.0, "seed": seed * 10 + turn}
+        reply = post_json(proxy + "/v1/chat/completions", body, headers)
+        text = reply["choices"][0]["message"]["content"] or ""
+        texts.append(text)
+        messages = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": FOLLOW_UP}]
+    return sum(latin_share(t) for t in texts) / len(texts)
+
+
+def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: Path, round_no: int) -> float:
+    """Serve (with the adapter so far), capture G sessions per task through the proxy; mean reward."""
+    serve_port, proxy_port = _free_port(), _free_port()
+    serve = [str(BIN / "polar-train"), "serve", "--model", str(model_dir), "--port", str(serve_port),
+             "--served-model-name", "tiny"] + (["--adapter", str(adapter)] if adapter else [])
+    mitm = [str(BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1",
+            "--mode", f"reverse:http://127.0.0.1:{serve_port}@{proxy_port}",
+            "--set", f"polar_out={out / 'captures'}", "--set", f"polar_tokenizer={model_dir}",
+            "--set", f"confdir={out / 'mitmproxy'}", "--set", "flow_detail=0"]
+    rewards: list[dict] = []
+    with running(serve, out / "logs" / "serve.log", ready_url=f"http://127.0.0.1:{serve_port}/health",
+                 what="polar-train serve"):
+        with running(mitm, out / "logs" / "mitmdump.log", ready_port=proxy_port, what="mitmdump"):
+            proxy = f"http://127.0.0.1:{proxy_port}"
+            jobs = [(f"r{round_no}-{task}-{g}", task, prompt, g)
+                    for task, prompt in TASKS for g in range(cfg.group_size)]
+            with ThreadPoolExecutor(4) as pool:
+                results = list(pool.map(
+                    lambda j: _rollout(proxy, j[0], j[1], j[2], cfg, seed=1000 * round_no + 17 * j[3] + len(j[1])),
+                    jobs))
+            rewards = [{"rollout_id": j[0], "task_id": j[1], "reward": r} for j, r in zip(jobs, results)]
+        # mitmdump got SIGTERM: its addon closed the last Parquet part before exiting
+    with open(out / "rewards.jsonl", "w") as fh:
+        for r in rewards:
+            fh.write(json.dumps(r) + "\n")
+    return sum(r["reward"] for r in rewards) / len(rewards)
+
+
+def run_demo(cfg: DemoConfig) -> int:
+    from .tiny_model import TinyModelSpec, write_tiny_model
+
+    work = cfg.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = work / "tiny-model"
     if not (model_dir / "config.json").exists():
-        print(f"[1/3] building the tiny model in {model_dir}")
-        write_tiny_model(model_dir)
-    else:
-        print(f"[1/3] tiny model already in {model_dir}")
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    print(f"[2/3] starting polar-train serve on {base}")
-    with running([str(BIN / "polar-train"), "serve", "--model", str(model_dir), "--port", str(port),
-                  "--served-model-name", "tiny"],
-                 workdir / "logs" / "serve.log", ready_url=base + "/health", what="polar-train serve"):
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "Write a haiku about tokens."}],
-                "max_tokens": 16, "temperature": 1.0, "seed": 0, "return_token_ids": True, "logprobs": True}
-        resp = post_json(base + "/v1/chat/completions", body)
-        choice = resp["choices"][0]
-        print("[3/3] one chat call, token level:")
-        print(f"  prompt_token_ids     {resp['prompt_token_ids']}")
-        print(f"  completion token_ids {choice['token_ids']}")
-        lps = [round(c["logprob"], 3) for c in (choice.get("logprobs") or {}).get("content", [])]
-        print(f"  logprobs             {lps}")
-        print(f"  text                 {choice['message']['content']!r}")
+        print(f"[model] building the tiny model in {model_dir}", flush=True)
+        write_tiny_model(model_dir, TinyModelSpec(final_norm_weight=cfg.final_norm_weight))
+    adapter: Path | None = None
+    history = []
+    for r in range(cfg.rounds + 1):
+        out = work / f"round{r}"
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        label = "baseline" if r == 0 else f"after training round {r}"
+        print(f"[round {r}] capture {len(TASKS)} tasks x {cfg.group_size} sessions through the proxy "
+              f"({label})", flush=True)
+        reward = capture_round(cfg, model_dir, adapter, out, r)
+        history.append(reward)
+        print(f"[round {r}] mean reward {reward:.3f}", flush=True)
+        if r == cfg.rounds:
+            break
+        # _INSPECT_
+        _run([str(BIN / "polar-train"), "build", str(out / "captures"), "--out", str(out / "trajectories"),
+              "--rewards", str(out / "rewards.jsonl"), "--realign"], "polar-train build")
+        sets = {"temperature": cfg.temperature, "max_steps": cfg.train_steps, "learning_rate": cfg.learning_rate,
+                "num_generations": cfg.group_size, "loss_type": "cispo", "epsilon_high": 5.0,
+                "report_to": "none", "save_steps": 1000}
+        if adapter:
+            sets["init_adapter"] = str(adapter)
+        cmd = [str(BIN / "polar-train"), "train", str(out / "trajectories"), "--model", str(model_dir),
+               "--output", str(out / "run")]
+        for k, v in sets.items():
+            cmd += ["--set", f"{k}={v}"]
+        _run(cmd, "polar-train train")
+        adapter = out / "run" / "adapter"
+    print("\nround  mean reward (share of plain Latin text in the replies)")
+    for r, reward in enumerate(history):
+        print(f"{r:>5}  {reward:.3f}" + ("  (baseline)" if r == 0 else f"  ({reward - history[0]:+.3f})"))
+    print(f"\ncaptures, trajectories, metrics and adapters are under {work}/round*/")
     return 0
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    return run_demo(Path(args.workdir))
+    cfg = DemoConfig(workdir=Path(args.workdir), rounds=args.rounds, group_size=args.group_size,
+                     max_tokens=args.max_tokens, train_steps=args.train_steps,
+                     learning_rate=args.learning_rate)
+    return run_demo(cfg)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the demo loop on the embedded default (CPU)")
-    p.add_argument("--workdir", default="runs/demo", help="where the demo writes (default: runs/demo)")
+    d = DemoConfig()
+    p = sub.add_parser("demo", help="capture → build → train → capture again, on CPU (the embedded default)")
+    p.add_argument("--workdir", default=str(d.workdir), help=f"where the demo writes (default: {d.workdir})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="training rounds")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="sessions per task (GRPO group)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens per model call")
+    p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps per round")
+    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
     p.set_defaults(func=_cmd)
