@@ -225,3 +225,39 @@ def test_capture_matches_server(proxies, api: str, stream: bool, mode: str) -> N
         assert row["prompt_token_ids"] == tok["tokens"]
         assert row["server_tokenize_match"] is True
         assert row["usage_prompt_tokens"] == len(tok["tokens"])
+
+
+@pytest.fixture(scope="module")
+def plain_proxy(upstream: str, tiny_model_dir: Path, tmp_path_factory):
+    """Reverse mode with injection off: bytes pass unchanged, ids are rendered."""
+    m = start_mitm(tmp_path_factory.mktemp("capture-plain"), modes=[f"reverse:{upstream}"],
+                   tokenizer=tiny_model_dir, options={"polar_flush_seconds": "0.2", "polar_inject": False})
+    yield m
+    m.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "sse"])
+def test_rendered_chat_ids_equal_server_ids(upstream, plain_proxy, stream: bool) -> None:
+    """Rendering is proven exact where it can be compared: the chat prompt, rendered by the addon
+    from the request alone, equals the ids the server itself reports for the same request."""
+    rollout = f"p-{uuid.uuid4().hex[:10]}"
+    oc = openai.OpenAI(base_url=plain_proxy.url + "/v1", api_key=API_KEY, max_retries=0,
+                       default_headers={"x-polar-rollout": rollout})
+    doc = openai.OpenAI(base_url=upstream + "/v1", api_key=API_KEY, max_retries=0)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi — ça va? 你好"},
+                {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "List files"}]
+    tools = [{"type": "function", "function": {"name": "shell", "description": "run a command",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "cmd": {"type": "string"}}}}}]
+    kw = dict(model="tiny", messages=messages, tools=tools, max_tokens=MAX_TOKENS, seed=7)
+    if stream:
+        with oc.chat.completions.with_streaming_response.create(stream=True, **kw) as r:
+            through = b"".join(r.iter_bytes())
+    else:
+        through = oc.chat.completions.with_raw_response.create(**kw).http_response.content
+    assert b"token_ids\":[" not in through  # nothing injected
+    row = wait_row(plain_proxy.out_dir, rollout)
+    assert row["status"] == "ok" and row["injected"] is False and row["token_source"] == "rendered"
+    server = doc.chat.completions.create(**kw, extra_body={"return_token_ids": True}).model_dump()
+    assert row["prompt_token_ids"] == server["prompt_token_ids"]
+    assert row["usage_prompt_tokens"] in (None, len(server["prompt_token_ids"]))
