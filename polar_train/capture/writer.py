@@ -59,6 +59,10 @@ class PartWriter:
         self.dropped = 0
         self.written_rows = 0
         self.failed_jobs = 0
+        #: Rows kept in memory while parts cannot be written (disk full); beyond this the oldest go.
+        self.max_pending_rows = max(4 * flush_rows, queue_size)
+        self.lost_rows = 0
+        self._retry_at = 0.0
         self.parts: list[Path] = []
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -116,7 +120,7 @@ class PartWriter:
                 self._flush()
                 continue
             if job is _STOP:
-                self._flush()
+                self._flush(final=True)
                 return
             try:
                 row = job()
@@ -133,12 +137,28 @@ class PartWriter:
                     and time.monotonic() - self._first_row_at >= self.flush_seconds):
                 self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool = False) -> None:
+        if not final and time.monotonic() < self._retry_at:
+            return  # the last write failed: wait a flush interval before the next attempt
         rows, self._rows, self._first_row_at = self._rows, [], None
         if not rows:
             return
         try:
             self._write_part(rows)
+        except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
+            if final:
+                self.lost_rows += len(rows)
+                log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
+                          self.calls_dir, exc.strerror or exc, len(rows))
+                return
+            keep = rows[-self.max_pending_rows:]
+            lost = len(rows) - len(keep)
+            self.lost_rows += lost
+            self._rows, self._first_row_at = keep + self._rows, time.monotonic()
+            self._retry_at = time.monotonic() + self.flush_seconds
+            log.error("polar_capture: cannot write a part to %s: %s; %d rows kept in memory, retrying "
+                      "in %gs%s", self.calls_dir, exc.strerror or exc, len(keep), self.flush_seconds,
+                      f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
         except Exception:
             log.exception("polar_capture: writing a part of %d rows failed", len(rows))
 

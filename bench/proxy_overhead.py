@@ -1,0 +1,495 @@
+"""Benchmark: what the capture addon costs, against bare ``mitmdump`` and a direct connection.
+
+Run: ``.venv/bin/python bench/proxy_overhead.py [--concurrency 1 16 64] [--rounds 2] [--tokens 64]``
+
+One run, three ways, the same streaming workload: OpenAI chat completions with ``stream: true``
+against ``polar-train serve --script`` (scripted answers, so no sampling; ``--chunk-delay-ms``
+paces the stream like a model would), sent
+
+* ``direct``  - straight to the server,
+* ``bare``    - through ``mitmdump`` without any script (regular proxy mode, absolute-form requests),
+* ``addon``   - through ``mitmdump -s addons/polar_capture.py`` (same mode, writing Parquet parts).
+
+Why a hand-written asyncio HTTP/1.1 client: on two cores the client competes with the proxy and
+the server for CPU; a raw socket client costs far less than an SDK and sees every chunk's arrival
+time. Why rounds with a rotating order: other processes share the machine, so each configuration
+is measured side by side, several times, and the table gives the median with the spread.
+
+Per call: time to first byte of the body (TTFB), the gaps between SSE events, total time; per run:
+calls/s, proxy CPU (user+system seconds of the mitmdump process, psutil) per call and peak RSS.
+Everything binds to 127.0.0.1; every request has a deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BIN = Path(sys.executable).parent
+CONFIGS = ("direct", "bare", "addon")
+CALL_TIMEOUT_S = 120.0
+WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
+         "the stream and hands each chunk on at once ").split()
+
+
+# -- processes -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(ready, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if ready():
+            return
+        time.sleep(0.1)  # polling a readiness probe
+    raise SystemExit(f"{what} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback only
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(log, "wb") as fh:
+        return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def scenario(tokens_hint: int) -> dict:
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(tokens_hint))
+    return {"scenarios": [{"name": "bench", "match": {}, "turns": [{"content": text}],
+                           "after_last": "repeat_last"}]}
+
+
+# -- the fast upstream ----------------------------------------------------------------------
+
+async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, words: int,
+                       delay_s: float) -> None:
+    """One vLLM-shaped chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM)."""
+    try:
+        await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        req = json.loads(await reader.readexactly(length)) if length else {}
+        ids, lps = req.get("return_token_ids") is True, req.get("logprobs") is True
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+        base = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"tiny",'
+
+        def send(data: str) -> None:
+            payload = f"data: {data}\n\n".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+        send(base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+             '"finish_reason":null}],"prompt_token_ids":' + ("[248045,846,198,9419,248046,198,248045,74455,198]"
+                                                            if ids else "null") + ',"prompt_text":null}')
+        await writer.drain()
+        for i in range(words):
+            word = WORDS[i % len(WORDS)]
+            lp = (f'{{"content":[{{"token":" {word}","logprob":-1.25,"bytes":{list((" " + word).encode())},'
+                  f'"top_logprobs":[]}}]}}' if lps else "null")
+            last = i == words - 1
+            send(base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
+                 f'"finish_reason":{json.dumps("stop" if last else None)},"stop_reason":null,'
+                 f'"token_ids":{f"[{1000 + i}]" if ids else "null"}}}]}}')
+            await writer.drain()
+            await asyncio.sleep(delay_s)
+        send(base + f'"choices":[],"usage":{{"prompt_tokens":9,"total_tokens":{9 + words},'
+             f'"completion_tokens":{words}}}}}')
+        send("[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+def serve_fake(port: int, words: int, delay_ms: float) -> None:
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: _fake_handle(r, w, words, delay_ms / 1000),
+                                            "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# -- the client ------------------------------------------------------------------------------
+
+@dataclass
+class CallResult:
+    ok: bool
+    ttfb: float = 0.0
+    total: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    events: int = 0
+    error: str = ""
+
+
+async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, rollout: str) -> CallResult:
+    """One streamed call; times the arrival of each SSE event (not each TCP read)."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        target = f"http://127.0.0.1:{upstream_port}/v1/chat/completions" if via_proxy else "/v1/chat/completions"
+        head = [f"POST {target} HTTP/1.1", f"Host: 127.0.0.1:{upstream_port}",
+                "Content-Type: application/json", f"Content-Length: {len(body)}",
+                "Authorization: Bearer sk-bench-not-a-secret", "Connection: close"]
+        if via_proxy:
+            cred = base64.b64encode(f"{rollout}:bench-pass".encode()).decode()
+            head.append(f"Proxy-Authorization: Basic {cred}")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        await writer.drain()
+        status = await reader.readline()
+        if b" 200 " not in status:
+            return CallResult(False, error=status.decode(errors="replace").strip())
+        chunked = False
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+                chunked = True
+        result = CallResult(True)
+        tail = b""
+        last = None
+        done = False
+
+        def on_data(data: bytes) -> None:
+            nonlocal tail, last, done
+            now = time.perf_counter()
+            if last is None:
+                result.ttfb = now - t0
+                last = now
+            tail += data
+            n = tail.count(b"\n\n")
+            if n:
+                for _ in range(n):
+                    result.gaps.append(now - last)
+                    last = now
+                result.events += n
+                if b"data: [DONE]" in tail:
+                    done = True
+                tail = tail[tail.rfind(b"\n\n") + 2:]
+
+        if chunked:
+            while True:
+                size_line = await reader.readline()
+                if not size_line:
+                    break
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    break
+                on_data(await reader.readexactly(size))
+                await reader.readexactly(2)
+        else:
+            while data := await reader.read(65536):
+                on_data(data)
+        result.total = time.perf_counter() - t0
+        result.gaps = result.gaps[1:]  # the first event's "gap" is the TTFB
+        if not done:
+            return CallResult(False, error="stream ended without data: [DONE]")
+        return result
+    finally:
+        writer.close()
+
+
+async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, calls: int,
+                   concurrency: int, tag: str) -> tuple[list[CallResult], float]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(i: int) -> CallResult:
+        async with sem:
+            try:
+                return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}"),
+                                              CALL_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                return CallResult(False, error=repr(exc))
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(guarded(i) for i in range(calls)))
+    return list(results), time.perf_counter() - t0
+
+
+# -- measurement -----------------------------------------------------------------------------
+
+class PeakRSS:
+    """Samples a process's RSS every 20 ms on a thread (the peak of a run, not its end)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.proc = psutil.Process(pid) if pid else None
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except psutil.Error:
+                return
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> "PeakRSS":
+        if self.proc is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.proc is not None:
+            self._thread.join()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    if not pid:
+        return 0.0
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+@dataclass
+class RunStats:
+    config: str
+    concurrency: int
+    calls: int
+    failed: int
+    wall: float
+    ttfb_ms: float       # median over calls
+    gap_ms: float        # median over all inter-event gaps
+    gap_p99_ms: float
+    total_ms: float      # median over calls
+    calls_per_s: float
+    proxy_cpu_ms_per_call: float
+    upstream_cpu_ms_per_call: float
+    peak_rss_mb: float
+    errors: list[str]
+
+
+def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
+            upstream_pid: int, upstream_port: int, body: bytes, tag: str) -> RunStats:
+    pid = pids[config]
+    cpu0, up0 = cpu_seconds(pid), cpu_seconds(upstream_pid)
+    with PeakRSS(pid) as rss:
+        results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
+                                             concurrency, tag))
+    cpu1, up1 = cpu_seconds(pid), cpu_seconds(upstream_pid)
+    ok = [r for r in results if r.ok]
+    gaps = sorted(g for r in ok for g in r.gaps)
+    med = lambda xs: statistics.median(xs) * 1000 if xs else float("nan")  # noqa: E731
+    return RunStats(
+        config, concurrency, calls, len(results) - len(ok), wall,
+        med([r.ttfb for r in ok]), med(gaps), gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
+        med([r.total for r in ok]), len(ok) / wall,
+        (cpu1 - cpu0) * 1000 / max(1, len(ok)), (up1 - up0) * 1000 / max(1, len(ok)),
+        rss.peak / 2**20, [r.error for r in results if not r.ok][:3])
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median, in percent: how much the rounds disagree."""
+    values = [v for v in values if v == v]
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / statistics.median(values) * 100
+
+
+# -- main ------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--rounds", type=int, default=2, help="repetitions of every configuration (interleaved)")
+    ap.add_argument("--calls-per-slot", type=int, default=1,
+                    help="calls per run = concurrency x this (at least --min-calls)")
+    ap.add_argument("--min-calls", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=64, help="words in the scripted reply (~tokens streamed)")
+    ap.add_argument("--chunk-delay-ms", type=float, default=5.0)
+    ap.add_argument("--upstream", choices=["fake", "serve"], default="fake",
+                    help="fake: a minimal asyncio server streaming vLLM-shaped chunks (costs ~nothing); "
+                         "serve: `polar-train serve --script` on the tiny model (scores every scripted "
+                         "token with the 248k-vocabulary head: ~0.3 s CPU per call, the bottleneck)")
+    ap.add_argument("--model", default=None, help="tiny model folder for --upstream serve "
+                                                  "(default: write one into a temp dir)")
+    ap.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default=None,
+                    help="write a py-spy profile (collapsed stacks, flamegraph input) of the addon's mitmdump here")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
+    args = ap.parse_args(argv)
+    if args.serve_fake:
+        serve_fake(args.serve_fake, args.tokens, args.chunk_delay_ms)
+        return 0
+
+    tmp = Path(tempfile.mkdtemp(prefix="polar-bench-proxy-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        up_port = free_port()
+        up_log = tmp / "serve.log"
+        if args.upstream == "fake":
+            server = spawn([sys.executable, __file__, "--serve-fake", str(up_port), "--tokens", str(args.tokens),
+                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log)
+            health = lambda: port_open(up_port)  # noqa: E731
+        else:
+            model = Path(args.model) if args.model else None
+            if model is None:
+                from polar_train.tiny_model import write_tiny_model
+
+                model = write_tiny_model(tmp / "tiny")
+            script = tmp / "bench-scenario.json"
+            script.write_text(json.dumps(scenario(args.tokens)))
+            server = spawn([str(BIN / "polar-train"), "serve", "--model", str(model), "--host", "127.0.0.1",
+                            "--port", str(up_port), "--script", str(script), "--served-model-name", "tiny",
+                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log)
+            health = lambda: http_ok(f"http://127.0.0.1:{up_port}/health")  # noqa: E731
+        procs.append(server)
+        ports = {"direct": up_port}
+        pids: dict[str, int | None] = {"direct": None}
+        for name in ("bare", "addon"):
+            port = free_port()
+            confdir = tmp / f"conf-{name}"
+            cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--mode", f"regular@{port}",
+                   "--set", f"confdir={confdir}", "--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
+            if name == "bare":  # without a script mitmproxy buffers whole bodies: stream them instead
+                cmd += ["--set", "stream_large_bodies=1"]
+            if name == "addon":
+                cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / 'captures'}"]
+            log = tmp / f"mitmdump-{name}.log"
+            p = spawn(cmd, log)
+            procs.append(p)
+            ports[name], pids[name] = port, p.pid
+            wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
+        wait_for(health, 180, f"upstream ({args.upstream})", server, up_log)
+
+        body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens,
+                           "messages": [{"role": "user", "content": "Tell me about the fox."}]}).encode()
+        for config in CONFIGS:  # warm-up: first-call costs (imports, template compile) stay out
+            measure(config, 2, 4, ports, pids, server.pid, up_port, body, f"warm-{config}")
+
+        profiler = None
+        if args.profile:
+            profiler = subprocess.Popen([str(BIN / "py-spy"), "record", "--pid", str(pids["addon"]), "--format", "raw",
+                                         "--output", args.profile, "--rate", "200"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        runs: list[RunStats] = []
+        t_start = time.monotonic()
+        for c in args.concurrency:
+            calls = max(args.min_calls, c * args.calls_per_slot)
+            for r in range(args.rounds):
+                order = CONFIGS[r % 3:] + CONFIGS[:r % 3]  # rotate who goes first
+                for config in order:
+                    st = measure(config, c, calls, ports, pids, server.pid, up_port, body, f"{config}-c{c}-r{r}")
+                    runs.append(st)
+                    print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
+                          f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
+                          + (f"  {st.errors}" if st.errors else ""), flush=True)
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
+        elapsed = time.monotonic() - t_start
+        report(runs, args, elapsed)
+        captured = sorted((tmp / "captures" / "calls").glob("*.parquet"))
+        print(f"\naddon wrote {len(captured)} part(s); upstream log: {up_log if args.keep else '(removed)'}")
+        return 0 if all(st.failed == 0 for st in runs) else 1
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}")
+
+
+def report(runs: list[RunStats], args, elapsed: float) -> None:
+    print(f"\nproxy overhead: upstream {args.upstream}, {args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
+          f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
+          f"{elapsed:.0f} s measured\n")
+    cols = ("conc", "config", "calls/s", "spread", "TTFB ms", "gap ms", "gap p99", "total ms",
+            "proxy CPU ms/call", "upstream CPU ms/call", "peak RSS MB", "failed")
+    print(" | ".join(cols))
+    print(" | ".join("-" * len(c) for c in cols))
+    agg: dict[tuple[int, str], dict[str, float]] = {}
+    for c in args.concurrency:
+        for config in CONFIGS:
+            rs = [r for r in runs if r.concurrency == c and r.config == config]
+            m = {k: statistics.median(getattr(r, k) for r in rs)
+                 for k in ("calls_per_s", "ttfb_ms", "gap_ms", "gap_p99_ms", "total_ms",
+                           "proxy_cpu_ms_per_call", "upstream_cpu_ms_per_call")}
+            m["peak_rss_mb"] = max(r.peak_rss_mb for r in rs)
+            m["spread"] = spread([r.calls_per_s for r in rs])
+            m["ttfb_spread"] = spread([r.ttfb_ms for r in rs])
+            m["failed"] = sum(r.failed for r in rs)
+            agg[(c, config)] = m
+            print(f"{c} | {config} | {m['calls_per_s']:.2f} | {m['spread']:.0f}% | {m['ttfb_ms']:.1f} | "
+                  f"{m['gap_ms']:.2f} | {m['gap_p99_ms']:.1f} | {m['total_ms']:.0f} | "
+                  + (f"{m['proxy_cpu_ms_per_call']:.1f} | " if config != "direct" else "- | ")
+                  + f"{m['upstream_cpu_ms_per_call']:.1f} | "
+                  + (f"{m['peak_rss_mb']:.0f} | " if config != "direct" else "- | ") + f"{m['failed']}")
+    print("\nratios (targets: addon/bare TTFB <= 1.05, addon/bare calls/s >= 0.95)\n")
+    cols = ("conc", "TTFB addon/bare", "calls/s addon/bare", "gap addon/bare", "proxy CPU addon/bare",
+            "TTFB bare/direct", "calls/s bare/direct", "gap bare/direct", "TTFB spread (addon, bare)")
+    print(" | ".join(cols))
+    print(" | ".join("-" * len(c) for c in cols))
+    for c in args.concurrency:
+        a, b, d = agg[(c, "addon")], agg[(c, "bare")], agg[(c, "direct")]
+        div = lambda x, y: x / y if y else float("nan")  # noqa: E731
+        print(f"{c} | {div(a['ttfb_ms'], b['ttfb_ms']):.3f} | {div(a['calls_per_s'], b['calls_per_s']):.3f} | "
+              f"{div(a['gap_ms'], b['gap_ms']):.3f} | "
+              f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
+              f"{div(b['ttfb_ms'], d['ttfb_ms']):.3f} | {div(b['calls_per_s'], d['calls_per_s']):.3f} | "
+              f"{div(b['gap_ms'], d['gap_ms']):.3f} | {a['ttfb_spread']:.0f}%, {b['ttfb_spread']:.0f}%")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

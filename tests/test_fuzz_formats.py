@@ -1,0 +1,275 @@
+"""Fuzz the three wire-format parsers through the stream tap and the row builder.
+
+Streams are built in the shapes vLLM 0.32 sends (``shared/vllm-0.32-wire``: chat chunks with
+``token_ids`` and ``logprobs``, responses events with ``output_messages`` in
+``response.completed``, Anthropic content-block deltas), with hypothesis drawing the text, the
+token ids, the logprobs and where the TCP reads cut the stream. Asserted: the call-log row is the
+same whatever the cuts, and it holds exactly the text and ids that were sent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_train.capture import anthropic_messages, openai_chat, openai_responses
+from polar_train.capture.identity import Identity
+from polar_train.capture.record import CallState, build_row
+from polar_train.capture.tap import StreamTap
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+VOLATILE = ("call_id", "started_at", "first_byte_at", "finished_at")
+
+text_pieces = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8),
+                       min_size=1, max_size=12)
+token = st.integers(0, 248_000)
+logprob = st.floats(-30, 0, allow_nan=False, width=32)
+
+
+def sse(obj, event: str | None = None, nl: bytes = b"\n") -> bytes:
+    head = b"event: " + event.encode() + nl if event else b""
+    return head + b"data: " + json.dumps(obj, ensure_ascii=False).encode() + nl + nl
+
+
+def chat_stream(pieces, ids, lps, prompt_ids) -> bytes:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "tiny"}
+    out = [sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}],
+                "prompt_token_ids": prompt_ids, "prompt_text": None})]
+    for i, (p, t, lp) in enumerate(zip(pieces, ids, lps)):
+        last = i == len(pieces) - 1
+        out.append(sse({**base, "choices": [{
+            "index": 0, "delta": {"content": p},
+            "logprobs": {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}]},
+            "finish_reason": "stop" if last else None, "token_ids": [t]}]}))
+    out.append(sse({**base, "choices": [], "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                                                     "total_tokens": len(prompt_ids) + len(ids)}}))
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
+
+
+def responses_stream(pieces, ids, lps, prompt_ids) -> bytes:
+    resp = {"id": "resp_1", "object": "response", "model": "tiny", "status": "in_progress", "output": [],
+            "top_logprobs": 0, "input_messages": None, "output_messages": None, "usage": None}
+    out = [sse({"response": resp, "sequence_number": 0, "type": "response.created"}, "response.created")]
+    for i, (p, lp) in enumerate(zip(pieces, lps)):
+        out.append(sse({"content_index": 0, "delta": p, "item_id": "msg_1", "output_index": 0,
+                        "logprobs": [{"token": p, "logprob": lp, "top_logprobs": []}],
+                        "sequence_number": i + 1, "type": "response.output_text.delta"},
+                       "response.output_text.delta"))
+    text = "".join(pieces)
+    final = {**resp, "status": "completed",
+             "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                         "content": [{"type": "output_text", "text": text, "annotations": [],
+                                      "logprobs": [{"token": p, "logprob": lp, "top_logprobs": []}
+                                                   for p, lp in zip(pieces, lps)]}]}],
+             "usage": {"input_tokens": len(prompt_ids), "output_tokens": len(ids)},
+             "input_messages": [{"message": "...", "tokens": prompt_ids, "type": "raw_message_tokens"}],
+             "output_messages": [{"message": text, "tokens": ids, "type": "raw_message_tokens"}]}
+    out.append(sse({"response": final, "sequence_number": 99, "type": "response.completed"}, "response.completed"))
+    return b"".join(out)
+
+
+def messages_stream(pieces, ids, lps, prompt_ids) -> bytes:
+    out = [sse({"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "tiny",
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": len(prompt_ids), "output_tokens": 0}}},
+        "message_start"),
+        sse({"type": "content_block_start", "content_block": {"type": "text", "text": ""}, "index": 0},
+            "content_block_start")]
+    for p in pieces:
+        out.append(sse({"type": "content_block_delta", "delta": {"type": "text_delta", "text": p}, "index": 0},
+                       "content_block_delta"))
+    out += [sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                 "usage": {"input_tokens": len(prompt_ids), "output_tokens": len(ids)}}, "message_delta"),
+            sse({"type": "message_stop"}, "message_stop")]
+    return b"".join(out)
+
+
+FORMATS = {
+    openai_chat.API: (openai_chat, chat_stream, "/v1/chat/completions"),
+    openai_responses.API: (openai_responses, responses_stream, "/v1/responses"),
+    anthropic_messages.API: (anthropic_messages, messages_stream, "/v1/messages"),
+}
+
+
+def new_state(api: str) -> CallState:
+    return CallState(api=api, method="POST", host="127.0.0.1", path=FORMATS[api][2], client_conn_id="c",
+                     identity=Identity("r1", "header", None), started_at=datetime.now(timezone.utc),
+                     upstream_base="http://127.0.0.1:1", http_status=200, stream=True)
+
+
+def row_of(api: str, chunks: list[bytes], injected: bool) -> tuple[dict, bytes]:
+    """Pass chunks through a real tap (stripping when injected), then build the row."""
+    module = FORMATS[api][0]
+    state = new_state(api)
+    strip = None
+    if injected:
+        state.injected, state.asked = True, module.inject({"messages": []}).asked
+        strip = lambda obj: module.strip(obj, state.asked)  # noqa: E731
+    tap = StreamTap(state, strip, None, False, lambda: None)
+    client: list[bytes] = []
+    for c in [*chunks, b""]:
+        got = tap(c)
+        client.extend(got if isinstance(got, list) else [got])
+    row = build_row(state, None)
+    return {k: v for k, v in row.items() if k not in VOLATILE}, b"".join(client)
+
+
+def cut(data: bytes, points: list[int]) -> list[bytes]:
+    idx = sorted({min(max(p, 0), len(data)) for p in points})
+    bounds = [0, *idx, len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@st.composite
+def calls(draw):
+    pieces = draw(text_pieces)
+    ids = draw(st.lists(token, min_size=len(pieces), max_size=len(pieces)))
+    lps = draw(st.lists(logprob, min_size=len(pieces), max_size=len(pieces)))
+    prompt_ids = draw(st.lists(token, min_size=1, max_size=20))
+    return pieces, ids, lps, prompt_ids
+
+
+@FUZZ
+@given(api=st.sampled_from(sorted(FORMATS)), call=calls(), points=st.lists(st.integers(0, 5000), max_size=50),
+       injected=st.booleans())
+def test_fuzz_reassembly_independent_of_boundaries(api: str, call, points: list[int], injected: bool) -> None:
+    pieces, ids, lps, prompt_ids = call
+    data = FORMATS[api][1](pieces, ids, lps, prompt_ids)
+    whole_row, whole_client = row_of(api, [data], injected)
+    row, client = row_of(api, cut(data, points), injected)
+    assert row == whole_row
+    assert client == whole_client
+    if not injected:
+        assert client == data
+
+    assert row["status"] == "ok", row["error"]
+    response = json.loads(row["response_json"])
+    text = "".join(pieces)
+    if api == openai_chat.API:
+        assert response["choices"][0]["message"]["content"] == text
+        assert row["completion_token_ids"] == ids and row["prompt_token_ids"] == prompt_ids
+        assert row["completion_logprobs"] == [float(x) for x in lps]
+        assert row["usage_match"] is True
+    elif api == openai_responses.API:
+        assert response["output"][0]["content"][0]["text"] == text
+        assert row["completion_token_ids"] == ids and row["prompt_token_ids"] == prompt_ids
+        assert row["completion_logprobs"] == [float(x) for x in lps]
+    else:
+        assert response["content"][0]["text"] == text
+        assert row["finish_reason"] == "end_turn"
+    if injected and api != anthropic_messages.API:
+        # the client got the stream as if nothing had been injected
+        assert b'"token_ids": [' not in client and b'"output_messages": [' not in client
+
+
+@FUZZ
+@given(api=st.sampled_from(sorted(FORMATS)), call=calls(), keep=st.floats(0, 1))
+def test_fuzz_truncated_stream_is_an_error_row(api: str, call, keep: float) -> None:
+    """A stream cut before its final event is never recorded as a complete call."""
+    data = FORMATS[api][1](*call)
+    final = {openai_chat.API: b"data: [DONE]", openai_responses.API: b"event: response.completed",
+             anthropic_messages.API: b"event: message_stop"}[api]
+    end = int(keep * data.rfind(final))
+    row, client = row_of(api, [data[:end]], False)
+    assert client == data[:end]
+    assert row["status"] == "upstream_error"
+    assert row["prompt_token_ids"] is None and row["completion_token_ids"] is None
+
+
+@FUZZ
+@given(api=st.sampled_from(sorted(FORMATS)), body=st.binary(max_size=400),
+       points=st.lists(st.integers(0, 400), max_size=20), injected=st.booleans())
+def test_fuzz_random_stream_bytes_never_raise(api: str, body: bytes, points: list[int], injected: bool) -> None:
+    row, client = row_of(api, cut(body, points), injected)
+    if not injected:
+        assert client == body
+    assert row["status"] in ("ok", "upstream_error")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=25)
+keys = st.sampled_from(["choices", "delta", "content", "token_ids", "prompt_token_ids", "logprobs", "usage",
+                        "type", "response", "output", "message", "index", "tool_calls", "function",
+                        "input_messages", "output_messages", "content_block", "stop_reason", "finish_reason"])
+odd_objects = st.recursive(
+    json_values, lambda children: st.dictionaries(keys, children, max_size=5) | st.lists(children, max_size=3),
+    max_leaves=30)
+
+
+@FUZZ
+@given(api=st.sampled_from(sorted(FORMATS)), events=st.lists(odd_objects, max_size=6),
+       names=st.lists(st.sampled_from([None, "message_start", "content_block_delta", "message_stop",
+                                       "response.completed", "response.output_text.delta"]), max_size=6))
+def test_fuzz_odd_json_shapes_never_raise(api: str, events: list, names: list) -> None:
+    """Valid SSE, valid JSON, wrong shapes (a list where a dict goes, ids as strings...)."""
+    data = b"".join(sse(obj, names[i] if i < len(names) else None) for i, obj in enumerate(events))
+    data += b"data: [DONE]\n\n"
+    for injected in (False, True):
+        row, _ = row_of(api, [data], injected)
+        assert row["status"] in ("ok", "upstream_error", "proxy_error")
+        if row["status"] == "proxy_error":
+            raise AssertionError(f"a parser raised on odd input: {row['error']}")
+
+
+@FUZZ
+@given(api=st.sampled_from(sorted(FORMATS)), obj=odd_objects)
+def test_fuzz_odd_bodies_never_raise(api: str, obj) -> None:
+    """Non-streamed bodies of any JSON shape, and request bodies of any shape."""
+    module = FORMATS[api][0]
+    state = new_state(api)
+    state.stream = False
+    state.response_body = json.dumps(obj).encode()
+    if isinstance(obj, dict):
+        state.request = obj
+        inj = module.inject(obj)
+        module.strip(json.loads(json.dumps(obj)), inj.asked)
+    row = build_row(state, None)
+    assert row["status"] in ("ok", "upstream_error"), row["error"]
+
+
+def _paths(obj, prefix=()):
+    """Every (container, key) position inside a JSON value."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield prefix + (i,)
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(obj, path, value):
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(api=st.sampled_from(sorted(FORMATS)), call=calls(), data=st.data())
+def test_fuzz_mutated_real_shapes_never_raise(api: str, call, data) -> None:
+    """A valid stream with a few values replaced by wrong types: recorded, never a parser crash."""
+    from polar_train.capture.sse import event_json, split_all
+
+    raw, _ = split_all(FORMATS[api][1](*call))
+    events = [event_json(r) for r in raw]
+    out = []
+    for ev, obj in events:
+        if obj is not None and data.draw(st.booleans()):
+            paths = list(_paths(obj))
+            for _ in range(data.draw(st.integers(1, 3))):
+                if paths:
+                    _set(obj, data.draw(st.sampled_from(paths)), data.draw(json_values))
+                    paths = list(_paths(obj))
+        out.append(sse(obj, ev.event) if obj is not None else b"data: " + (ev.data or "").encode() + b"\n\n")
+    for injected in (False, True):
+        row, _ = row_of(api, [b"".join(out)], injected)
+        assert row["status"] in ("ok", "upstream_error"), row["error"]

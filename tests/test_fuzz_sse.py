@@ -1,0 +1,127 @@
+"""Fuzz the SSE splitter and the stream tap: chunk boundaries must never change what comes out.
+
+The proxy sees a stream as TCP reads cut anywhere (inside a UTF-8 character, between ``\\r`` and
+``\\n``, inside ``data:``). Whatever the cut, the splitter must yield the same events as for one
+chunk, lose no byte, and the tap must hand the client the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_train.capture.sse import SSESplitter, parse_event, split_all
+from polar_train.capture.tap import StreamTap
+
+WIRE = Path(__file__).resolve().parents[2] / "shared" / "vllm-0.32-wire"
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def cut(data: bytes, points: list[int]) -> list[bytes]:
+    """``data`` cut at the given offsets (sorted, deduplicated, clipped)."""
+    idx = sorted({min(max(p, 0), len(data)) for p in points})
+    bounds = [0, *idx, len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def feed_all(chunks: list[bytes]) -> tuple[list[bytes], bytes]:
+    s = SSESplitter()
+    events: list[bytes] = []
+    for c in chunks:
+        events += s.feed(c)
+    return events, s.pending
+
+
+line_endings = st.sampled_from([b"\n", b"\r\n", b"\r"])
+field_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30)
+
+
+@st.composite
+def sse_streams(draw) -> bytes:
+    """Well-formed SSE with one line ending per stream (what servers send), any field text."""
+    nl = draw(line_endings)
+    events = []
+    for _ in range(draw(st.integers(0, 8))):
+        lines = []
+        if draw(st.booleans()):
+            lines.append(b"event: " + draw(field_text).encode())
+        for _ in range(draw(st.integers(1, 3))):
+            lines.append(b"data: " + draw(field_text).encode())
+        if draw(st.booleans()):
+            lines.append(b": comment " + draw(field_text).encode())
+        events.append(nl.join(lines) + nl + nl)
+    tail = draw(st.sampled_from([b"", b"data: trunc", b"data: x" + nl]))
+    return b"".join(events) + tail
+
+
+@FUZZ
+@given(data=sse_streams(), points=st.lists(st.integers(0, 2000), max_size=40))
+def test_fuzz_splitter_any_boundaries_same_events(data: bytes, points: list[int]) -> None:
+    whole_events, whole_pending = split_all(data)
+    events, pending = feed_all(cut(data, points))
+    assert events == whole_events
+    assert pending == whole_pending
+    assert b"".join(events) + pending == data  # not a byte lost or duplicated
+    for ev in events:
+        assert parse_event(ev).data is not None or ev.strip(b"\r\n").startswith(b":")
+
+
+@FUZZ
+@given(data=st.binary(max_size=600), points=st.lists(st.integers(0, 600), max_size=60))
+def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int]) -> None:
+    events, pending = feed_all(cut(data, points))
+    assert b"".join(events) + pending == data
+    whole_events, whole_pending = split_all(data)
+    assert (events, pending) == (whole_events, whole_pending)
+    for ev in events:
+        parse_event(ev)  # never raises on arbitrary bytes
+
+
+@FUZZ
+@given(points=st.lists(st.integers(0, 8000), max_size=80))
+def test_fuzz_real_vllm_streams_split_anywhere(points: list[int]) -> None:
+    for name in ("chat_stream.txt", "responses_stream.txt", "messages_stream.txt"):
+        data = (WIRE / name).read_bytes()
+        assert feed_all(cut(data, points)) == split_all(data)
+
+
+class _State:
+    """The two attributes of a CallState the tap touches."""
+
+    def __init__(self) -> None:
+        self.stream_events = None
+        self.streamed = False
+        self.failed: list[str] = []
+
+    def fail(self, status: str, error: str) -> None:
+        self.failed.append(f"{status}: {error}")
+
+
+def run_tap(chunks: list[bytes], strip) -> tuple[bytes, list[bytes], _State]:
+    state = _State()
+    tap = StreamTap(state, strip, None, False, lambda: None)
+    out = []
+    for c in [*chunks, b""]:
+        got = tap(c)
+        out.extend(got if isinstance(got, list) else [got])
+    return b"".join(out), state.stream_events, state
+
+
+@FUZZ
+@given(points=st.lists(st.integers(0, 8000), max_size=60))
+def test_fuzz_tap_output_independent_of_boundaries(points: list[int]) -> None:
+    """With stripping (injection on) and without: the client's bytes never depend on the cuts."""
+    from polar_train.capture import openai_chat, openai_responses
+
+    for name, module, asked in (("chat_stream.txt", openai_chat, {}),
+                                ("responses_stream.txt", openai_responses, {})):
+        data = (WIRE / name).read_bytes()
+        strip = lambda obj, m=module, a=asked: m.strip(obj, a)  # noqa: E731
+        whole_out, whole_events, _ = run_tap([data], strip)
+        out, events, state = run_tap(cut(data, points), strip)
+        assert out == whole_out and events == whole_events and not state.failed
+        assert b"prompt_token_ids\":[" not in out and b"\"output_messages\":[" not in out
+        passthrough, _, _ = run_tap(cut(data, points), None)
+        assert passthrough == data  # injection off: byte for byte
