@@ -227,13 +227,21 @@ def test_sigterm_loses_no_row(upstream, tmp_path):
     m = start_mitm(tmp_path, modes=[f"reverse:{base}"], options={"polar_flush_seconds": "3600",
                                                                   "polar_flush_rows": 100000})
     r = rid()
+    in_flight = rid()
     try:
         for _ in range(20):
             assert post(m, "ok", r).status_code == 200
+        with httpx.stream("POST", m.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "fault-slow-stream", "messages": [], "stream": True},
+                          headers={"x-polar-rollout": in_flight}) as resp:
+            next(resp.iter_bytes())  # the call is streaming now
+            assert m.stop(signal.SIGTERM) is not None
     finally:
-        assert m.stop(signal.SIGTERM) is not None
+        m.stop(signal.SIGTERM)
     rows = read_calls(m.out_dir)
     assert len([row for row in rows if row["rollout_id"] == r]) == 20
+    (cut,) = [row for row in rows if row["rollout_id"] == in_flight]
+    assert cut["status"] != "ok"  # the call cut by the shutdown is recorded, as an error row
 
 
 def test_sigkill_leaves_no_corrupt_part(upstream, tmp_path):
