@@ -1,0 +1,81 @@
+"""Secrets and file modes: what a run writes must hold no credential and be readable by its owner only.
+
+Every kind of secret a harness sends goes through the real ``mitmdump`` + addon in regular mode
+(the way harnesses use it): proxy credentials in ``Proxy-Authorization`` (absolute-form requests
+carry it on every request), an OpenAI bearer token, an Anthropic ``x-api-key``, a key echoed in
+the prompt and one sent in a request field named ``api_key``. Then every byte of every output file
+(parts, temporary files, the proxy's own log) is searched for each of them, in plain and base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import stat
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from tests.support.capture_faults import fault_upstream
+from tests.support.mitm import read_calls, start_mitm
+
+BEARER = "sk-proj-SECRETbearer-7f3a9c"
+X_API_KEY = "sk-ant-SECRETxapikey-42d1"
+PROXY_PASS = "proxySECRETpass-91b2"
+BODY_KEY = "SECRETbodyfield-5c6d"
+
+
+def _secrets(rollout: str) -> list[bytes]:
+    basic = base64.b64encode(f"{rollout}:{PROXY_PASS}".encode())
+    return [s.encode() for s in (BEARER, X_API_KEY, PROXY_PASS, BODY_KEY)] + [basic]
+
+
+def test_no_credential_in_any_output_and_owner_only_modes(tmp_path: Path) -> None:
+    rollout = f"sec-{uuid.uuid4().hex[:8]}"
+    with fault_upstream() as (base, received):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
+        try:
+            proxy = f"http://{rollout}:{PROXY_PASS}@127.0.0.1:{m.port}"
+            with httpx.Client(proxy=proxy, timeout=30) as c:
+                calls = [
+                    ("/v1/chat/completions", {"authorization": f"Bearer {BEARER}"},
+                     {"model": "ok", "messages": [{"role": "user", "content": f"my key is {BEARER}"}]}),
+                    ("/v1/chat/completions", {"authorization": f"Bearer {BEARER}"},
+                     {"model": "ok-stream", "stream": True, "api_key": BODY_KEY, "messages": []}),
+                    ("/v1/messages", {"x-api-key": X_API_KEY},
+                     {"model": "ok", "max_tokens": 4, "messages": [{"role": "user", "content": X_API_KEY}]}),
+                    ("/v1/chat/completions", {"authorization": f"Bearer {BEARER}"},
+                     {"model": "fault-500", "messages": []}),
+                ]
+                for path, headers, body in calls:
+                    c.post(base + path, json=body, headers=headers)
+                # non-model traffic through the same proxy with the same credentials
+                c.get(base + "/v1/models", headers={"authorization": f"Bearer {BEARER}"})
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(read_calls(m.out_dir)) < len(calls):
+                time.sleep(0.1)  # polling for the rows, with a deadline
+        finally:
+            m.stop()
+
+    rows = read_calls(m.out_dir)
+    assert len(rows) == len(calls) and {r["rollout_id"] for r in rows} == {rollout}
+    assert any("[REDACTED]" in (r["request_json"] or "") for r in rows)  # the echoed key was there, replaced
+
+    # proxy credentials are for the proxy: they never reach the upstream
+    for _path, headers, _body in received:
+        assert not any(k.lower() == "proxy-authorization" for k in headers), headers
+
+    files = [p for p in m.out_dir.rglob("*") if p.is_file()] + [m.proc.log_path]
+    assert any(p.suffix == ".parquet" for p in files)
+    for f in files:
+        data = f.read_bytes()
+        for secret in _secrets(rollout):
+            assert secret not in data, f"{secret!r} found in {f}"
+
+    for p in [m.out_dir, *m.out_dir.rglob("*")]:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        if p.is_dir():
+            assert mode == 0o700, f"{p} is {oct(mode)}"
+        else:
+            assert mode == 0o600, f"{p} is {oct(mode)}"
