@@ -69,9 +69,13 @@ def scripted_server(tiny_model_dir: Path, logs_dir: Path):
         yield base
 
 
+#: A distinctive key: no file the session leaves behind may contain it (the server ignores it).
+API_KEY = f"polar-test-key-{uuid.uuid4().hex}"
+
+
 def run_session(name: str, server: str, work: Path, proxy: Proxy | None) -> tuple[HarnessRun, Path]:
     repo = make_task_repo(work / "repo")
-    run = get_harness(name).run(repo, TASK_PROMPT, ModelServer(server, model="tiny"), proxy,
+    run = get_harness(name).run(repo, TASK_PROMPT, ModelServer(server, model="tiny", api_key=API_KEY), proxy,
                                 home=work / "home", timeout=240)
     return run, repo
 
@@ -105,6 +109,15 @@ def test_session_exits_0_and_really_runs_its_tools(proxied: Session) -> None:
     passed, output = repo_test_passes(proxied.repo)
     assert passed, f"the repo's test still fails after the {proxied.harness} session:\n{output[-2000:]}"
     assert "+    return a + b" in repo_diff(proxied.repo)
+
+
+def test_no_file_holds_the_api_key_or_the_proxy_credentials(proxied: Session) -> None:
+    """Config, session state and the repo after a run: the key and the proxy URL live only in env."""
+    secrets = (API_KEY, f"{proxied.rollout_id}:x@")
+    for root in (proxied.run.home, proxied.repo):
+        for path in (p for p in root.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            assert not any(s.encode() in data for s in secrets), path
 
 
 def test_every_model_call_is_one_ok_row_in_order(proxied: Session) -> None:
