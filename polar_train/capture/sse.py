@@ -99,12 +99,21 @@ def _line_ending(raw: bytes) -> bytes:
 
 
 def serialize_event(raw: bytes, ev: SSEEvent, obj: object) -> bytes:
-    """Re-serialise ``obj`` as the data of event ``raw``, keeping its event name and line endings."""
+    """Re-serialise ``obj`` as the data of event ``raw``: its other lines (``event:``, ``id:``,
+    comments) and its line endings stay as they were; the data lines become one."""
     nl = _line_ending(raw)
-    parts = []
-    if ev.event is not None:
-        parts.append(b"event: " + ev.event.encode("utf-8") + nl)
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    parts.append(b"data: " + data.encode("utf-8") + nl)
-    parts.append(nl)
-    return b"".join(parts)
+    data = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    out: list[bytes] = []
+    placed = False
+    for line in raw.splitlines():
+        if not line:
+            continue
+        if line.startswith(b"data:"):
+            if not placed:
+                out.append(data)
+                placed = True
+            continue
+        out.append(line)
+    if not placed:
+        out.append(data)
+    return nl.join(out) + nl + nl
