@@ -50,6 +50,24 @@ def _client_side(msg: str) -> bool:
     return "client" in m or "peer closed" in m
 
 
+def _stream_finished(flow: http.HTTPFlow, state: record.CallState) -> bool:
+    """Whether the stream already carried its terminal event (checks the last few events only)."""
+    from polar_train.capture.sse import event_json
+
+    module = record.FORMATS[state.api]
+    tap = flow.response.stream if flow.response is not None else None
+    tail = list((state.stream_events or [])[-3:])
+    if isinstance(tap, StreamTap) and tap.splitter.pending.strip():
+        tail.append(tap.splitter.pending)
+    for raw in reversed(tail):
+        ev, obj = event_json(raw)
+        if module.is_done_event(ev.event, ev.data):
+            return True
+        if isinstance(obj, dict) and module.is_done_event(obj.get("type"), None):
+            return True
+    return False
+
+
 def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
     """The non-streamed body without injected fields (None: leave it as it is)."""
     try:
@@ -90,10 +108,11 @@ class PolarCapture:
                 raise exceptions.OptionsError(
                     f"polar_tokenizer: {tdir} is not a tokenizer folder (no tokenizer.json)")
         if self.writer is None or opts.out != self.opts.out or (opts.flush_rows, opts.flush_seconds,
-                                                                opts.queue_size) != (
-                self.opts.flush_rows, self.opts.flush_seconds, self.opts.queue_size):
+                                                                opts.queue_size, opts.prompt_delta) != (
+                self.opts.flush_rows, self.opts.flush_seconds, self.opts.queue_size, self.opts.prompt_delta):
             old = self.writer
-            writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size)
+            writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size,
+                                prompt_delta=opts.prompt_delta)
             try:
                 writer.start()
             except OSError as exc:
@@ -286,6 +305,9 @@ class PolarCapture:
             if _client_side(msg) and state.http_status is None and waited >= 0.95 * idle_limit:
                 # mitmproxy's inactivity watchdog (tcp_timeout) closed a call the upstream never answered
                 state.fail("upstream_error", f"no response from the upstream within tcp_timeout ({idle_limit:g} s)")
+            elif _client_side(msg) and state.streamed and _stream_finished(flow, state):
+                # the client left after the stream's terminal event (Codex does): a complete call
+                log.debug("polar_capture: client closed after the final event of %s", state.call_id)
             elif _client_side(msg):
                 state.fail("client_disconnected", msg)
             else:

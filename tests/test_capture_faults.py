@@ -336,3 +336,19 @@ def test_plain_http_proxy_credentials_are_used_and_removed(upstream, tmp_path):
     for f in m.out_dir.rglob("*"):
         if f.is_file():
             assert b"cred-SECRET-9" not in f.read_bytes()
+
+
+def test_client_leaving_after_the_final_event_is_a_complete_call(proxy):
+    """Codex closes the stream right after its terminal event; the call is complete (status ok)."""
+    r = rid()
+    got = b""
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "fault-linger-after-done", "messages": [], "stream": True},
+                      headers={"x-polar-rollout": r}) as resp:
+        for chunk in resp.iter_bytes():
+            got += chunk
+            if b"[DONE]" in got:
+                break
+    (row,) = wait_rows(proxy.out_dir, r)
+    assert row["status"] == "ok", row["error"]
+    assert json.loads(row["response_json"])["choices"][0]["message"]["content"] == "hi"

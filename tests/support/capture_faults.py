@@ -105,6 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
         if model == "fault-stall":
             time.sleep(30)  # the fault: an upstream that never answers in time
             return self._send(200, json.dumps(BODY).encode())
+        if model == "fault-linger-after-done":  # the body goes on after [DONE] (the client leaves first)
+            return self._stream([sse(CHUNK), b"data: [DONE]\n\n", b": keep-alive\n\n"], delay=1.5)
         if model == "ok-stream":
             return self._stream([sse(CHUNK)] * 3 + [b"data: [DONE]\n\n"])
         return self._send(200, json.dumps(BODY).encode())
