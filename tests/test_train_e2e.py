@@ -1,7 +1,7 @@
 """Capture -> build -> train: trajectories captured through the proxy train with exact logprobs.
 
-An OpenAI SDK agent loop talks to ``polar-train serve`` (tiny model, sampling at temperature 1,
-float32) through real mitmdump + our addon; ``polar-train build`` stitches the call log into
+An OpenAI SDK agent loop talks to ``polar-train serve`` or real vLLM (tiny model, sampling at
+temperature 1, float32) through real mitmdump + our addon; ``polar-train build`` stitches the call log into
 trajectories with rewards and task groups; ``polar-train train`` trains on them. The trainer's
 logprobs of the sampled tokens must equal what the server sampled with (< 1e-3): token exactness
 end to end, through capture, stitching (tool/template tokens masked) and training.
@@ -26,7 +26,13 @@ TASKS = ("fix-add", "fix-sub")
 PER_TASK = 4
 
 
-def test_trajectories_captured_through_the_proxy_train_exactly(polar_base_url, tiny_model_dir, tmp_path):
+@pytest.fixture(params=["polar", "vllm"])
+def upstream(request) -> str:
+    """Our CPU server, and the real vLLM (float32, raw logprobs: its default)."""
+    return request.getfixturevalue("vllm_base_url" if request.param == "vllm" else "polar_base_url")
+
+
+def test_trajectories_captured_through_the_proxy_train_exactly(upstream, tiny_model_dir, tmp_path):
     from polar_train.train.cli import train
     from polar_train.trajectories import BuildOptions, build_trajectories
     from polar_train.trajectories.writer import write_trajectories
@@ -37,7 +43,7 @@ def test_trajectories_captured_through_the_proxy_train_exactly(polar_base_url, t
             for k in range(PER_TASK):
                 rollout = f"{task}-{k}"
                 http = httpx.Client(proxy=f"http://{rollout}:secret@127.0.0.1:{px.port}", timeout=120)
-                client = OpenAI(base_url=f"{polar_base_url}/v1", api_key="sk-test", http_client=http)
+                client = OpenAI(base_url=f"{upstream}/v1", api_key="sk-test", http_client=http)
                 messages = [{"role": "system", "content": "You are a coding agent."},
                             {"role": "user", "content": f"Task {task}: make the test pass."}]
                 for turn in range(2):
