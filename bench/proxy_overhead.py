@@ -437,9 +437,16 @@ def main(argv: list[str] | None = None) -> int:
             profiler.wait(60)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed)
-        captured = sorted((tmp / "captures" / "calls").glob("*.parquet"))
-        print(f"\naddon wrote {len(captured)} part(s); upstream log: {up_log if args.keep else '(removed)'}")
-        return 0 if all(st.failed == 0 for st in runs) else 1
+        stop(procs[2])  # the addon's mitmdump: its last part is written on exit
+        import pyarrow.dataset as ds
+
+        parts = sorted((tmp / "captures" / "calls").glob("*.parquet"))
+        rows = ds.dataset([str(p) for p in parts]).to_table(columns=["status"]).column("status").to_pylist() \
+            if parts else []
+        expected = 4 + sum(r.calls for r in runs if r.config == "addon")
+        print(f"\naddon recorded {len(rows)} calls ({rows.count('ok')} ok) of {expected} sent through it, "
+              f"in {len(parts)} part(s)")
+        return 0 if all(st.failed == 0 for st in runs) and rows.count("ok") == expected else 1
     finally:
         for p in reversed(procs):
             stop(p)

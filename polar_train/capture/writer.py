@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.schema import CALL_LOG_SCHEMA
 
 log = logging.getLogger("polar_capture")
@@ -48,8 +49,11 @@ class PartWriter:
     """Buffers rows and writes ``<out>/calls/part-<UTC>-<pid>-<seq>.parquet`` every N rows / T s."""
 
     def __init__(self, out_dir: str | os.PathLike, flush_rows: int = 256, flush_seconds: float = 10.0,
-                 queue_size: int = 1024) -> None:
+                 queue_size: int = 1024, prompt_delta: bool = False) -> None:
         self.calls_dir = Path(out_dir).expanduser() / "calls"
+        #: Compact prompts (polar_prompt_delta): encoded here, in row order, so a reference always
+        #: points at a row written before (or with) the row that uses it.
+        self._delta = PromptDeltaEncoder() if prompt_delta else None
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -129,6 +133,8 @@ class PartWriter:
                 self.failed_jobs += 1
                 row = None
             if row is not None:
+                if self._delta is not None:
+                    row = self._delta.encode(row)
                 self._rows.append(row)
                 if self._first_row_at is None:
                     self._first_row_at = time.monotonic()
@@ -148,12 +154,16 @@ class PartWriter:
         except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
             if final:
                 self.lost_rows += len(rows)
+                if self._delta is not None:
+                    self._delta.forget()
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
                           self.calls_dir, exc.strerror or exc, len(rows))
                 return
             keep = rows[-self.max_pending_rows:]
             lost = len(rows) - len(keep)
             self.lost_rows += lost
+            if lost and self._delta is not None:
+                self._delta.forget()  # later rows must not refer to the dropped ones
             self._rows, self._first_row_at = keep + self._rows, time.monotonic()
             self._retry_at = time.monotonic() + self.flush_seconds
             log.error("polar_capture: cannot write a part to %s: %s; %d rows kept in memory, retrying "
@@ -161,6 +171,8 @@ class PartWriter:
                       f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
         except Exception:
             log.exception("polar_capture: writing a part of %d rows failed", len(rows))
+            if self._delta is not None:
+                self._delta.forget()
 
     def _write_part(self, rows: list[dict[str, Any]]) -> Path:
         table = pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA)

@@ -1,0 +1,115 @@
+"""Compact prompt storage (``polar_prompt_delta``): what is written is smaller, what is read is the
+same full prompt, whatever the session does (forks, retries, errors, interleaved rollouts)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_train.calllog import read_call_log
+from polar_train.capture.prompt_delta import PromptDeltaEncoder, common_prefix_len
+from polar_train.capture.writer import PartWriter
+from polar_train.schema import CALL_LOG_SCHEMA
+
+
+def row(rollout: str | None, prompt: list[int], completion: list[int], status: str = "ok") -> dict:
+    now = datetime.now(timezone.utc)
+    r = {name: None for name in CALL_LOG_SCHEMA.names}
+    r.update(call_id=uuid.uuid4().hex, rollout_id=rollout, api="openai.chat", status=status, started_at=now,
+             finished_at=now, prompt_token_ids=list(prompt) if status == "ok" else None,
+             completion_token_ids=list(completion) if status == "ok" else None)
+    return r
+
+
+def write_rows(tmp: Path, rows: list[dict], flush_rows: int = 7) -> PartWriter:
+    w = PartWriter(tmp, flush_rows=flush_rows, flush_seconds=3600, prompt_delta=True)
+    w.start()
+    for r in rows:
+        assert w.submit(lambda r=dict(r): r)
+    w.close()
+    return w
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([5], [6]) == 0
+
+
+def test_fifty_turn_session_round_trips_and_stores_linearly(tmp_path: Path) -> None:
+    prompt, rows = list(range(1000, 1400)), []
+    for k in range(50):
+        completion = [2000 + k] * 30
+        rows.append(row("r1", prompt, completion))
+        prompt = prompt + completion + [3000 + k] * 40
+    write_rows(tmp_path, rows)
+    log = read_call_log(tmp_path)
+    assert not log.problems
+    got = dict(zip(log.table.column("call_id").to_pylist(), log.table.column("prompt_token_ids").to_pylist()))
+    assert got == {r["call_id"]: r["prompt_token_ids"] for r in rows}
+    raw = read_call_log(tmp_path, resolve_prompts=False).table
+    stored = sum(len(p) for p in raw.column("prompt_token_ids").to_pylist())
+    assert stored == 400 + 49 * 40  # the first prompt once, then only each new tool output
+    assert raw.column("prompt_prefix_call_id").null_count == 1
+
+
+sessions = st.lists(st.tuples(
+    st.sampled_from(["a", "b", None]),          # rollout (None: no identity, never compacted)
+    st.sampled_from(["extend", "fork", "retry", "error"]),
+    st.integers(0, 200),                         # tokens of new tool output / fork point
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=sessions, flush_rows=st.integers(1, 9), min_prefix=st.integers(1, 80))
+def test_any_session_reads_back_exactly(tmp_path_factory, steps, flush_rows: int, min_prefix: int) -> None:
+    tmp = tmp_path_factory.mktemp("delta")
+    ctx: dict = {}
+    rows = []
+    for i, (rollout, action, n) in enumerate(steps):
+        prompt, completion = ctx.get(rollout, (list(range(100)), []))
+        base = prompt + completion
+        if action == "extend":
+            prompt = base + [10_000 + i] * n
+        elif action == "fork":
+            prompt = base[: n % (len(base) + 1)] + [20_000 + i] * 5
+        r = row(rollout, prompt, [30_000 + i] * (n % 7), "upstream_error" if action == "error" else "ok")
+        rows.append(r)
+        if action != "error":
+            ctx[rollout] = (prompt, r["completion_token_ids"])
+    w = PartWriter(tmp, flush_rows=flush_rows, flush_seconds=3600, prompt_delta=True)
+    w._delta = PromptDeltaEncoder(min_prefix=min_prefix)
+    w.start()
+    for r in rows:
+        w.submit(lambda r=dict(r): r)
+    w.close()
+    log = read_call_log(tmp)
+    assert not log.problems
+    got = dict(zip(log.table.column("call_id").to_pylist(), log.table.column("prompt_token_ids").to_pylist()))
+    assert got == {r["call_id"]: r["prompt_token_ids"] for r in rows}
+
+
+def test_option_reaches_the_writer(tmp_path: Path) -> None:
+    import importlib.util
+
+    from mitmproxy.test import taddons
+
+    spec = importlib.util.spec_from_file_location(
+        "polar_capture_delta", Path(__file__).resolve().parents[1] / "addons" / "polar_capture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    addon = module.PolarCapture()
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path))
+            assert addon.writer._delta is None  # off by default
+            tctx.configure(addon, polar_prompt_delta=True)
+            assert addon.writer._delta is not None
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
