@@ -499,3 +499,13 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     assert "5 calls" in out and "openai.chat" in out and "r0" in out
     assert main(["inspect", str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_responses_row_takes_sampling_values_from_the_echoed_response():
+    row = record.build_row(_state("openai.responses", request={"model": "tiny", "input": "Hi"}, http_status=200,
+                                  response_body=WIRE["resp_inj"].encode(), injected=True,
+                                  asked=openai_responses.inject({"input": "Hi"}).asked), None)
+    assert row["status"] == "ok" and row["token_source"] == "server"
+    assert row["temperature"] == 1.0 and row["top_p"] == 1.0
+    stored = json.loads(row["response_json"])
+    assert stored["input_messages"] is None and stored["output"][0]["content"][0]["logprobs"] is None

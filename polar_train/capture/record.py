@@ -235,6 +235,11 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             pass
     request = state.request
     temperature, top_p = module.sampling(request) if isinstance(request, dict) else (None, None)
+    if isinstance(response, dict):  # the Responses API echoes the values it sampled with
+        from .parsed import as_float
+
+        temperature = temperature if temperature is not None else as_float(response.get("temperature"))
+        top_p = top_p if top_p is not None else as_float(response.get("top_p"))
     secrets = state.secrets
     row = {
         "call_id": state.call_id,
