@@ -58,7 +58,8 @@ def test_trajectories_captured_through_the_proxy_train_exactly(upstream, tiny_mo
     reward_file.write_text("".join(json.dumps(r) + "\n" for r in rewards))
 
     built = build_trajectories(px.out, BuildOptions(rewards=str(reward_file), realign=True))
-    assert built.trajectories
+    assert built.trajectories, built.report.table()
+    print("\n" + built.report.table())
     traj_dir = tmp_path / "trajectories"
     write_trajectories(built.trajectories, traj_dir)
     table = pq.read_table(traj_dir).to_pydict()
