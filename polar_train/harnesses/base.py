@@ -187,7 +187,10 @@ class Harness(ABC):
             timed_out = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+            try:
+                out, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
+                out, err = "", "(output lost: a child process outside the session kept its pipes open)"
         finally:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
