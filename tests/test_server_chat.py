@@ -180,3 +180,27 @@ def test_models_tokenize_detokenize(polar_base_url, tiny_tokenizer):
     assert text["prompt"].startswith("<|im_start|>system\nYou are terse.")
     bad = post(polar_base_url, "/detokenize", {"model": "tiny", "tokens": [10**9]})
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize("path, body, status", [
+    ("/v1/responses", {"model": "tiny", "input": 5}, 400),
+    ("/v1/responses", {"model": "tiny", "input": [{"type": "teleport"}]}, 400),
+    ("/v1/responses", {"model": "tiny", "input": "x", "tools": [{"type": "function"}]}, 400),
+    ("/v1/responses", {"model": "tiny", "input": "x", "max_output_tokens": -1}, 400),
+    ("/v1/responses", {"model": "tiny", "input": "x", "previous_response_id": "resp_1"}, 400),
+    ("/v1/messages", {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}, 400),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": [{"role": "bot", "content": "x"}]}, 400),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]}, 400),
+    ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, 400),
+    ("/v1/messages?beta=true", {"model": "claude-x", "max_tokens": 5, "messages": []}, 404),
+    ("/v1/messages/count_tokens", {"model": "tiny", "messages": "x"}, 400),
+    ("/tokenize", {"model": "tiny"}, 400),
+])
+def test_bad_requests_on_responses_and_messages(polar_base_url, path, body, status):
+    r = post(polar_base_url, path, body)
+    assert r.status_code == status, r.text
+    data = r.json()
+    err = data["error"]
+    assert isinstance(err["message"], str) and err["message"] and "Traceback" not in err["message"]
+    if path.startswith("/v1/messages"):
+        assert data["type"] == "error"  # the Messages API's own shape

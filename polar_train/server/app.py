@@ -7,6 +7,7 @@ other requests and streams while the model works.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -106,12 +107,17 @@ def build_app(server: Server) -> Starlette:
             }],
         }]})
 
+    def _prepare(module, body: dict[str, Any]) -> dict[str, Any]:
+        req = module.prepare(server, body)
+        server.plan(req)
+        return req
+
     def api(module, anthropic: bool = False):
         async def handler(request: Request) -> Response:
             try:
                 body = await _json_body(request)
-                req = module.prepare(server, body)
-                server.plan(req)
+                # rendering a 20k-token prompt takes a while: off the event loop, like generation
+                req = await asyncio.to_thread(_prepare, module, body)
                 if req["stream"]:
                     return _sse(module.stream(server, req))
                 return JSONResponse(await module.respond(server, req))
