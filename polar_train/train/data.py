@@ -78,6 +78,8 @@ class DataReport:
              "(importance weight 1)"),
         ]
         out += [f"data: {n} {what}" for n, what in notes if n]
+        if not self.temperatures:
+            out.append("data: no sampling temperature recorded: `temperature` cannot be checked")
         return out
 
 
