@@ -91,6 +91,19 @@ def test_codex_config_is_a_responses_provider_read_from_the_environment(tmp_path
     assert Path(env["CODEX_HOME"]).is_relative_to(tmp_path)
 
 
+def test_codex_freeform_apply_patch_writes_a_model_catalog(tmp_path) -> None:
+    env = Codex(freeform_apply_patch=True, base_instructions="Be brief.").configure(
+        tmp_path, ModelServer("http://127.0.0.1:9000", model="qwen"), None)
+    config = tomllib.loads((Path(env["CODEX_HOME"]) / "config.toml").read_text())
+    catalog = json.loads(Path(config["model_catalog_json"]).read_text())
+    (entry,) = catalog["models"]
+    assert entry["slug"] == "qwen" and entry["apply_patch_tool_type"] == "freeform"
+    assert entry["base_instructions"] == "Be brief." and entry["prefer_websockets"] is False
+    assert "model_catalog_json" not in tomllib.loads(
+        (Path(Codex().configure(tmp_path / "plain", ModelServer("http://h:1"), None)["CODEX_HOME"])
+         / "config.toml").read_text())
+
+
 def test_codex_trusts_the_proxy_ca_through_its_own_variables(tmp_path, ca_cert) -> None:
     env = Codex().configure(tmp_path, ModelServer("http://127.0.0.1:9000"), Proxy(1, "r", ca_cert))
     assert env["CODEX_CA_CERTIFICATE"] == env["SSL_CERT_FILE"] == str(ca_cert)

@@ -33,7 +33,12 @@ from tests.support.tls_front import tls_front
 pytestmark = pytest.mark.timeout(600)
 
 HARNESS_NAMES = ("codex", "claude-code", "pi")
-API = {"codex": "openai.responses", "claude-code": "anthropic.messages", "pi": "openai.chat"}
+#: Single-session variants: each harness as configured by default, plus Codex with its freeform
+#: apply_patch tool (a model-catalog entry; the scenario then edits with a patch).
+VARIANTS: dict[str, tuple[str, dict]] = {"codex": ("codex", {}), "codex-apply-patch": ("codex", {"freeform_apply_patch": True}),
+                                         "claude-code": ("claude-code", {}), "pi": ("pi", {})}
+API = {"codex": "openai.responses", "codex-apply-patch": "openai.responses", "claude-code": "anthropic.messages",
+       "pi": "openai.chat"}
 SCRIPTED_TURNS = 5
 REASONING = ("The test fails, so add() is probably wrong. I will read the code and the test first.",
              "add() returns a - b but must return a + b.")
@@ -47,6 +52,7 @@ REASONING = ("The test fails, so add() is probably wrong. I will read the code a
 #:   prefix-stable as long as the server's arguments text is what the template renders.
 HISTORY_REWRITES: dict[str, dict[int, str]] = {
     "codex": {},
+    "codex-apply-patch": {},
     "claude-code": {2: '"replace_all": false'},
     "pi": {},
 }
@@ -54,7 +60,7 @@ HISTORY_REWRITES: dict[str, dict[int, str]] = {
 
 @dataclass
 class Session:
-    harness: str
+    harness: str  # the variant (a key of VARIANTS)
     rollout_id: str
     run: HarnessRun
     repo: Path
@@ -73,18 +79,19 @@ def scripted_server(tiny_model_dir: Path, logs_dir: Path):
 API_KEY = f"polar-test-key-{uuid.uuid4().hex}"
 
 
-def run_session(name: str, server: str, work: Path, proxy: Proxy | None) -> tuple[HarnessRun, Path]:
+def run_session(variant: str, server: str, work: Path, proxy: Proxy | None) -> tuple[HarnessRun, Path]:
     repo = make_task_repo(work / "repo")
-    run = get_harness(name).run(repo, TASK_PROMPT, ModelServer(server, model="tiny", api_key=API_KEY), proxy,
-                                home=work / "home", timeout=240)
+    name, options = VARIANTS[variant]
+    run = get_harness(name, **options).run(repo, TASK_PROMPT, ModelServer(server, model="tiny", api_key=API_KEY),
+                                           proxy, home=work / "home", timeout=240)
     return run, repo
 
 
-@pytest.fixture(scope="module", params=HARNESS_NAMES)
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def proxied(request, scripted_server: str, tiny_model_dir: Path, tmp_path_factory) -> Session:
     """One session of the harness through mitmdump + addon (its own proxy: all rows are its own)."""
     name = request.param
-    require_harnesses(name)
+    require_harnesses(VARIANTS[name][0])
     work = tmp_path_factory.mktemp(f"{name}-proxied")
     rollout = f"{name}-{uuid.uuid4().hex[:8]}"
     with capture_proxy(work, tiny_model_dir) as px:
@@ -109,6 +116,38 @@ def test_session_exits_0_and_really_runs_its_tools(proxied: Session) -> None:
     passed, output = repo_test_passes(proxied.repo)
     assert passed, f"the repo's test still fails after the {proxied.harness} session:\n{output[-2000:]}"
     assert "+    return a + b" in repo_diff(proxied.repo)
+
+
+#: The tool calls each session makes, as the harness itself sends them back: (item/block type, name).
+TOOLS_USED = {
+    "codex": {("function_call", "exec_command")},
+    "codex-apply-patch": {("function_call", "exec_command"), ("custom_tool_call", "apply_patch")},
+    "claude-code": {("tool_use", "Read"), ("tool_use", "Bash"), ("tool_use", "Edit")},
+    "pi": {("function", "read"), ("function", "bash"), ("function", "edit")},
+}
+
+
+def tool_calls_in_history(api: str, request: dict) -> set[tuple[str, str]]:
+    """(type, name) of every tool call in the conversation history of a request."""
+    if api == "openai.responses":
+        return {(it["type"], it["name"]) for it in request.get("input") or []
+                if it.get("type") in ("function_call", "custom_tool_call")}
+    found = set()
+    for m in request.get("messages") or []:
+        if m.get("role") != "assistant":
+            continue
+        if api == "anthropic.messages":
+            found |= {(b["type"], b["name"]) for b in m.get("content") or [] if isinstance(b, dict)
+                      and b.get("type") == "tool_use"}
+        else:
+            found |= {(c["type"], c["function"]["name"]) for c in m.get("tool_calls") or []}
+    return found
+
+
+def test_the_harness_used_its_own_tools(proxied: Session) -> None:
+    assert proxied.rows, "no rows"
+    last = proxied.rows[-1]
+    assert tool_calls_in_history(last["api"], json.loads(last["request_json"])) == TOOLS_USED[proxied.harness]
 
 
 def test_no_file_holds_the_api_key_or_the_proxy_credentials(proxied: Session) -> None:
@@ -136,7 +175,14 @@ def test_every_model_call_is_one_ok_row_in_order(proxied: Session) -> None:
         assert r["prompt_token_ids"] and r["completion_token_ids"], r["call_id"]
         # Logprobs are optional per API (the Anthropic wire has none); where present, one per token.
         assert r["completion_logprobs"] is None or len(r["completion_logprobs"]) in (0, len(r["completion_token_ids"]))
-    assert [r["tool_call_count"] for r in rows] == [2, 1, 1, 1, 0]
+
+
+def test_rows_count_the_tool_calls(proxied: Session, request) -> None:
+    if proxied.harness == "codex-apply-patch":
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="capture addon counts no custom_tool_call (apply_patch) items yet: "
+                                "docs/harness-wire-notes.md, Needs 8"))
+    assert [r["tool_call_count"] for r in proxied.rows] == [2, 1, 1, 1, 0]
 
 
 def test_prompt_of_next_call_extends_prompt_and_completion(proxied: Session, tiny_tokenizer) -> None:

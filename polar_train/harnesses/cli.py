@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="mitmproxy CA certificate (default: ~/.mitmproxy/mitmproxy-ca-cert.pem)")
     p.add_argument("--home", default=None, help="private HOME/config dir (default: a new temporary dir)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
+    p.add_argument("--freeform-apply-patch", action="store_true",
+                   help="codex only: describe the model in a model catalog so Codex offers its freeform "
+                        "apply_patch tool (with a short system prompt of ours)")
     p.set_defaults(func=_run)
 
 
@@ -47,7 +50,12 @@ def _run(args: argparse.Namespace) -> int:
             proxy = Proxy(args.proxy_port, args.rollout, ca)
         elif args.rollout:
             raise UserError("--rollout needs --proxy-port")
-        run = get_harness(args.name).run(Path(args.workdir), args.prompt, server, proxy,
+        options = {}
+        if args.freeform_apply_patch:
+            if args.name != "codex":
+                raise UserError("--freeform-apply-patch is a Codex option")
+            options["freeform_apply_patch"] = True
+        run = get_harness(args.name, **options).run(Path(args.workdir), args.prompt, server, proxy,
                                          Path(args.home) if args.home else None, args.timeout)
     except HarnessError as exc:
         raise UserError(str(exc)) from None

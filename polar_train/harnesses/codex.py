@@ -42,11 +42,43 @@ def config_toml(server: ModelServer, extra: dict[str, object] | None = None) -> 
     return "\n".join(lines)
 
 
+#: System prompt of the model-catalog entry (Codex requires one there; its built-in prompt is not
+#: reachable from config). Short on purpose: it names the two tools the model edits with.
+DEFAULT_BASE_INSTRUCTIONS = (
+    "You are Codex, a coding agent running in a terminal in the user's repository. Run commands with "
+    "exec_command and edit files with apply_patch. Be precise and concise."
+)
+MODEL_CATALOG_FILE = "model_catalog.json"
+
+
+def model_catalog(model: str, base_instructions: str) -> dict:
+    """A ``model_catalog_json`` with one entry for ``model`` that asks for the freeform apply_patch tool.
+
+    Why: for a model it does not know, Codex 0.171 offers no apply_patch at all; an entry with
+    ``apply_patch_tool_type = "freeform"`` makes it offer the ``custom`` (grammar) tool, as it does for
+    OpenAI's models. These are the fields Codex refuses the file without (checked on 0.171.0).
+    """
+    return {"models": [{
+        "slug": model, "display_name": model, "apply_patch_tool_type": "freeform",
+        "supported_reasoning_levels": [], "shell_type": "shell_command", "visibility": "list",
+        "supported_in_api": True, "priority": 1, "support_verbosity": False,
+        "truncation_policy": {"mode": "tokens", "limit": 10000}, "experimental_supported_tools": [],
+        "prefer_websockets": False, "base_instructions": base_instructions,
+    }]}
+
+
 @dataclass
 class Codex(Harness):
-    """``codex exec`` non-interactively: no approvals, no sandbox (CI has none), stdin closed."""
+    """``codex exec`` non-interactively: no approvals, no sandbox (CI has none), stdin closed.
+
+    ``freeform_apply_patch``: describe the model in a model catalog so that Codex also offers its
+    ``apply_patch`` tool (a ``custom`` tool with a Lark grammar), with ``base_instructions`` as the
+    system prompt. Off: Codex's fallback for unknown models (its own prompt, no apply_patch).
+    """
 
     extra_config: dict[str, object] = field(default_factory=dict)
+    freeform_apply_patch: bool = False
+    base_instructions: str = DEFAULT_BASE_INSTRUCTIONS
 
     def __post_init__(self) -> None:
         self.name, self.binary = "codex", "codex"
@@ -54,7 +86,12 @@ class Codex(Harness):
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         codex_home = home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
-        (codex_home / "config.toml").write_text(config_toml(server, self.extra_config), "utf-8")
+        extra = dict(self.extra_config)
+        if self.freeform_apply_patch:
+            catalog = codex_home / MODEL_CATALOG_FILE
+            catalog.write_text(json.dumps(model_catalog(server.model, self.base_instructions), indent=2), "utf-8")
+            extra["model_catalog_json"] = str(catalog)
+        (codex_home / "config.toml").write_text(config_toml(server, extra), "utf-8")
         env = {"CODEX_HOME": str(codex_home), API_KEY_ENV: server.api_key}
         if proxy is not None and proxy.ca_cert is not None:
             env["CODEX_CA_CERTIFICATE"] = str(proxy.ca_cert)
