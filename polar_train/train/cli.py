@@ -68,34 +68,34 @@ def prepare(args: argparse.Namespace):
     parquet_files(args.data)  # a missing or empty folder fails before the slow imports
     if not Path(args.model).exists():
         raise UserError(f"--model {args.model}: not found")
-    from .config import load_config, user_set_keys
+    from .config import load_config, user_options
 
-    given = user_set_keys(args.config, args.sets)
+    raw = user_options(args.config, args.sets)
     vocab = _model_vocab_size(args.model)
-    first = load_config(args.config, args.sets, args.output,
-                        {} if "per_device_train_batch_size" in given or "num_generations" not in given
-                        else {"per_device_train_batch_size": _given_value(args, "num_generations")})
     report = DataReport()
     trajs = load_trajectories(args.data, vocab_size=vocab,
-                              max_completion_length=first.max_completion_length, report=report)
-    defaults: dict[str, Any] = {}
-    g = first.num_generations if "num_generations" in given else max(2, modal_group_size(trajs))
-    if "num_generations" not in given:
-        defaults["num_generations"] = g
-    if "per_device_train_batch_size" not in given:
-        defaults["per_device_train_batch_size"] = g
-    config = load_config(args.config, args.sets, args.output, defaults) if defaults else first
+                              max_completion_length=_max_completion_length(raw), report=report)
+    # options the data decides when the user did not: the group size, one group per micro-batch
+    g = raw.get("num_generations") or max(2, modal_group_size(trajs))
+    defaults = {"num_generations": g, "per_device_train_batch_size": g}
+    config = load_config(args.config, args.sets, args.output,
+                         {k: v for k, v in defaults.items() if k not in raw})
     _check_temperature(config, report)
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
     return config, grouped, report
 
 
-def _given_value(args: argparse.Namespace, key: str) -> Any:
-    from .config import parse_sets, read_yaml
+def _max_completion_length(raw: dict[str, Any]) -> int | None:
+    from .config import TrainConfig
 
-    sets = parse_sets(args.sets)
-    return sets[key] if key in sets else read_yaml(args.config)[key]
+    value = raw.get("max_completion_length", TrainConfig.max_completion_length)
+    if value in (None, "None", "none", "null"):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"max_completion_length must be an integer, got {value!r}") from None
 
 
 def _check_output(out: Path, resume: bool) -> str | None:

@@ -188,6 +188,6 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
     return config
 
 
-def user_set_keys(config_path: str | None, sets: list[str]) -> set[str]:
-    """Option names the user gave explicitly (in the YAML or with ``--set``)."""
-    return set(read_yaml(config_path)) | set(parse_sets(sets))
+def user_options(config_path: str | None, sets: list[str]) -> dict[str, Any]:
+    """Options the user gave explicitly: the YAML's, overridden by ``--set`` (values as given)."""
+    return {**{k: v for k, v in read_yaml(config_path).items() if k != "env"}, **parse_sets(sets)}
