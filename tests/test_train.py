@@ -203,6 +203,8 @@ def test_example_config_loads_and_set_overrides_it(sampled, tiny_model_dir, tmp_
     assert config.vllm_importance_sampling_mode == "token_truncate"
     assert config.num_generations == 4 and config.per_device_train_batch_size == 4
     assert config.bf16 is (torch.cuda.is_available())
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "per_device_train_batch_size=8"))
+    assert (config.num_generations, config.per_device_train_batch_size) == (4, 8)
 
 
 def _traj(group: str, i: int, reward: float) -> Trajectory:
