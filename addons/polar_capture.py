@@ -246,10 +246,12 @@ class PolarCapture:
                 return
             decoder = Decoder(enc)
         module = record.FORMATS[state.api]
-        strip = None
+        strip = strip_bytes = None
         if state.injected:
             asked = state.asked
             strip = lambda obj: module.strip(obj, asked)  # noqa: E731
+            if hasattr(module, "strip_event_bytes"):
+                strip_bytes = lambda raw: module.strip_event_bytes(raw, asked)  # noqa: E731
         deliver_decoded = False
         if strip is not None and decoder is not None:
             del resp.headers["content-encoding"]
@@ -260,7 +262,7 @@ class PolarCapture:
         def first_byte() -> None:
             state.first_byte_at = record.utcnow()
 
-        resp.stream = StreamTap(state, strip, decoder, deliver_decoded, first_byte)
+        resp.stream = StreamTap(state, strip, decoder, deliver_decoded, first_byte, strip_bytes)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)

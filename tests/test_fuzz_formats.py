@@ -107,11 +107,13 @@ def row_of(api: str, chunks: list[bytes], injected: bool) -> tuple[dict, bytes]:
     """Pass chunks through a real tap (stripping when injected), then build the row."""
     module = FORMATS[api][0]
     state = new_state(api)
-    strip = None
+    strip = strip_bytes = None
     if injected:
         state.injected, state.asked = True, module.inject({"messages": []}).asked
         strip = lambda obj: module.strip(obj, state.asked)  # noqa: E731
-    tap = StreamTap(state, strip, None, False, lambda: None)
+        if hasattr(module, "strip_event_bytes"):  # the fast path, as the addon wires it
+            strip_bytes = lambda raw: module.strip_event_bytes(raw, state.asked)  # noqa: E731
+    tap = StreamTap(state, strip, None, False, lambda: None, strip_bytes)
     client: list[bytes] = []
     for c in [*chunks, b""]:
         got = tap(c)
@@ -273,3 +275,43 @@ def test_fuzz_mutated_real_shapes_never_raise(api: str, call, data) -> None:
     for injected in (False, True):
         row, _ = row_of(api, [b"".join(out)], injected)
         assert row["status"] in ("ok", "upstream_error"), row["error"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(piece=st.text(max_size=12), tid=token, lp=logprob, top=st.lists(st.tuples(st.text(max_size=4), logprob), max_size=3),
+       compact=st.booleans(), ask_ids=st.booleans(), ask_lps=st.booleans(), finish=st.sampled_from([None, "stop"]))
+def test_fuzz_chat_fast_strip_equals_json_strip(piece, tid, lp, top, compact, ask_ids, ask_lps, finish) -> None:
+    """The byte-splicing hot path gives the same JSON as parse + strip + re-serialise, for any token text."""
+    from polar_train.capture.sse import parse_event
+
+    obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+           "choices": [{"index": 0, "delta": {"content": piece},
+                        "logprobs": {"content": [{"token": piece, "logprob": lp, "bytes": list(piece.encode()),
+                                                  "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}]},
+                        "finish_reason": finish, "stop_reason": None, "token_ids": [tid]}]}
+    sep = (",", ":") if compact else (", ", ": ")
+    raw = b"data: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n"
+    asked = {"return_token_ids": ask_ids, "logprobs": ask_lps}
+    fast = openai_chat.strip_event_bytes(raw, asked)
+    if compact:
+        assert fast is not None  # vLLM's own shape always takes the fast path
+    if fast is None:
+        return
+    want = json.loads(json.dumps(obj))
+    openai_chat.strip(want, asked)
+    assert fast.endswith(b"\n\n") and fast.startswith(b"data: ")
+    assert json.loads(parse_event(fast).data) == want
+    if ask_ids and ask_lps:
+        assert fast == raw
+
+
+def test_unicode_line_separators_in_tokens_are_data() -> None:
+    """Found by fuzzing: U+2028 / U+0085 inside a token (vLLM writes raw UTF-8) are not SSE line
+    breaks; the event must still parse, be stripped for the client and be recorded."""
+    pieces = ["a\u2028b", "\x85", "\u2029c"]
+    for api in sorted(FORMATS):
+        data = FORMATS[api][1](pieces, [1, 2, 3], [-1.0, -2.0, -3.0], [7, 8])
+        row, client = row_of(api, [data], True)
+        assert row["status"] == "ok", (api, row["error"])
+        assert "a\u2028b\x85\u2029c" in row["response_json"]
+        assert b'"token_ids": [' not in client and b'"token_ids":[' not in client

@@ -196,7 +196,8 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
         if not (role == "user" and "content" not in out):
             messages.append(out)
     tools = []
-    for tool in request.get("tools") or ():
+    tools_in = request.get("tools")
+    for tool in tools_in if isinstance(tools_in, list) else ():
         if isinstance(tool, dict) and "input_schema" in tool:
             tools.append({"type": "function", "function": {
                 "name": tool.get("name"), "description": tool.get("description"),

@@ -11,6 +11,8 @@ Only choice 0 is recorded (harnesses send ``n=1``).
 from __future__ import annotations
 
 import copy
+import json
+import re
 from typing import Any
 
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
@@ -42,7 +44,8 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
             if obj.get(key) is not None:
                 obj[key] = None
                 changed = True
-    for choice in obj.get("choices") or ():
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
         if not isinstance(choice, dict):
             continue
         if not asked.get("return_token_ids") and choice.get("token_ids") is not None:
@@ -52,6 +55,41 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
             choice["logprobs"] = None
             changed = True
     return changed
+
+
+_TOKEN_IDS = re.compile(rb'"token_ids":\s*\[[\d,\s]*\]')
+_LOGPROBS = re.compile(r'"logprobs":\s*\{')
+_DECODER = json.JSONDecoder()
+
+
+def strip_event_bytes(raw: bytes, asked: dict[str, Any]) -> bytes | None:
+    """The stream hot path: strip a vLLM token chunk without re-encoding its JSON (None: not handled).
+
+    Why: parsing and re-serialising every event costs ~5x more than splicing ``null`` over the
+    injected ``token_ids`` / ``logprobs`` values (bench/proxy_overhead.py, py-spy). Handles only the
+    common shape - one ``data:`` line, one choice, no prompt fields (the first chunk goes the JSON
+    way) - and the result keeps every other byte as the server sent it.
+    """
+    if not raw.startswith(b"data: {") or raw.count(b"\n") != 2 or not raw.endswith(b"}\n\n") \
+            or b'"prompt_' in raw or raw.count(b'"index":') != 1:
+        return None
+    out = raw
+    if not asked.get("return_token_ids"):
+        if raw.count(b'"token_ids"') > 1:
+            return None
+        out = _TOKEN_IDS.sub(b'"token_ids":null', out)
+    if not asked.get("logprobs") and b'"logprobs":' in out:
+        text = out.decode("utf-8")
+        matches = list(_LOGPROBS.finditer(text))
+        if len(matches) != 1 or text.count('"logprobs":') != 1:
+            return None
+        m = matches[0]
+        try:
+            _, end = _DECODER.raw_decode(text, m.end() - 1)
+        except ValueError:
+            return None
+        out = (text[:m.start()] + '"logprobs":null' + text[end:]).encode("utf-8")
+    return out
 
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:

@@ -64,7 +64,8 @@ def _strip_response(resp: dict[str, Any], asked: dict[str, Any]) -> bool:
         resp["top_logprobs"] = asked.get("top_logprobs")
         changed = True
     if not asked.get("logprobs"):
-        for item in resp.get("output") or ():
+        output = resp.get("output")
+        for item in output if isinstance(output, list) else ():
             if isinstance(item, dict):
                 changed |= _strip_content(item.get("content"))
     return changed
@@ -253,7 +254,8 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": _text_of(item.get("output"))})
     tools = []
-    for tool in request.get("tools") or ():
+    tools_in = request.get("tools")
+    for tool in tools_in if isinstance(tools_in, list) else ():
         if isinstance(tool, dict) and tool.get("type") == "function":
             tools.append({"type": "function", "function": {
                 "name": tool.get("name"), "description": tool.get("description"),

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 _TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class SSESplitter:
@@ -66,7 +67,7 @@ def parse_event(raw: bytes) -> SSEEvent:
     text = raw.decode("utf-8", errors="replace")
     name: str | None = None
     data: list[str] = []
-    for line in text.splitlines():
+    for line in _LINE_BREAK.split(text):  # not str.splitlines: U+2028, U+0085 ... are data in SSE
         if not line or line.startswith(":"):
             continue
         key, _, value = line.partition(":")

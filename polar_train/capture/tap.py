@@ -66,7 +66,10 @@ class StreamTap:
     """
 
     def __init__(self, state: Any, strip: Callable[[dict], bool] | None, decoder: Decoder | None,
-                 deliver_decoded: bool, on_first_byte: Callable[[], None]) -> None:
+                 deliver_decoded: bool, on_first_byte: Callable[[], None],
+                 strip_bytes: Callable[[bytes], bytes | None] | None = None) -> None:
+        #: Optional fast path of the format (raw event -> stripped event, None: use the JSON path).
+        self.strip_bytes = strip_bytes
         self.state = state
         self.strip = strip
         self.decoder = decoder
@@ -121,6 +124,10 @@ class StreamTap:
     def _rewrite(self, raw: bytes) -> bytes:
         if not any(m in raw for m in _MARKERS):
             return raw
+        if self.strip_bytes is not None:
+            fast = self.strip_bytes(raw)
+            if fast is not None:
+                return fast
         ev = parse_event(raw)
         if ev.data is None or ev.data == "[DONE]":
             return raw
