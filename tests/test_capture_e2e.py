@@ -261,3 +261,28 @@ def test_rendered_chat_ids_equal_server_ids(upstream, plain_proxy, stream: bool)
     server = doc.chat.completions.create(**kw, extra_body={"return_token_ids": True}).model_dump()
     assert row["prompt_token_ids"] == server["prompt_token_ids"]
     assert row["usage_prompt_tokens"] in (None, len(server["prompt_token_ids"]))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "sse"])
+def test_rendered_responses_ids_equal_server_ids(upstream, plain_proxy, stream: bool) -> None:
+    """A Responses call without injection (as from a hosted API) is rendered from the request;
+    its prompt ids equal the ids the server reports (input_messages) for the same request."""
+    rollout = f"p-{uuid.uuid4().hex[:10]}"
+    oc = openai.OpenAI(base_url=plain_proxy.url + "/v1", api_key=API_KEY, max_retries=0,
+                       default_headers={"x-polar-rollout": rollout})
+    doc = openai.OpenAI(base_url=upstream + "/v1", api_key=API_KEY, max_retries=0)
+    kw = dict(model="tiny", instructions="You are a coding agent.", max_output_tokens=MAX_TOKENS,
+              input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix add()"}]},
+                     {"type": "message", "role": "assistant",
+                      "content": [{"type": "output_text", "text": "Reading the file."}]},
+                     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on"}]}])
+    if stream:
+        with oc.responses.with_streaming_response.create(stream=True, **kw) as r:
+            b"".join(r.iter_bytes())
+    else:
+        oc.responses.with_raw_response.create(**kw)
+    row = wait_row(plain_proxy.out_dir, rollout)
+    assert row["status"] == "ok" and row["token_source"] == "rendered"
+    server = doc.responses.create(**kw, extra_body={"enable_response_messages": True}).model_dump()
+    assert row["prompt_token_ids"] == server["input_messages"][0]["tokens"]
+    assert row["usage_prompt_tokens"] == len(row["prompt_token_ids"])
