@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from .engine import Engine, Finish, TokenStep  # noqa: F401 - Finish re-exported
-from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_turn,
-                    split_reasoning)
+from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_tool_calls,
+                    parse_turn, split_reasoning)
 
 
 async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenStep]],
@@ -130,10 +130,7 @@ class CompletionState:
         if self.tools_enabled:
             if TOOL_CALL_START in content:
                 head = content[: content.find(TOOL_CALL_START)]
-                parsed = parse_turn(content, True)
-                # Only complete, closed blocks are final.
-                closed = content.count("</tool_call>")
-                calls = parsed.tool_calls[:closed] if parsed.tool_calls else []
+                _, calls = parse_tool_calls(content, True, closed_only=True)
                 content = head.rstrip("\n")
             else:
                 content = content[: len(content) - _overlap(content, TOOL_CALL_START)].rstrip("\n")

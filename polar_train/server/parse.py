@@ -57,17 +57,35 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return reasoning.strip("\n"), rest.lstrip("\n")
 
 
-def parse_tool_calls(text: str, tools_enabled: bool) -> tuple[str | None, list[ParsedToolCall]]:
-    """hermes: (content before the first ``<tool_call>`` or None, parsed calls)."""
+def _parse_block(body: str) -> ParsedToolCall | None:
+    try:
+        obj = json.loads(body)
+        return ParsedToolCall(obj["name"], json.dumps(obj["arguments"], ensure_ascii=False))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def parse_tool_calls(text: str, tools_enabled: bool,
+                     closed_only: bool = False) -> tuple[str | None, list[ParsedToolCall]]:
+    """hermes: (content before the first ``<tool_call>`` or None, parsed calls).
+
+    ``closed_only`` (streaming): only blocks whose ``</tool_call>`` has arrived, so a call once
+    sent is never retracted. One difference from vLLM, for the same reason: a malformed block is
+    skipped instead of turning *all* calls back into text (vLLM does that only when not streaming).
+    When no block parses, the whole text is content, as in vLLM.
+    """
     if not tools_enabled or TOOL_CALL_START not in text:
         return text, []
-    try:
-        calls = []
-        for closed, open_ in _TOOL_CALL_RE.findall(text):
-            obj = json.loads(closed or open_)
-            calls.append(ParsedToolCall(obj["name"], json.dumps(obj["arguments"], ensure_ascii=False)))
-    except (ValueError, KeyError, TypeError):
-        return text, []  # vLLM keeps an unparsable block as plain content
+    calls = []
+    for m in _TOOL_CALL_RE.finditer(text):
+        closed = m.group(1) is not None
+        if closed_only and not closed:
+            break
+        call = _parse_block(m.group(1) if closed else m.group(2))
+        if call is not None:
+            calls.append(call)
+    if not calls:
+        return text, []
     content = text[: text.find(TOOL_CALL_START)]
     return (content if content else None), calls
 

@@ -1,0 +1,66 @@
+"""Streaming parse = final parse: whatever the token boundaries, the reasoning / content / tool-call
+deltas a stream sends add up to what the non-streamed response reports (no retraction, no loss)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polar_train.server.completion import CompletionState
+from polar_train.server.engine import Finish, TokenStep
+from polar_train.server.parse import parse_turn
+
+PIECES = ["<think>", "</think>", "\n", "\n\n", "Let", " me", " look", ".", "<tool_call>", "</tool_call>",
+          '{"name": "f", "arguments": {"a": 1}}', '{"name": "g", "arguments": {}}', "{bad", "<", "tool",
+          "_call>", "é", "日本", " "]
+
+
+class FakeTokenizer:
+    def __init__(self, vocab: list[str]) -> None:
+        self.vocab = vocab
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.vocab[i] for i in ids)
+
+
+class FakeEngine:
+    def __init__(self, vocab: list[str]) -> None:
+        self.tokenizer = FakeTokenizer(vocab)
+        self.stop_token_ids = frozenset({len(vocab) - 1})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(range(len(PIECES))), max_size=14), st.booleans(), st.booleans())
+def test_stream_deltas_add_up_to_the_final_parse(ids, tools_enabled, stop):
+    vocab = PIECES + ["<|im_end|>"]
+    engine = FakeEngine(vocab)
+    ids = list(ids) + ([len(vocab) - 1] if stop else [])
+    if not ids:
+        return
+    state = CompletionState(engine, tools_enabled)
+    reasoning, content, calls = "", "", []
+    for k, tid in enumerate(ids):
+        last = k == len(ids) - 1
+        d = state.push(TokenStep(tid, -1.0, [], Finish("stop" if stop else "length") if last else None))
+        reasoning += d.reasoning
+        content += d.content
+        calls += [c for _, c in d.tool_calls]
+    final = parse_turn("".join(vocab[i] for i in ids if i != len(vocab) - 1), tools_enabled)
+    assert state.final() is not None
+    assert reasoning == (final.reasoning or "")
+    assert content == (final.content or "")
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [(c.name, json.loads(c.arguments)) for c in final.tool_calls]
+    assert [c.id for c in calls] == [c.id for c in state.final().tool_calls]
+
+
+def test_parse_turn_like_vllm_hermes():
+    t = parse_turn('<think>\nplan\n</think>\n\nLet me look.\n<tool_call>\n{"name": "f", "arguments": '
+                   '{"path": "é"}}\n</tool_call>', True)
+    assert (t.reasoning, t.content) == ("plan", "Let me look.")
+    assert t.tool_calls[0].name == "f" and t.tool_calls[0].arguments == '{"path": "é"}'
+    assert parse_turn("<tool_call>\n{bad}\n</tool_call>", True).content == "<tool_call>\n{bad}\n</tool_call>"
+    assert parse_turn('<tool_call>{"name": "f", "arguments": {}}</tool_call>', False).tool_calls == []
+    assert parse_turn('<tool_call>{"name": "f", "arguments": {}}</tool_call>', True).content is None
