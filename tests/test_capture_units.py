@@ -509,3 +509,24 @@ def test_responses_row_takes_sampling_values_from_the_echoed_response():
     assert row["temperature"] == 1.0 and row["top_p"] == 1.0
     stored = json.loads(row["response_json"])
     assert stored["input_messages"] is None and stored["output"][0]["content"][0]["logprobs"] is None
+
+
+def test_hosted_apis_are_never_injected(tmp_path):
+    """api.openai.com & co reject unknown request fields: their calls pass as sent."""
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path))
+        f = _chat_flow({"model": "gpt", "messages": []}, path="/v1/responses")
+        f.request.host = "api.openai.com"
+        before = f.request.content
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        assert f.request.content == before and addon.calls[f.id].injected is False
+        local = _chat_flow({"model": "tiny", "messages": []}, path="/v1/responses")
+        addon.requestheaders(local)
+        asyncio.run(addon.request(local))
+        assert json.loads(local.request.content)["enable_response_messages"] is True
+        addon.done()
