@@ -530,3 +530,14 @@ def test_hosted_apis_are_never_injected(tmp_path):
         asyncio.run(addon.request(local))
         assert json.loads(local.request.content)["enable_response_messages"] is True
         addon.done()
+
+
+def test_responses_end_of_turn_token_gets_nan_logprob():
+    """vLLM: a completed Responses answer ends with <|im_end|> in output_messages, without a logprob."""
+    resp = json.loads(WIRE["resp_inj"])
+    resp["status"], resp["incomplete_details"] = "completed", None
+    resp["output_messages"][0]["tokens"].append(248046)
+    parsed = openai_responses.parse_body(resp)
+    n = len(parsed.completion_ids)
+    assert len(parsed.completion_logprobs) == n and parsed.completion_logprobs[-1] != parsed.completion_logprobs[-1]
+    assert parsed.completion_logprobs[:-1] == [lp["logprob"] for lp in resp["output"][0]["content"][0]["logprobs"]]

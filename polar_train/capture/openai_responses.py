@@ -151,8 +151,14 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
             tool_calls.append({"id": item.get("call_id"), "type": "function",
                                "function": {"name": item.get("name") or "",
                                             "arguments": item.get("arguments") or ""}})
-    if lps and parsed.completion_ids is not None and len(lps) == len(parsed.completion_ids):
+    ids = parsed.completion_ids
+    if lps and ids is not None and len(lps) == len(ids):
         parsed.completion_logprobs = lps
+    elif (lps and ids is not None and len(lps) == len(ids) - 1 and resp.get("status") == "completed"
+          and not tool_calls and not reasoning):
+        # vLLM reports logprobs for output_text only, so the end-of-turn token that closes a
+        # completed answer has none: NaN there (= "the server reported none"), the rest aligned
+        parsed.completion_logprobs = [*lps, float("nan")]
     status = resp.get("status")
     details = resp.get("incomplete_details") if isinstance(resp.get("incomplete_details"), dict) else {}
     if status == "completed":
