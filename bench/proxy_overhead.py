@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 BIN = Path(sys.executable).parent
-CONFIGS = ("direct", "bare", "addon")
+CONFIGS = ("direct", "bare", "addon", "addon-noinject")
 CALL_TIMEOUT_S = 120.0
 WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
          "the stream and hands each chunk on at once ").split()
@@ -359,6 +359,9 @@ def spread(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--configs", nargs="+", default=["direct", "bare", "addon"], choices=CONFIGS,
+                    help="what to compare (direct must come first, addon must be included); "
+                         "addon-noinject = the addon with polar_inject=false")
     ap.add_argument("--rounds", type=int, default=2, help="repetitions of every configuration (interleaved)")
     ap.add_argument("--calls-per-slot", type=int, default=1,
                     help="calls per run = concurrency x this (at least --min-calls)")
@@ -376,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="write a py-spy profile (collapsed stacks, flamegraph input) of the addon's mitmdump here")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
+    if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
+        ap.error("--configs: start with direct and include bare and addon")
     if args.serve_fake:
         serve_fake(args.serve_fake, args.tokens, args.chunk_delay_ms)
         return 0
@@ -404,15 +409,18 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(server)
         ports = {"direct": up_port}
         pids: dict[str, int | None] = {"direct": None}
-        for name in ("bare", "addon"):
+        configs = tuple(args.configs)
+        for name in configs[1:]:
             port = free_port()
             confdir = tmp / f"conf-{name}"
             cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--mode", f"regular@{port}",
                    "--set", f"confdir={confdir}", "--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
             if name == "bare":  # without a script mitmproxy buffers whole bodies: stream them instead
                 cmd += ["--set", "stream_large_bodies=1"]
-            if name == "addon":
-                cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / 'captures'}"]
+            if name.startswith("addon"):
+                cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / name}"]
+            if name == "addon-noinject":
+                cmd += ["--set", "polar_inject=false"]
             log = tmp / f"mitmdump-{name}.log"
             p = spawn(cmd, log)
             procs.append(p)
@@ -422,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
         body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens,
                            "messages": [{"role": "user", "content": "Tell me about the fox."}]}).encode()
-        for config in CONFIGS:  # warm-up: first-call costs (imports, template compile) stay out
+        for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
             measure(config, 2, 4, ports, pids, server.pid, up_port, body, f"warm-{config}")
 
         profiler = None
@@ -435,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             calls = max(args.min_calls, c * args.calls_per_slot)
             for r in range(args.rounds):
-                order = CONFIGS[r % 3:] + CONFIGS[:r % 3]  # rotate who goes first
+                k = r % len(configs)
+                order = configs[k:] + configs[:k]  # rotate who goes first
                 for config in order:
                     st = measure(config, c, calls, ports, pids, server.pid, up_port, body, f"{config}-c{c}-r{r}")
                     runs.append(st)
@@ -447,10 +456,10 @@ def main(argv: list[str] | None = None) -> int:
             profiler.wait(60)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed)
-        stop(procs[2])  # the addon's mitmdump: its last part is written on exit
+        stop(procs[1 + configs.index("addon")])  # the addon's mitmdump: its last part is written on exit
         import pyarrow.dataset as ds
 
-        parts = sorted((tmp / "captures" / "calls").glob("*.parquet"))
+        parts = sorted((tmp / "addon" / "calls").glob("*.parquet"))
         rows = ds.dataset([str(p) for p in parts]).to_table(columns=["status"]).column("status").to_pylist() \
             if parts else []
         expected = 4 + sum(r.calls for r in runs if r.config == "addon")
@@ -478,7 +487,7 @@ def report(runs: list[RunStats], args, elapsed: float) -> None:
     print(" | ".join("-" * len(c) for c in cols))
     agg: dict[tuple[int, str], dict[str, float]] = {}
     for c in args.concurrency:
-        for config in CONFIGS:
+        for config in args.configs:
             rs = [r for r in runs if r.concurrency == c and r.config == config]
             m = {k: statistics.median(getattr(r, k) for r in rs)
                  for k in ("calls_per_s", "ttfb_ms", "gap_ms", "gap_p99_ms", "total_ms",
@@ -506,6 +515,11 @@ def report(runs: list[RunStats], args, elapsed: float) -> None:
               f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
               f"{div(b['ttfb_ms'], d['ttfb_ms']):.3f} | {div(b['calls_per_s'], d['calls_per_s']):.3f} | "
               f"{div(b['gap_ms'], d['gap_ms']):.3f} | {a['ttfb_spread']:.0f}%, {b['ttfb_spread']:.0f}%")
+        if (c, "addon-noinject") in agg:
+            n = agg[(c, "addon-noinject")]
+            print(f"   addon-noinject/bare at {c}: TTFB {div(n['ttfb_ms'], b['ttfb_ms']):.3f}, calls/s "
+                  f"{div(n['calls_per_s'], b['calls_per_s']):.3f}, proxy CPU "
+                  f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
 
 
 if __name__ == "__main__":
