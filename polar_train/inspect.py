@@ -12,37 +12,22 @@ from collections import Counter
 from pathlib import Path
 
 
-def _part_files(path: Path) -> list[Path]:
-    calls = path / "calls" if (path / "calls").is_dir() else path
-    return sorted(p for p in calls.glob("*.parquet") if not p.name.startswith("."))
-
-
 def load_calls(path: str | Path):
-    """The call log under ``path`` (a capture folder or its ``calls/``) as a pyarrow Table."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """The call log under ``path`` (a capture folder, its ``calls/`` or one part), prompts resolved.
 
+    Returns (table, parts, problems); unreadable or foreign parts are skipped and named in problems.
+    """
+    from .calllog import CallLogError, read_call_log
     from .cli import UserError
-    from .schema import CALL_LOG_SCHEMA, missing_columns
 
     root = Path(path).expanduser()
-    if not root.is_dir():
+    if not root.exists():
         raise UserError(f"{root} is not a folder")
-    files = _part_files(root)
-    if not files:
-        raise UserError(f"no call-log parts (*.parquet) under {root}")
-    tables = []
-    for f in files:
-        try:
-            t = pq.read_table(f)
-        except Exception as exc:  # a foreign or broken file: say which
-            raise UserError(f"{f} is not a readable Parquet file: {exc}") from None
-        problems = missing_columns(t.schema, pa.schema([fld for fld in CALL_LOG_SCHEMA
-                                                       if fld.name in ("call_id", "api", "status")]))
-        if problems:
-            raise UserError(f"{f} is not a call-log part: {', '.join(problems)}")
-        tables.append(t.select([n for n in CALL_LOG_SCHEMA.names if n in t.schema.names]))
-    return pa.concat_tables(tables, promote_options="default"), files
+    try:
+        log = read_call_log(root)
+    except CallLogError as exc:
+        raise UserError(str(exc)) from None
+    return log.table, log.parts, [str(p) for p in log.problems]
 
 
 def _table(title: str, header: list[str], rows: list[list[object]]) -> str:
@@ -95,9 +80,16 @@ def summarize(table, top: int = 20) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    table, files = load_calls(args.dir)
-    print(f"{args.dir}: {len(files)} part(s)")
-    print(summarize(table, top=args.top))
+    table, files, problems = load_calls(args.dir)
+    lines = [f"{args.dir}: {len(files)} part(s)", *(f"skipped: {p}" for p in problems),
+             summarize(table, top=args.top)]
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:  # `polar-train inspect DIR | head`: not an error
+        import os
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
