@@ -129,6 +129,9 @@ class PolarCapture:
 
     def running(self) -> None:
         log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
+        if ctx.options.listen_host in ("", "0.0.0.0", "::"):
+            log.warning("polar_capture: the proxy listens on all interfaces; prompts and keys of every "
+                        "rollout pass through it - use --listen-host 127.0.0.1 unless you mean it")
 
     # -- connections -------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:
