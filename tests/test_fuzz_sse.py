@@ -7,15 +7,22 @@ chunk, lose no byte, and the tap must hand the client the same bytes.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_train.capture.sse import SSESplitter, parse_event, split_all
 from polar_train.capture.tap import StreamTap
 
-WIRE = Path(__file__).resolve().parents[2] / "shared" / "vllm-0.32-wire"
+
+def vllm_streams() -> dict[str, bytes]:
+    """One stream per format in vLLM 0.32's shapes (built like shared/vllm-0.32-wire shows them)."""
+    from tests.test_fuzz_formats import chat_stream, messages_stream, responses_stream
+
+    args = (["Hel", "lo ", "wör", "ld\u2028!"], [9419, 11, 12, 13], [-0.5, -1.0, -2.0, -0.25], [248045, 846, 198])
+    return {"chat": chat_stream(*args), "responses": responses_stream(*args), "messages": messages_stream(*args)}
+
+
+STREAMS = vllm_streams()
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -82,8 +89,7 @@ def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int])
 @FUZZ
 @given(points=st.lists(st.integers(0, 8000), max_size=80))
 def test_fuzz_real_vllm_streams_split_anywhere(points: list[int]) -> None:
-    for name in ("chat_stream.txt", "responses_stream.txt", "messages_stream.txt"):
-        data = (WIRE / name).read_bytes()
+    for data in STREAMS.values():
         assert feed_all(cut(data, points)) == split_all(data)
 
 
@@ -115,13 +121,14 @@ def test_fuzz_tap_output_independent_of_boundaries(points: list[int]) -> None:
     """With stripping (injection on) and without: the client's bytes never depend on the cuts."""
     from polar_train.capture import openai_chat, openai_responses
 
-    for name, module, asked in (("chat_stream.txt", openai_chat, {}),
-                                ("responses_stream.txt", openai_responses, {})):
-        data = (WIRE / name).read_bytes()
+    for name, module, asked in (("chat", openai_chat, {}), ("responses", openai_responses, {})):
+        data = STREAMS[name]
         strip = lambda obj, m=module, a=asked: m.strip(obj, a)  # noqa: E731
         whole_out, whole_events, _ = run_tap([data], strip)
         out, events, state = run_tap(cut(data, points), strip)
         assert out == whole_out and events == whole_events and not state.failed
-        assert b"prompt_token_ids\":[" not in out and b"\"output_messages\":[" not in out
+        injected = b'"prompt_token_ids": [' if name == "chat" else b'"output_messages": ['
+        assert injected in data  # the upstream sent them ...
+        assert injected not in out and injected.replace(b" ", b"") not in out  # ... the client never sees them
         passthrough, _, _ = run_tap(cut(data, points), None)
         assert passthrough == data  # injection off: byte for byte
