@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
         ap.error("--configs: start with direct and include bare and addon")
+    if args.profile and not (BIN / "py-spy").exists():
+        ap.error("--profile needs py-spy (pip install py-spy; it is in the test extra)")
     if args.serve_fake:
         serve_fake(args.serve_fake, args.tokens, args.chunk_delay_ms)
         return 0

@@ -8,7 +8,6 @@ mitmproxy log a traceback and could leave the call without a row; that must neve
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import json
@@ -138,9 +137,3 @@ def test_fuzz_hooks_with_injection(specs: list[dict]) -> None:
         assert len(rows) == len(specs)
         assert not any("hook failed" in (r["error"] or "") for r in rows)
 
-
-def test_hook_module_import_has_no_side_effects(tmp_path: Path) -> None:
-    """Loading the addon writes nothing until it is configured (no folder appears in the cwd)."""
-    addon = PolarCapture()
-    assert addon.writer is None
-    asyncio.run(asyncio.sleep(0))
