@@ -230,3 +230,24 @@ def test_unequal_groups_are_padded_split_or_dropped_and_reported():
     c_rows = [r for r in g.rows if trajs[r[0]].group == "c"]
     assert len(c_rows) == 1 and len(set(c_rows[0])) == 4
     assert math.isclose(sum(report.group_sizes.values()), 4)
+
+
+def test_init_adapter_continues_an_existing_lora(sampled, tiny_model_dir, tmp_path):
+    """``init_adapter``: the trainer starts from the saved adapter's weights, trainable."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.01)
+    peft_model.save_pretrained(str(tmp_path / "a0"))
+    with pytest.raises(UserError, match="no adapter_config.json"):
+        build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r0", f"init_adapter={tmp_path}"))
+    trainer, _, _ = build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r1", f"init_adapter={tmp_path / 'a0'}"))
+    lora_b = {n: p for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    assert lora_b and all(p.requires_grad for p in lora_b.values())
+    assert all(torch.allclose(p, torch.full_like(p, 0.01)) for p in lora_b.values())
+    assert not any("k_proj" in n for n in lora_b)  # the saved adapter's targets, not a fresh all-linear LoRA

@@ -122,6 +122,8 @@ def build_trainer(args: argparse.Namespace):
     config, grouped, report = prepare(args)
     out = Path(args.output)
     checkpoint = _check_output(out, args.resume)
+    if config.init_adapter and not (Path(config.init_adapter) / "adapter_config.json").is_file():
+        raise UserError(f"init_adapter {config.init_adapter}: no adapter_config.json there")
     for line in report.lines():
         print(line, flush=True)
 
@@ -139,8 +141,6 @@ def build_trainer(args: argparse.Namespace):
     if config.init_adapter:
         from peft import PeftModel
 
-        if not (Path(config.init_adapter) / "adapter_config.json").is_file():
-            raise UserError(f"init_adapter {config.init_adapter}: no adapter_config.json there")
         model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
     else:
         peft_config = config.lora_config()
