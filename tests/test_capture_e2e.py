@@ -25,7 +25,7 @@ import pytest
 from tests.support.mitm import read_calls, start_mitm
 from tests.support.tls_front import tls_front
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.vllm]
 
 API_KEY = "sk-test-SECRET-api-key-1234"
 PROXY_SECRET = "proxy-SECRET-pass-5678"
