@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             profiler.wait(60)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed)
-        stop(procs[1 + configs.index("addon")])  # the addon's mitmdump: its last part is written on exit
+        stop(procs[configs.index("addon")])  # procs[0] is the upstream; the addon's last part is written on exit
         import pyarrow.dataset as ds
 
         parts = sorted((tmp / "addon" / "calls").glob("*.parquet"))
