@@ -286,3 +286,47 @@ def test_rendered_responses_ids_equal_server_ids(upstream, plain_proxy, stream: 
     server = doc.responses.create(**kw, extra_body={"enable_response_messages": True}).model_dump()
     assert row["prompt_token_ids"] == server["input_messages"][0]["tokens"]
     assert row["usage_prompt_tokens"] == len(row["prompt_token_ids"])
+
+
+def test_rendered_responses_ids_with_codex_tools_equal_server_ids(upstream, plain_proxy) -> None:
+    """Codex's history shapes - a freeform ``custom`` tool (apply_patch) with its
+    ``custom_tool_call`` / ``custom_tool_call_output`` items, a namespaced function and a plain
+    function call - render to the ids the server itself reports for the same request."""
+    rollout = f"p-{uuid.uuid4().hex[:10]}"
+    oc = openai.OpenAI(base_url=plain_proxy.url + "/v1", api_key=API_KEY, max_retries=0,
+                       default_headers={"x-polar-rollout": rollout})
+    doc = openai.OpenAI(base_url=upstream + "/v1", api_key=API_KEY, max_retries=0)
+    patch = "*** Begin Patch\n*** Update File: calc.py\n@@\n-    return a - b\n+    return a + b\n*** End Patch\n"
+    tools = [
+        {"type": "function", "name": "exec_command", "description": "Run a command.",
+         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+        {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /(.|\\n)+/"}},
+        {"type": "namespace", "name": "mcp", "description": "MCP tools", "tools": [
+            {"type": "function", "name": "search", "description": "Search.",
+             "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]},
+    ]
+    kw = dict(model="tiny", instructions="You are a coding agent.", max_output_tokens=MAX_TOKENS, tools=tools,
+              input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix add()"}]},
+                     {"type": "function_call", "call_id": "c1", "name": "exec_command",
+                      "arguments": json.dumps({"cmd": "cat calc.py"})},
+                     {"type": "function_call_output", "call_id": "c1", "output": "def add(a, b):\n    return a - b\n"},
+                     {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": patch},
+                     {"type": "custom_tool_call_output", "call_id": "c2", "output": "Success. Updated calc.py"}])
+    oc.responses.with_raw_response.create(**kw)
+    row = wait_row(plain_proxy.out_dir, rollout)
+    assert row["status"] == "ok" and row["token_source"] == "rendered"
+    server = doc.responses.create(**kw, extra_body={"enable_response_messages": True}).model_dump()
+    assert row["prompt_token_ids"] == server["input_messages"][0]["tokens"]
+
+
+def test_custom_tool_calls_count_as_tool_calls() -> None:
+    """A Responses output with a ``custom_tool_call`` (Codex's apply_patch) is a tool-call turn."""
+    from polar_train.capture.openai_responses import parse_response
+
+    parsed = parse_response({"object": "response", "status": "completed", "output": [
+        {"type": "custom_tool_call", "call_id": "c9", "name": "apply_patch", "input": "*** Begin Patch\n"},
+        {"type": "function_call", "call_id": "c10", "name": "exec_command", "arguments": "{}"}]})
+    assert parsed.tool_call_count == 2 and parsed.finish_reason == "tool_calls"
+    calls = parsed.assistant["tool_calls"]
+    assert calls[0]["function"] == {"name": "apply_patch", "arguments": json.dumps({"input": "*** Begin Patch\n"})}

@@ -177,11 +177,7 @@ def test_every_model_call_is_one_ok_row_in_order(proxied: Session) -> None:
         assert r["completion_logprobs"] is None or len(r["completion_logprobs"]) in (0, len(r["completion_token_ids"]))
 
 
-def test_rows_count_the_tool_calls(proxied: Session, request) -> None:
-    if proxied.harness == "codex-apply-patch":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="capture addon counts no custom_tool_call (apply_patch) items yet: "
-                                "docs/harness-wire-notes.md, Needs 8"))
+def test_rows_count_the_tool_calls(proxied: Session) -> None:
     assert [r["tool_call_count"] for r in proxied.rows] == [2, 1, 1, 1, 0]
 
 

@@ -10,6 +10,7 @@ content parts and ``logprobs: []`` in deltas; stripping restores exactly that.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
@@ -147,10 +148,8 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
             for part in parts:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     reasoning.append(part["text"])
-        elif kind == "function_call":
-            tool_calls.append({"id": item.get("call_id"), "type": "function",
-                               "function": {"name": item.get("name") or "",
-                                            "arguments": item.get("arguments") or ""}})
+        elif kind in ("function_call", "custom_tool_call"):
+            tool_calls.append(_tool_call(item))
     ids = parsed.completion_ids
     if lps and ids is not None and len(lps) == len(ids):
         parsed.completion_logprobs = lps
@@ -177,6 +176,37 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
     parsed.assistant = assistant
     parsed.response = resp
     return parsed
+
+
+#: How vLLM (and ``polar-train serve``) show a freeform ``custom`` tool (Codex's ``apply_patch``) to
+#: the model: a function with one string argument. Rendering must use the same shim to give the
+#: server's ids.
+CUSTOM_INPUT_KEY = "input"
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {CUSTOM_INPUT_KEY: {"type": "string",
+                                      "description": "The freeform text payload for this tool."}},
+    "required": [CUSTOM_INPUT_KEY],
+    "additionalProperties": False,
+}
+NAMESPACE_SEPARATOR = "__"
+
+
+def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
+    """A ``function_call`` / ``custom_tool_call`` item as a chat tool call (vLLM's conversion)."""
+    name = item.get("name") or ""
+    if item.get("type") == "custom_tool_call":
+        args = json.dumps({CUSTOM_INPUT_KEY: item.get("input") or ""}, ensure_ascii=False)
+    else:
+        args = item.get("arguments") or ""
+        if item.get("namespace"):
+            name = f"{item['namespace']}{NAMESPACE_SEPARATOR}{name}"
+    return {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _function_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                              "parameters": parameters}}
 
 
 def parse_body(obj: dict[str, Any]) -> ParsedCall:
@@ -245,9 +275,8 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
             pending_reasoning = "".join(
                 p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
                 if isinstance(p, dict))
-        elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name") or "", "arguments": item.get("arguments") or ""}}
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _tool_call(item)
             if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls") is not None:
                 messages[-1]["tool_calls"].append(call)
             else:
@@ -256,14 +285,22 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
                     msg["reasoning_content"] = pending_reasoning
                     pending_reasoning = None
                 messages.append(msg)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": _text_of(item.get("output"))})
     tools = []
     tools_in = request.get("tools")
     for tool in tools_in if isinstance(tools_in, list) else ():
-        if isinstance(tool, dict) and tool.get("type") == "function":
-            tools.append({"type": "function", "function": {
-                "name": tool.get("name"), "description": tool.get("description"),
-                "parameters": tool.get("parameters")}})
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "function":
+            tools.append(_function_tool(tool.get("name"), tool.get("description"), tool.get("parameters")))
+        elif tool.get("type") == "custom":
+            tools.append(_function_tool(tool.get("name"), tool.get("description"), CUSTOM_PARAMETERS))
+        elif tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for f in tool["tools"]:
+                if isinstance(f, dict) and f.get("type") == "function":
+                    tools.append(_function_tool(f"{tool.get('name')}{NAMESPACE_SEPARATOR}{f.get('name')}",
+                                                f.get("description"), f.get("parameters")))
+        # built-in tools (web_search, ...) are not shown to the model
     return messages, tools or None
