@@ -66,6 +66,7 @@ class Session:
     repo: Path
     rows: list[dict]
     witnessed: list[dict]
+    captures: Path | None = None
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def proxied(request, scripted_server: str, tiny_model_dir: Path, tmp_path_factor
     rollout = f"{name}-{uuid.uuid4().hex[:8]}"
     with capture_proxy(work, tiny_model_dir) as px:
         run, repo = run_session(name, scripted_server, work, Proxy(px.port, rollout, px.ca_cert))
-    return Session(name, rollout, run, repo, call_rows(px.out), px.witnessed_model_flows())
+    return Session(name, rollout, run, repo, call_rows(px.out), px.witnessed_model_flows(), captures=px.out)
 
 
 def assistant_turns(api: str, request: dict) -> int:
@@ -254,3 +255,42 @@ def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server
             assert str(repo) in row["request_json"] and other not in row["request_json"], row["call_id"]
         turns = [assistant_turns(row["api"], json.loads(row["request_json"])) for row in mine]
         assert turns == list(range(SCRIPTED_TURNS))
+
+
+#: What the builder must make of each session: (trajectories, fork causes). Claude Code re-sends its
+#: Edit call with ``"replace_all": false`` inserted, so the prompt after that turn no longer starts
+#: with the sampled call: a ``history_rewrite`` fork. The others only append.
+EXPECTED_TRAJECTORIES = {"claude-code": (2, {"history_rewrite": 1})}
+
+
+def test_builder_stitches_the_session(proxied: Session) -> None:
+    """The real session's call log becomes GRPO-ready trajectories: every call is used, sampled tokens
+    are trained with the logprob the server reported, and a fork appears only where the harness
+    rewrote its history."""
+    import numpy as np
+
+    from polar_train.trajectories import BuildOptions, build_trajectories
+    from polar_train.trajectories.writer import trajectories_table
+
+    result = build_trajectories(proxied.captures, BuildOptions())
+    n_expected, forks = EXPECTED_TRAJECTORIES.get(proxied.harness, (1, {}))
+    report = result.report.to_json()
+    assert len(result.trajectories) == n_expected, result.report.table()
+    assert {k: v for k, v in report["forks"].items() if v} == forks, result.report.table()
+    table = trajectories_table(result.trajectories).to_pylist()
+    assert sum(t["num_calls"] for t in table) == SCRIPTED_TURNS
+    assert all(t["rollout_id"] == proxied.rollout_id for t in table)
+    by_id = {r["call_id"]: r for r in proxied.rows}
+    for t in table:
+        mask = np.asarray(t["loss_mask"])
+        lps = np.asarray(t["logprobs"], dtype=np.float64)
+        completion = np.asarray(t["completion_ids"])
+        calls = [by_id[c] for c in t["call_ids"]]
+        sampled = np.concatenate([np.asarray(c["completion_token_ids"]) for c in calls])
+        recorded = np.concatenate([np.asarray(c["completion_logprobs"] or [np.nan] * len(c["completion_token_ids"]),
+                                              dtype=np.float64) for c in calls])
+        # trained tokens are exactly the sampled ones, in order, each with the logprob the server
+        # reported (NaN where the wire carried none: Anthropic messages, Responses tool-call turns)
+        assert np.array_equal(completion[mask == 1], sampled)
+        assert np.allclose(lps[mask == 1], recorded, equal_nan=True, atol=0)
+        assert np.isnan(lps[mask == 0]).all()
