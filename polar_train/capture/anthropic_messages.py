@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..wire.anthropic import chat_messages, chat_tools
+from ..wire.errors import ApiError
 from .parsed import Injection, ParsedCall, as_float, as_int
 
 API = "anthropic.messages"
@@ -129,78 +131,12 @@ def is_done_event(name: str | None, data: str | None) -> bool:
     return name == "message_stop"
 
 
-def _system_text(system: Any) -> str:
-    if isinstance(system, str):
-        return system
-    parts = []
-    for block in system if isinstance(system, list) else ():
-        if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
-            if block["text"].startswith("x-anthropic-billing-header"):
-                continue
-            parts.append(block["text"])
-    return "".join(parts)
-
-
 def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Chat messages equivalent to a Messages request, as vLLM's Anthropic endpoint builds them."""
-    messages: list[dict[str, Any]] = []
-    system = _system_text(request.get("system"))
-    if system:
-        messages.append({"role": "system", "content": system})
-    items = request.get("messages")
-    if not isinstance(items, list):
-        raise ValueError("request has no messages list")
-    for msg in items:
-        if not isinstance(msg, dict):
-            continue
-        role = msg.get("role")
-        content = msg.get("content")
-        if role == "system":
-            text = _system_text(content)
-            if text:
-                messages.append({"role": "system", "content": text})
-            continue
-        out: dict[str, Any] = {"role": role}
-        if isinstance(content, str):
-            out["content"] = content
-            messages.append(out)
-            continue
-        parts, calls, reasoning = [], [], []
-        for block in content if isinstance(content, list) else ():
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text" and block.get("text"):
-                parts.append({"type": "text", "text": block["text"]})
-            elif kind == "thinking" and block.get("thinking") is not None:
-                reasoning.append(block["thinking"])
-            elif kind == "tool_use":
-                calls.append({"id": block.get("id"), "type": "function",
-                              "function": {"name": block.get("name") or "",
-                                           "arguments": json.dumps(block.get("input") or {})}})
-            elif kind == "tool_result":
-                if role == "user":
-                    c = block.get("content")
-                    text = c if isinstance(c, str) else "\n".join(
-                        i.get("text", "") for i in (c or []) if isinstance(i, dict) and i.get("type") == "text")
-                    messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
-                                     "content": text or ""})
-                else:
-                    parts.append({"type": "text", "text": f"Tool result: {block.get('content') or ''}"})
-        if reasoning:
-            out["reasoning"] = "".join(reasoning)
-        if calls:
-            out["tool_calls"] = calls
-        if parts:
-            out["content"] = parts[0]["text"] if len(parts) == 1 else parts
-        if not (role == "user" and "content" not in out):
-            messages.append(out)
-    tools = []
-    tools_in = request.get("tools")
-    for tool in tools_in if isinstance(tools_in, list) else ():
-        if isinstance(tool, dict) and "input_schema" in tool:
-            tools.append({"type": "function", "function": {
-                "name": tool.get("name"), "description": tool.get("description"),
-                "parameters": tool.get("input_schema"), "strict": tool.get("strict"),
-                "defer_loading": tool.get("defer_loading")}})
+    """Chat messages and tools of a Messages request, converted exactly as the server does
+    (:mod:`polar_train.wire.anthropic`, vLLM's Anthropic endpoint), for rendering."""
+    try:
+        messages = chat_messages(request)
+        tools = chat_tools(request.get("tools"))
+    except ApiError as exc:
+        raise ValueError(f"cannot convert the request to chat messages: {exc.message}") from None
     return messages, tools or None

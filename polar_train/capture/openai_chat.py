@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from ..wire.errors import ApiError
+from ..wire.render import normalize_tool
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 
 API = "openai.chat"
@@ -233,12 +235,16 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
 
 
 def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Chat messages and tools for rendering (already in chat form)."""
+    """Chat messages and tools for rendering (already in chat form; tools in vLLM's canonical form)."""
     messages = request.get("messages")
     if not isinstance(messages, list):
         raise ValueError("request has no messages list")
-    tools = request.get("tools") if isinstance(request.get("tools"), list) and request.get("tools") else None
-    return copy.deepcopy(messages), tools
+    tools_in = request.get("tools") if isinstance(request.get("tools"), list) else []
+    try:
+        tools = [normalize_tool(t) for t in tools_in]
+    except ApiError as exc:
+        raise ValueError(f"cannot use the request's tools: {exc.message}") from None
+    return copy.deepcopy(messages), tools or None
 
 
 def is_done_event(name: str | None, data: str | None) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..wire.errors import ApiError
+from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 
 API = "openai.responses"
@@ -178,22 +180,8 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
     return parsed
 
 
-#: How vLLM (and ``polar-train serve``) show a freeform ``custom`` tool (Codex's ``apply_patch``) to
-#: the model: a function with one string argument. Rendering must use the same shim to give the
-#: server's ids.
-CUSTOM_INPUT_KEY = "input"
-CUSTOM_PARAMETERS = {
-    "type": "object",
-    "properties": {CUSTOM_INPUT_KEY: {"type": "string",
-                                      "description": "The freeform text payload for this tool."}},
-    "required": [CUSTOM_INPUT_KEY],
-    "additionalProperties": False,
-}
-NAMESPACE_SEPARATOR = "__"
-
-
 def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
-    """A ``function_call`` / ``custom_tool_call`` item as a chat tool call (vLLM's conversion)."""
+    """A ``function_call`` / ``custom_tool_call`` output item as a chat tool call (vLLM's conversion)."""
     name = item.get("name") or ""
     if item.get("type") == "custom_tool_call":
         args = json.dumps({CUSTOM_INPUT_KEY: item.get("input") or ""}, ensure_ascii=False)
@@ -202,11 +190,6 @@ def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
         if item.get("namespace"):
             name = f"{item['namespace']}{NAMESPACE_SEPARATOR}{name}"
     return {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _function_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description,
-                                              "parameters": parameters}}
 
 
 def parse_body(obj: dict[str, Any]) -> ParsedCall:
@@ -249,58 +232,11 @@ def _text_of(content: Any) -> str:
 
 
 def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Chat messages equivalent to a Responses request (for rendering when the server gave no ids)."""
-    messages: list[dict[str, Any]] = []
-    if isinstance(request.get("instructions"), str) and request["instructions"]:
-        messages.append({"role": "system", "content": request["instructions"]})
-    items = request.get("input")
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise ValueError("request has no input")
-    pending_reasoning: str | None = None
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type") or ("message" if "role" in item else None)
-        if kind == "message":
-            role = item.get("role") or "user"
-            msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                   "content": _text_of(item.get("content"))}
-            if role == "assistant" and pending_reasoning:
-                msg["reasoning_content"] = pending_reasoning
-                pending_reasoning = None
-            messages.append(msg)
-        elif kind == "reasoning":
-            pending_reasoning = "".join(
-                p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
-                if isinstance(p, dict))
-        elif kind in ("function_call", "custom_tool_call"):
-            call = _tool_call(item)
-            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls") is not None:
-                messages[-1]["tool_calls"].append(call)
-            else:
-                msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-                if pending_reasoning:
-                    msg["reasoning_content"] = pending_reasoning
-                    pending_reasoning = None
-                messages.append(msg)
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": _text_of(item.get("output"))})
-    tools = []
-    tools_in = request.get("tools")
-    for tool in tools_in if isinstance(tools_in, list) else ():
-        if not isinstance(tool, dict):
-            continue
-        if tool.get("type") == "function":
-            tools.append(_function_tool(tool.get("name"), tool.get("description"), tool.get("parameters")))
-        elif tool.get("type") == "custom":
-            tools.append(_function_tool(tool.get("name"), tool.get("description"), CUSTOM_PARAMETERS))
-        elif tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
-            for f in tool["tools"]:
-                if isinstance(f, dict) and f.get("type") == "function":
-                    tools.append(_function_tool(f"{tool.get('name')}{NAMESPACE_SEPARATOR}{f.get('name')}",
-                                                f.get("description"), f.get("parameters")))
-        # built-in tools (web_search, ...) are not shown to the model
+    """Chat messages and tools of a Responses request, converted exactly as the server does
+    (:mod:`polar_train.wire.responses`), for rendering when the server gave no ids."""
+    try:
+        messages = input_messages(request)
+        tools = chat_tools(request.get("tools") or [])
+    except ApiError as exc:
+        raise ValueError(f"cannot convert the request to chat messages: {exc.message}") from None
     return messages, tools or None

@@ -15,6 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..wire.render import render
+
 
 class Renderer:
     """Loads the tokenizer lazily (on the worker thread, never on mitmproxy's event loop)."""
@@ -35,10 +37,9 @@ class Renderer:
 
     def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   add_generation_prompt: bool) -> str:
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-        if tools:
-            kwargs["tools"] = tools
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
+        """The server's own rendering (:func:`polar_train.wire.render.render`: vLLM's normalisation
+        of tools and tool-call arguments, then the chat template)."""
+        return render(self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,88 @@
+"""Chat messages + tools → prompt text and ids, exactly as vLLM renders them.
+
+vLLM (and so our server) normalises a request before the chat template sees it: a tool becomes
+``{"type": "function", "function": {"name", "description", "parameters"}}`` (missing fields as
+``null``), and assistant ``tool_calls[*].function.arguments`` given as JSON text are parsed into
+objects (the template dumps them again). The text is then tokenised without extra special tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from .errors import BadRequest
+
+
+def normalize_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A chat-completions tool in vLLM's canonical form."""
+    if not isinstance(tool, dict):
+        raise BadRequest("each tool must be an object", param="tools")
+    fn = tool.get("function")
+    if tool.get("type", "function") != "function" or not isinstance(fn, dict):
+        raise BadRequest("only tools of type 'function' with a 'function' object are supported",
+                         param="tools")
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise BadRequest("tools[].function.name must be a non-empty string", param="tools")
+    return {"type": "function", "function": {
+        "name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters"),
+    }}
+
+
+def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                              "parameters": parameters}}
+
+
+def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = copy.deepcopy(messages)
+    for i, m in enumerate(out):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role'", param="messages")
+        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"messages[{i}].role {m['role']!r} is not supported", param="messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts",
+                             param="messages")
+        if m["role"] == "assistant" and "tool_calls" in m:
+            calls = m.get("tool_calls")
+            if not calls:
+                m.pop("tool_calls", None)
+                continue
+            if not isinstance(calls, list):
+                raise BadRequest(f"messages[{i}].tool_calls must be a list", param="messages")
+            for call in calls:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest("assistant tool_calls entries need a function with a name",
+                                     param="messages")
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        fn["arguments"] = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        raise BadRequest(f"messages[{i}]: tool call arguments are not valid JSON",
+                                         param="messages") from None
+    return out
+
+
+def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+           add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+    if not isinstance(messages, list):
+        raise BadRequest("messages must be a list", param="messages")
+    try:
+        return tokenizer.apply_chat_template(
+            _postprocess(messages), tools=tools or None, tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+        )
+    except BadRequest:
+        raise
+    except Exception as exc:  # a template error is the request's fault (bad message shape)
+        raise BadRequest(f"cannot render the chat template: {exc}", param="messages") from None
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
