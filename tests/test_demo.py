@@ -1,0 +1,64 @@
+"""``polar-train demo``: its cheap pieces. The whole demo (capture → build → train → capture again,
+several minutes on CPU) is too slow for CI; ``docs/demo.md`` records a measured run. Here: the
+verifier, the command line, the tiny-model reuse rule, and one real capture round (our server,
+real ``mitmdump`` with the capture addon) with the smallest sizes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from polar_train.demo import DemoConfig, TASKS, _built_spec, capture_round, latin_share
+
+POLAR = Path(sys.executable).parent / "polar-train"
+
+
+@pytest.mark.parametrize("text, share", [
+    ("", 0.0),
+    ("hello world", 1.0),
+    ("Hello, World", 11 / 12),
+    ("你好", 0.0),
+    ("ab12", 0.5),
+    ("héllo", 0.8),
+])
+def test_latin_share_counts_ascii_letters_and_spaces(text: str, share: float) -> None:
+    assert latin_share(text) == pytest.approx(share)
+
+
+def test_demo_help_lists_the_options_with_their_defaults() -> None:
+    done = subprocess.run([str(POLAR), "demo", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    d = DemoConfig()
+    for option in ("--workdir", "--rounds", "--group-size", "--max-tokens", "--train-steps",
+                   "--learning-rate", "--final-norm-weight"):
+        assert option in done.stdout
+    assert f"default: {d.final_norm_weight:g}" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_a_model_built_with_another_spec_is_not_reused(tmp_path: Path) -> None:
+    assert _built_spec(tmp_path) is None  # nothing there: build
+    (tmp_path / "polar_tiny_model.json").write_text("{not json")
+    assert _built_spec(tmp_path) is None  # unreadable: build again, no traceback
+    (tmp_path / "polar_tiny_model.json").write_text(json.dumps({"final_norm_weight": 8.0}))
+    assert _built_spec(tmp_path) == {"final_norm_weight": 8.0}
+
+
+def test_one_capture_round_records_every_call_and_rewards_every_session(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = DemoConfig(workdir=tmp_path, group_size=1, max_tokens=2)
+    mean = capture_round(cfg, tiny_model_dir, None, tmp_path / "round0", 0)
+    rewards = [json.loads(line) for line in (tmp_path / "round0" / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rewards) == sorted(t for t, _ in TASKS)
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rewards)
+    assert mean == pytest.approx(sum(r["reward"] for r in rewards) / len(rewards))
+    parts = sorted((tmp_path / "round0" / "captures").rglob("*.parquet"))
+    assert parts, "the capture addon wrote no Parquet part"
+    calls = [row for part in parts for row in pq.read_table(part).to_pylist()]
+    assert len(calls) == 2 * len(TASKS)  # two model calls per session, each recorded once
+    assert {c["rollout_id"] for c in calls} == {r["rollout_id"] for r in rewards}
