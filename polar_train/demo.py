@@ -124,7 +124,8 @@ class DemoConfig:
     group_size: int = 4
     max_tokens: int = 12
     temperature: float = 1.0
-    #: Two epochs over the 16 sessions (one group of 4 per step).
+    #: One epoch: the builder forks most sessions of the peaked model, so a round has ~30
+    #: trajectories = 8 GRPO rows of 4 (one row per step). 4 steps (half an epoch) rose less.
     train_steps: int = 8
     #: 5e-3 rose faster but fell back in round 2 (measured, docs/demo.md).
     learning_rate: float = 1e-3
