@@ -138,6 +138,27 @@ def test_realign_keeps_sampled_ids_and_resumes_after_the_same_text(tmp_path):
     assert text == chat_tokenizer().decode(rows[1]["prompt_token_ids"] + rows[1]["completion_token_ids"])
 
 
+def test_retokenization_reaching_into_the_generation_prompt_is_realigned(tmp_path):
+    """A completion that starts with newlines: sampled as "\n" tokens after the generation prompt's
+    own "\n", re-rendered as one "\n\n\n" token that swallows the prompt's last token. Same text,
+    so it is BPE drift (not a history rewrite), and --realign continues the trajectory."""
+    tok = chat_tokenizer()
+    conv = Conversation(rollout_id="r1")
+    conv.user("greet")
+    sampled = encode(tok, "\n") + encode(tok, "\n") + encode(tok, "Hello") + [IM_END_ID]
+    first = conv.assistant("\n\nHello", completion_ids=sampled)
+    conv.user("again")
+    second = conv.assistant("Hi.")
+    p1, p2 = first["prompt_token_ids"], second["prompt_token_ids"]
+    assert p2[len(p1) - 1] != p1[-1]  # the divergence lies inside the first prompt
+    assert [t.fork_cause for t in build(tmp_path / "a", [first, second]).trajectories] == [None, "retokenization"]
+    (t,) = build(tmp_path / "b", [first, second], realign=True).trajectories
+    assert t.realigned
+    assert_aligned(t, [first, second])
+    ids, _, _ = t.completion_arrays()
+    assert tok.decode(t.prompt.tolist() + ids.tolist()) == tok.decode(p2 + second["completion_token_ids"])
+
+
 def test_changed_completion_text_is_not_retokenization(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("greet")

@@ -51,6 +51,9 @@ IM_END_ID = 248046
 THINK_ID = 248068
 USER_ID = 846
 
+#: How far back into the last prompt a re-tokenisation may reach (the ``assistant\n`` header).
+_MAX_PROMPT_TAIL = 8
+
 FORK_CAUSES = ("retokenization", "history_rewrite", "compaction", "new_conversation", "branch",
                "sampler_change")
 #: Open trajectories kept per rollout (least recently extended are closed first).
@@ -294,9 +297,15 @@ class Stitcher:
         """Where ``prompt`` resumes after saying the same bytes as the sampled tail ``t[d:]``.
 
         Only divergences inside the last completion qualify (earlier tokens were already
-        checked against a prompt). Returns the index in ``prompt`` or None.
+        checked against a prompt) - or in the text that the generation prompt ends with (the
+        ``assistant\n`` after ``<|im_start|>``), because re-rendering can merge it with the start
+        of the completion: a completion that begins with newlines re-tokenises ``"\n" + "\n\n"``
+        as one ``"\n\n\n"`` token. Returns the index in ``prompt`` or None.
         """
-        if d < t.last_prompt_len or d >= t.match_len:
+        lo = t.last_prompt_len
+        while lo > max(0, t.last_prompt_len - _MAX_PROMPT_TAIL) and t.match_at(lo - 1) < SPECIAL_START_ID:
+            lo -= 1
+        if d < lo or d >= t.match_len:
             return None
         if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
             return None  # a special token on either side: no tokenisation of text produces it
