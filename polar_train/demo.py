@@ -187,6 +187,21 @@ def _built_spec(model_dir: Path) -> dict | None:
         return None
 
 
+def show_one_call(captures: Path) -> None:
+    """Print the first captured call at token level: what the proxy recorded from the server."""
+    from .calllog import read_calls
+
+    rows = read_calls(captures).sort_by("started_at").slice(0, 1).to_pylist()
+    if not rows:
+        raise UserError(f"no call was captured in {captures}")
+    row = rows[0]
+    lps = [round(x, 3) for x in (row["completion_logprobs"] or [])]
+    print(f"  one captured call ({row['api']}, rollout {row['rollout_id']}, token_source {row['token_source']}):")
+    print(f"    prompt_token_ids     {row['prompt_token_ids']}")
+    print(f"    completion_token_ids {row['completion_token_ids']}")
+    print(f"    completion_logprobs  {lps}", flush=True)
+
+
 def run_demo(cfg: DemoConfig) -> int:
     from .tiny_model import TinyModelSpec, write_tiny_model
 
@@ -213,6 +228,8 @@ def run_demo(cfg: DemoConfig) -> int:
         reward = capture_round(cfg, model_dir, adapter, out, r)
         history.append(reward)
         print(f"[round {r}] mean reward {reward:.3f}", flush=True)
+        if r == 0:
+            show_one_call(out / "captures")
         if r == cfg.rounds:
             break
         _run([str(BIN / "polar-train"), "inspect", str(out / "captures")], "polar-train inspect")
