@@ -120,7 +120,7 @@ class DemoConfig:
     """The embedded default of ``make demo`` (every field is a command-line option)."""
 
     workdir: Path = Path("runs/demo")
-    rounds: int = 2
+    rounds: int = 1
     group_size: int = 4
     max_tokens: int = 12
     temperature: float = 1.0
@@ -234,7 +234,7 @@ def run_demo(cfg: DemoConfig) -> int:
             break
         _run([str(BIN / "polar-train"), "inspect", str(out / "captures")], "polar-train inspect")
         _run([str(BIN / "polar-train"), "build", str(out / "captures"), "--out", str(out / "trajectories"),
-              "--rewards", str(out / "rewards.jsonl"), "--realign"], "polar-train build")
+              "--rewards", str(out / "rewards.jsonl")], "polar-train build")
         sets = {"temperature": cfg.temperature, "max_steps": cfg.train_steps, "learning_rate": cfg.learning_rate,
                 "num_generations": cfg.group_size, "loss_type": "cispo", "epsilon_high": 5.0,
                 "report_to": "none", "save_steps": 1000}
