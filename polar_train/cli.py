@@ -47,7 +47,10 @@ _LAZY_COMMANDS: list[tuple[str, str]] = [
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="polar-train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="polar-train",
+        description="RL training for coding agents without changing the agent: capture (mitmproxy addon), "
+                    "build trajectories, train GRPO + LoRA.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_tiny_model(sub)
     for module, fn in _LAZY_COMMANDS:
