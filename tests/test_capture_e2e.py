@@ -301,7 +301,7 @@ def test_rendered_responses_ids_with_codex_tools_equal_server_ids(upstream, plai
         {"type": "function", "name": "exec_command", "description": "Run a command.",
          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
         {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
-         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /(.|\\n)+/"}},
+         "format": {"type": "text"}},  # vLLM 0.32 refuses grammar-format custom tools (400)
         {"type": "namespace", "name": "mcp", "description": "MCP tools", "tools": [
             {"type": "function", "name": "search", "description": "Search.",
              "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]},
