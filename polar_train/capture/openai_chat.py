@@ -59,39 +59,50 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
     return changed
 
 
-_TOKEN_IDS = re.compile(rb'"token_ids":\s*\[[\d,\s]*\]')
-_LOGPROBS = re.compile(r'"logprobs":\s*\{')
-_DECODER = json.JSONDecoder()
+# The shape of a vLLM 0.32 token chunk, exactly (compact JSON, its key order). Strings, numbers and
+# the logprobs object are matched by their grammar; only ``delta`` is matched loosely (any object).
+_STR = rb'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'  # no raw line break: SSE would split there
+_NUM = rb'(?:-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|Infinity)|NaN|null)'
+_INTS = rb'\[(?:\d+(?:,\d+)*)?\]'
+_BYTES = rb'(?:,"bytes":(?:' + _INTS + rb'|null))?'
+_TOP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + _BYTES + rb'\}'
+_ENTRY = (rb'\{"token":' + _STR + rb',"logprob":' + _NUM + _BYTES
+          + rb',"top_logprobs":\[(?:' + _TOP + rb'(?:,' + _TOP + rb')*)?\]\}')
+_TOKEN_CHUNK = re.compile(
+    rb'data: \{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR
+    + rb',"choices":\[\{"index":\d+,"delta":\{[^\r\n]*?\}'
+    + rb',"logprobs":(?P<lp>null|\{"content":\[(?:' + _ENTRY + rb'(?:,' + _ENTRY + rb')*)?\]\})'
+    + rb',"finish_reason":(?:null|' + _STR + rb')(?:,"stop_reason":(?:null|' + _STR + rb'|-?\d+))?'
+    + rb',"token_ids":(?P<ids>null|' + _INTS + rb')\}\](?:,"system_fingerprint":(?:null|' + _STR + rb'))?\}\n\n')
 
 
 def strip_event_bytes(raw: bytes, asked: dict[str, Any]) -> bytes | None:
-    """The stream hot path: strip a vLLM token chunk without re-encoding its JSON (None: not handled).
+    """The stream hot path: strip a vLLM token chunk by splicing, without parsing it (None: not handled).
 
-    Why: parsing and re-serialising every event costs ~5x more than splicing ``null`` over the
-    injected ``token_ids`` / ``logprobs`` values (bench/proxy_overhead.py, py-spy). Handles only the
-    common shape - one ``data:`` line, one choice, no prompt fields (the first chunk goes the JSON
-    way) - and the result keeps every other byte as the server sent it.
+    Why: parsing and re-serialising every event costs several times more than one regex match and
+    two slices (bench/proxy_overhead.py, py-spy). The event must match vLLM's token-chunk shape
+    exactly (:data:`_TOKEN_CHUNK`: one data line, one choice, fixed keys in vLLM's order); in a valid
+    JSON event that shape puts the spliced ``logprobs`` / ``token_ids`` at the choice's own level, so
+    the result equals :func:`strip` + re-serialisation, while every other byte stays as the server
+    sent it. Anything else (the first chunk with the prompt fields, other servers' formatting) goes
+    the JSON way.
     """
-    if not raw.startswith(b"data: {") or raw.count(b"\n") != 2 or not raw.endswith(b"}\n\n") \
-            or b'"prompt_' in raw or raw.count(b'"index":') != 1:
+    m = _TOKEN_CHUNK.fullmatch(raw)
+    if m is None:
         return None
-    out = raw
-    if not asked.get("return_token_ids"):
-        if raw.count(b'"token_ids"') > 1:
-            return None
-        out = _TOKEN_IDS.sub(b'"token_ids":null', out)
-    if not asked.get("logprobs") and b'"logprobs":' in out:
-        text = out.decode("utf-8")
-        matches = list(_LOGPROBS.finditer(text))
-        if len(matches) != 1 or text.count('"logprobs":') != 1:
-            return None
-        m = matches[0]
-        try:
-            _, end = _DECODER.raw_decode(text, m.end() - 1)
-        except ValueError:
-            return None
-        out = (text[:m.start()] + '"logprobs":null' + text[end:]).encode("utf-8")
-    return out
+    spans = []
+    if not asked.get("logprobs") and m["lp"] != b"null":
+        spans.append(m.span("lp"))
+    if not asked.get("return_token_ids") and m["ids"] != b"null":
+        spans.append(m.span("ids"))
+    if not spans:
+        return raw
+    out, pos = [], 0
+    for start, end in spans:
+        out += (raw[pos:start], b"null")
+        pos = end
+    out.append(raw[pos:])
+    return b"".join(out)
 
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
