@@ -2,9 +2,10 @@
 
     mitmdump -s addons/polar_capture.py --set polar_out=data/captures [--set polar_tokenizer=DIR]
 
-Thin on purpose: the hooks collect bytes and timestamps and hand finished calls to a worker
-thread (``polar_train.capture``); nothing slow runs on mitmproxy's event loop, and no exception
-escapes a hook (a bug becomes a logged ``proxy_error`` row, the traffic flows on).
+Thin on purpose: the hooks collect bytes and timestamps and hand finished calls to the row worker,
+a child process that parses them and writes Parquet (``polar_train.capture.worker``); nothing slow
+runs on mitmproxy's event loop, and no exception escapes a hook (a bug becomes a logged
+``proxy_error`` row, the traffic flows on).
 See docs/capture.md.
 """
 
@@ -28,9 +29,8 @@ from polar_train.capture import record
 from polar_train.capture.identity import IdentityResolver
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions
 from polar_train.capture.redact import header_secrets, value_secrets
-from polar_train.capture.render import Renderer
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
-from polar_train.capture.writer import PartWriter
+from polar_train.capture.worker import RowWorker
 
 log = logging.getLogger("polar_capture")
 
@@ -38,6 +38,8 @@ log = logging.getLogger("polar_capture")
 HOSTED_HOSTS = ("api.openai.com", "chatgpt.com", "api.anthropic.com", "openrouter.ai",
                 "generativelanguage.googleapis.com")
 _INLINE_PARSE_LIMIT = 1 << 20  # bodies above 1 MiB are parsed on a thread
+_LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "alert": logging.INFO,
+               "debug": logging.DEBUG}
 
 
 def _is_hosted(host: str) -> bool:
@@ -48,24 +50,6 @@ def _is_hosted(host: str) -> bool:
 def _client_side(msg: str) -> bool:
     m = msg.lower()
     return "client" in m or "peer closed" in m
-
-
-def _stream_finished(flow: http.HTTPFlow, state: record.CallState) -> bool:
-    """Whether the stream already carried its terminal event (checks the last few events only)."""
-    from polar_train.capture.sse import event_json
-
-    module = record.FORMATS[state.api]
-    tap = flow.response.stream if flow.response is not None else None
-    tail = list((state.stream_events or [])[-3:])
-    if isinstance(tap, StreamTap) and tap.splitter.pending.strip():
-        tail.append(tap.splitter.pending)
-    for raw in reversed(tail):
-        ev, obj = event_json(raw)
-        if module.is_done_event(ev.event, ev.data):
-            return True
-        if isinstance(obj, dict) and module.is_done_event(obj.get("type"), None):
-            return True
-    return False
 
 
 def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
@@ -82,8 +66,7 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
 class PolarCapture:
     def __init__(self) -> None:
         self.opts = CaptureOptions()
-        self.writer: PartWriter | None = None
-        self.renderer: Renderer | None = None
+        self.writer: RowWorker | None = None
         self.identities = IdentityResolver()
         self.attempts = record.AttemptCounter()
         self.calls: dict[str, record.CallState] = {}
@@ -107,12 +90,10 @@ class PolarCapture:
                                          or (tdir / "tokenizer_config.json").exists()):
                 raise exceptions.OptionsError(
                     f"polar_tokenizer: {tdir} is not a tokenizer folder (no tokenizer.json)")
-        if self.writer is None or opts.out != self.opts.out or (opts.flush_rows, opts.flush_seconds,
-                                                                opts.queue_size, opts.prompt_delta) != (
-                self.opts.flush_rows, self.opts.flush_seconds, self.opts.queue_size, self.opts.prompt_delta):
+        if self.writer is None or opts.worker_settings() != self.opts.worker_settings():
             old = self.writer
-            writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size,
-                                prompt_delta=opts.prompt_delta)
+            level = _LOG_LEVELS.get(str(getattr(ctx.options, "termlog_verbosity", "info")), logging.INFO)
+            writer = RowWorker(opts, level)
             try:
                 writer.start()
             except OSError as exc:
@@ -120,11 +101,6 @@ class PolarCapture:
             self.writer = writer
             if old is not None:
                 old.close()
-        if opts.tokenizer != self.opts.tokenizer or self.renderer is None:
-            self.renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
-            if self.renderer is not None and self.writer is not None:
-                renderer = self.renderer
-                self.writer.submit(lambda: (renderer.tokenizer, None)[1])  # load it off the event loop
         self.opts = opts
 
     def running(self) -> None:
@@ -212,6 +188,7 @@ class PolarCapture:
             state.attempt = self.attempts.next(state.identity.rollout_id, state.request_hash)
             return
         state.request = obj
+        state.request_body = body
         state.stream = obj.get("stream") is True
         state.request_hash = record.request_hash(obj) if len(body) <= _INLINE_PARSE_LIMIT else \
             await asyncio.to_thread(record.request_hash, obj)
@@ -310,16 +287,14 @@ class PolarCapture:
             if _client_side(msg) and state.http_status is None and waited >= 0.95 * idle_limit:
                 # mitmproxy's inactivity watchdog (tcp_timeout) closed a call the upstream never answered
                 state.fail("upstream_error", f"no response from the upstream within tcp_timeout ({idle_limit:g} s)")
-            elif _client_side(msg) and state.streamed and _stream_finished(flow, state):
-                # the client left after the stream's terminal event (Codex does): a complete call
-                log.debug("polar_capture: client closed after the final event of %s", state.call_id)
+            elif _client_side(msg) and state.streamed:
+                # complete if the stream already carried its final event (Codex leaves then); the row
+                # worker sees the whole stream and decides
+                state.client_error = msg
             elif _client_side(msg):
                 state.fail("client_disconnected", msg)
             else:
                 state.fail("upstream_error", msg)
-            tap = flow.response.stream if flow.response is not None else None
-            if isinstance(tap, StreamTap):
-                state.stream_pending = tap.splitter.pending
         except Exception as exc:
             log.exception("polar_capture: error hook failed")
             state.fail("proxy_error", f"error hook failed: {exc!r}")
@@ -334,10 +309,8 @@ class PolarCapture:
         if flow is not None:
             self.calls.pop(flow.id, None)
         state.finished_at = record.utcnow()
-        if self.writer is None:
-            return
-        renderer, opts = self.renderer, self.opts
-        self.writer.submit(lambda: record.build_row(state, renderer, opts.tokenize_check, opts.tokenize_url))
+        if self.writer is not None:
+            self.writer.submit(state.for_worker())
 
     def done(self) -> None:
         try:
@@ -348,7 +321,7 @@ class PolarCapture:
             if self.writer is not None:
                 self.writer.close()
                 if self.writer.dropped:
-                    log.warning("polar_capture: %d calls dropped (worker queue full)", self.writer.dropped)
+                    log.warning("polar_capture: %d calls dropped (row worker queue full)", self.writer.dropped)
         except Exception:
             log.exception("polar_capture: shutdown failed")
 

@@ -155,7 +155,7 @@ def test_stream_tap_rewrites_only_events_with_injected_fields():
     want = [_mask(o) for _, o in _sse_objs(WIRE["chat_plain_sse"])]
     assert got == want
     assert out.endswith(b"data: [DONE]\n\n")
-    assert len(state.stream_events) == len(split_all(data)[0])
+    assert state.stream_raw == data  # recorded as received (with the injected fields)
 
 
 def test_stream_tap_passthrough_is_byte_exact():
@@ -163,7 +163,7 @@ def test_stream_tap_passthrough_is_byte_exact():
     tap = StreamTap(state, None, None, False, lambda: None)
     data = WIRE["chat_inj_sse"].encode() + b"data: {trunc"
     out = b"".join(tap(data[i:i + 50]) for i in range(0, len(data), 50))
-    assert out == data and tap(b"") == [] and state.stream_pending == b"data: {trunc"
+    assert out == data and tap(b"") == [] and state.stream_raw == data
 
 
 # -- identity, redaction, options ------------------------------------------------------------
@@ -312,8 +312,8 @@ def test_build_row_bad_bodies(body, status, needle):
 
 
 def test_build_row_truncated_and_malformed_stream():
-    row = record.build_row(_state(stream_events=[b'data: {"choices": []}\n\n', b"data: {bad\n\n"],
-                                  stream_pending=b"data: {", http_status=200, stream=True), None)
+    row = record.build_row(_state(stream_raw=b'data: {"choices": []}\n\ndata: {bad\n\ndata: {',
+                                  http_status=200, stream=True), None)
     assert row["status"] == "upstream_error" and "malformed" in row["error"]
 
 

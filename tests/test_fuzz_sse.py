@@ -94,10 +94,10 @@ def test_fuzz_real_vllm_streams_split_anywhere(points: list[int]) -> None:
 
 
 class _State:
-    """The two attributes of a CallState the tap touches."""
+    """The attributes of a CallState the tap touches."""
 
     def __init__(self) -> None:
-        self.stream_events = None
+        self.stream_raw = None
         self.streamed = False
         self.failed: list[str] = []
 
@@ -112,7 +112,7 @@ def run_tap(chunks: list[bytes], strip) -> tuple[bytes, list[bytes], _State]:
     for c in [*chunks, b""]:
         got = tap(c)
         out.extend(got if isinstance(got, list) else [got])
-    return b"".join(out), state.stream_events, state
+    return b"".join(out), split_all(bytes(state.stream_raw))[0], state
 
 
 @FUZZ

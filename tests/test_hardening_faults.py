@@ -14,7 +14,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -24,38 +23,13 @@ import pytest
 from polar_train.calllog import read_call_log
 from tests.support.capture_faults import fault_upstream
 from tests.support.faulty_upstream import slow_upstream
-from tests.support.mitm import read_calls, start_mitm
+from tests.support.mitm import no_addon_traceback, poll, proxy_client, rid, rows_of, start_mitm
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def no_addon_traceback(log: str) -> bool:
-    """mitmproxy prints its own tracebacks when it cancels open connections at shutdown; none may
-    come from our code."""
-    return "/polar_train/" not in log and 'polar_capture.py", line' not in log
-
-
-def rid() -> str:
-    return f"h-{uuid.uuid4().hex[:10]}"
-
-
-def client(m, rollout: str, timeout: float = 30) -> httpx.Client:
-    """A client of the proxy in regular mode, the rollout in the proxy credentials (as harnesses do)."""
-    return httpx.Client(proxy=f"http://{rollout}:pw-{rollout}@127.0.0.1:{m.port}", timeout=timeout)
-
-
-def poll(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)  # polling a condition with a deadline
-    raise TimeoutError(what)
-
-
-def rows_of(out_dir: Path, rollout: str) -> list[dict]:
-    return [r for r in read_calls(out_dir) if r["rollout_id"] == rollout]
+def client(m, rollout: str, timeout: float = 30):
+    return proxy_client(m, rollout, timeout)
 
 
 def chat(stream: bool, max_tokens: int = 400) -> dict:

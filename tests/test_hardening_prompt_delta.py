@@ -107,9 +107,10 @@ def test_option_reaches_the_writer(tmp_path: Path) -> None:
     with taddons.context(addon) as tctx:
         try:
             tctx.configure(addon, polar_out=str(tmp_path))
-            assert addon.writer._delta is None  # off by default
+            first = addon.writer
+            assert first.opts.prompt_delta is False  # off by default
             tctx.configure(addon, polar_prompt_delta=True)
-            assert addon.writer._delta is not None
+            assert addon.writer is not first and addon.writer.opts.prompt_delta is True
             addon.done()
         finally:
             tctx.master._legacy_log_events.uninstall()

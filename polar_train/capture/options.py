@@ -62,6 +62,11 @@ class CaptureOptions:
     max_body_mb: int = 256
     prompt_delta: bool = False
 
+    def worker_settings(self) -> tuple:
+        """What the row worker uses: a change of these needs a new worker, others do not."""
+        return (self.out, self.tokenizer, self.flush_rows, self.flush_seconds, self.queue_size,
+                self.tokenize_check, self.tokenize_url, self.prompt_delta)
+
     @classmethod
     def from_mitmproxy(cls, opts: Any) -> "CaptureOptions":
         return cls(

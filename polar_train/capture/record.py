@@ -1,8 +1,9 @@
 """One model call: the state collected while it passes the proxy, and its call-log row.
 
 Why split this way: the hooks only collect bytes and timestamps (cheap, on the event loop);
-:func:`build_row` does the expensive part (JSON parsing, reassembly, rendering) on the writer's
-worker thread.
+:func:`build_row` does the expensive part (JSON parsing, reassembly, rendering) in the row worker
+(a child process, :mod:`polar_train.capture.worker`). A :class:`CallState` crosses that process
+boundary pickled, so it holds raw bytes (request body, stream) rather than parsed objects.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,7 +23,7 @@ from .identity import Identity
 from .parsed import ParsedCall
 from .redact import redact_json, scrub
 from .render import Renderer, server_tokenize
-from .sse import event_json, parse_event
+from .sse import event_json, parse_event, split_all
 
 log = logging.getLogger("polar_capture")
 
@@ -82,7 +83,10 @@ class CallState:
     upstream_base: str
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     secrets: set[str] = field(default_factory=set)
+    #: The request body as the client sent it (before injection); parsed again by the row worker.
     request_body: bytes = b""
+    #: The parsed body, on the proxy side only (:meth:`for_worker` drops it: the raw body is cheaper
+    #: to send than a pickled object tree).
     request: dict[str, Any] | None = None
     request_error: str | None = None
     injected: bool = False
@@ -94,9 +98,12 @@ class CallState:
     first_byte_at: datetime | None = None
     finished_at: datetime | None = None
     response_body: bytes | None = None
-    stream_events: list[bytes] | None = None
-    stream_pending: bytes = b""
+    #: A streamed body as it arrived (decoded), appended chunk by chunk; split into events later.
+    stream_raw: bytearray | bytes | None = None
     streamed: bool = False
+    #: The client closed the connection while the call was streaming: the row worker decides
+    #: whether the stream had already carried its final event (a complete call; Codex does this).
+    client_error: str | None = None
     status: str | None = None  # set by the error hook / proxy errors; None = decide from response
     error: str | None = None
     finalized: bool = False
@@ -105,6 +112,22 @@ class CallState:
         if self.status is None:
             self.status = status
             self.error = error
+
+    def for_worker(self) -> "CallState":
+        """A copy to hand to the row worker: raw bytes only (the parsed request is dropped)."""
+        raw = self.stream_raw
+        return replace(self, request=None if self.request_body else self.request,
+                       stream_raw=bytes(raw) if isinstance(raw, bytearray) else raw)
+
+    def request_object(self) -> dict[str, Any] | None:
+        """The parsed request: kept, or parsed again from the raw body (in the row worker)."""
+        if self.request is None and self.request_body and self.request_error is None:
+            try:
+                obj = json.loads(self.request_body)
+            except ValueError:
+                return None
+            self.request = obj if isinstance(obj, dict) else None
+        return self.request
 
 
 def _dumps(value: Any) -> str:
@@ -115,7 +138,8 @@ def _parse_stream(module, state: CallState) -> ParsedCall:
     events: list[tuple[str | None, Any]] = []
     done = False
     malformed = 0
-    for raw in state.stream_events or ():
+    raw_events, pending = split_all(bytes(state.stream_raw or b""))
+    for raw in raw_events:
         ev, obj = event_json(raw)
         if ev.data is None:
             continue
@@ -128,8 +152,8 @@ def _parse_stream(module, state: CallState) -> ParsedCall:
             malformed += 1
             continue
         events.append((ev.event, obj))
-    if state.stream_pending.strip():
-        ev = parse_event(state.stream_pending)
+    if pending.strip():
+        ev = parse_event(pending)
         if ev.data is not None and module.is_done_event(ev.event, ev.data):
             done = True  # a final event without its blank line: complete
         else:
@@ -180,13 +204,14 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
 
 def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
               tokenize_url: str = "") -> dict[str, Any]:
-    """The call-log row of a finished call (runs on the worker thread; never raises for bad input)."""
+    """The call-log row of a finished call (runs in the row worker; never raises for bad input)."""
     module = FORMATS[state.api]
     status, error = state.status, state.error
     parsed = ParsedCall()
     body_text: str | None = None
+    request = state.request_object()
     try:
-        if state.stream_events is not None and (state.stream_events or state.stream_pending):
+        if state.stream_raw:
             parsed = _parse_stream(module, state)
         elif state.response_body is not None and state.response_body != b"":
             body_text = state.response_body.decode("utf-8", errors="replace")
@@ -207,6 +232,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         status, error = "proxy_error", f"parsing the response failed: {exc!r}"
         parsed = ParsedCall()
 
+    if status is None and state.client_error is not None and not (state.stream_raw and parsed.complete):
+        status, error = "client_disconnected", state.client_error  # left before the final event
     if status is None:
         if state.http_status is not None and state.http_status >= 400:
             status = "upstream_error"
@@ -233,7 +260,6 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             module.strip(response, state.asked)
         except Exception:
             pass
-    request = state.request
     temperature, top_p = module.sampling(request) if isinstance(request, dict) else (None, None)
     if isinstance(response, dict):  # the Responses API echoes the values it sampled with
         from .parsed import as_float

@@ -44,6 +44,10 @@ class SSESplitter:
         return events
 
     @property
+    def has_pending(self) -> bool:
+        return bool(self._buf)
+
+    @property
     def pending(self) -> bytes:
         """Bytes of an event not terminated yet (at end of stream: a truncated event)."""
         return bytes(self._buf)

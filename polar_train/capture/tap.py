@@ -1,16 +1,18 @@
 """The stream tap: sees each response chunk as it passes and hands it on at once.
 
-Per chunk it only decodes (if the upstream compressed despite our request), splits SSE events
-incrementally and keeps the raw events for the worker. With injection on, each complete event that
-carries an injected field is re-serialised without it (events without one keep their exact bytes),
-so the client gets each event as soon as its last byte arrives; with injection off the chunk is
-returned unchanged, byte for byte.
+Per chunk it only decodes (if the upstream compressed despite our request) and appends the bytes
+to the call's record (the row worker splits them into events later). With injection off that is
+all: the chunk is returned unchanged, byte for byte. With injection on, complete SSE events are
+split off incrementally and each one that carries an injected field loses it (a format's byte-level
+fast path where it can prove the event's shape, else JSON parse and re-serialise); events without
+one keep their exact bytes, and the client gets each event as soon as its last byte arrives.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +22,7 @@ from .sse import SSESplitter, parse_event, serialize_event
 log = logging.getLogger("polar_capture")
 
 #: Substrings whose absence proves an event carries nothing to strip (skips JSON parsing).
-_MARKERS = (b"token_ids", b"logprobs", b"prompt_text", b"input_messages", b"output_messages")
+_MARKERS = re.compile(rb"token_ids|logprobs|prompt_text|input_messages|output_messages")
 
 
 class Decoder:
@@ -78,7 +80,7 @@ class StreamTap:
         self.on_first_byte = on_first_byte
         self.seen_bytes = 0
         self.broken: str | None = None
-        state.stream_events = []
+        self.raw = state.stream_raw = bytearray()
         state.streamed = True
 
     def __call__(self, chunk: bytes) -> list[bytes] | bytes:
@@ -91,11 +93,14 @@ class StreamTap:
             return chunk if not self.deliver_decoded else self._safe_decode(chunk)
         try:
             data = self.decoder.decode(chunk) if self.decoder is not None else chunk
-            events = self.splitter.feed(data)
-            self.state.stream_events.extend(events)
+            self.raw += data
             if self.strip is None:
                 return data if self.deliver_decoded else chunk
-            out = b"".join(self._rewrite(ev) for ev in events)
+            if (not self.splitter.has_pending and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2
+                    and b"\r" not in data):
+                out = self._rewrite(data)  # the usual read: exactly one whole event (what feed() gives)
+            else:
+                out = b"".join([self._rewrite(ev) for ev in self.splitter.feed(data)])
             return [out] if out else []
         except Exception as exc:  # never let the tap break the stream: pass the rest through
             log.exception("polar_capture: stream tap failed; passing the rest through unchanged")
@@ -115,14 +120,13 @@ class StreamTap:
 
     def _finish(self) -> list[bytes]:
         """End of the upstream's body: hand on an unterminated trailing event unchanged."""
+        if self.strip is None:
+            return []  # every byte was handed on as it came
         pending = self.splitter.pending
-        self.state.stream_pending = pending
-        if self.strip is None and not self.deliver_decoded:
-            return []
         return [pending] if pending else []
 
     def _rewrite(self, raw: bytes) -> bytes:
-        if not any(m in raw for m in _MARKERS):
+        if _MARKERS.search(raw) is None:
             return raw
         if self.strip_bytes is not None:
             fast = self.strip_bytes(raw)

@@ -1,8 +1,10 @@
-"""Parquet parts of the call log, written by one worker thread.
+"""Parquet parts of the call log, written by one thread.
 
-Why a thread with a bounded queue: mitmproxy moves every byte of every session on one event loop;
-building a row (JSON parsing, tokenising, rendering) and Parquet encoding must not run there. A
-full queue never blocks traffic: the call is dropped and counted. Why parts with atomic renames:
+It runs in the row worker process (:mod:`polar_train.capture.worker`), or on a thread of the
+proxy when that process cannot run. Why a thread with a bounded queue: building a row (JSON
+parsing, tokenising, rendering) and Parquet encoding must not hold up whoever hands rows in; on
+the proxy's side a full queue never blocks traffic (the call is dropped and counted), in the
+worker process it blocks the reader (backpressure up to the proxy's own queue). Why parts with atomic renames:
 a reader (pyarrow datasets, DuckDB, ``datasets``) globbing the folder never sees a half-written
 file, since the part is written under a dot-name (which they skip) and ``os.replace``d when
 complete; a SIGKILL loses at most the rows not flushed yet, never corrupts a part.
@@ -23,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from polar_train.capture.outdir import prepare_calls_dir
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.schema import CALL_LOG_SCHEMA
 
@@ -71,24 +74,16 @@ class PartWriter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        old = os.umask(0o077)
-        try:
-            self.calls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        finally:
-            os.umask(old)
-        try:
-            os.chmod(self.calls_dir.parent, 0o700)
-            os.chmod(self.calls_dir, 0o700)
-        except OSError:
-            pass
+    def start(self, create_dir: bool = True) -> None:
+        if create_dir:
+            prepare_calls_dir(self.calls_dir)
         self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> bool:
-        """Queue a job; never blocks. Returns False (and counts a drop) when the queue is full."""
+    def submit(self, job: Job, block: bool = False) -> bool:
+        """Queue a job. Without ``block`` it never blocks: False (and a counted drop) when full."""
         try:
-            self._queue.put_nowait(job)
+            self._queue.put(job, block=block)
             return True
         except queue.Full:
             with self._lock:
@@ -179,6 +174,8 @@ class PartWriter:
         self._seq += 1
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
+        if not self.calls_dir.exists():
+            prepare_calls_dir(self.calls_dir)  # removed while we ran: make it again
         final = self.calls_dir / name
         tmp = self.calls_dir / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +93,37 @@ def read_calls(out_dir: Path):
     if not files:
         return []
     return ds.dataset([str(f) for f in files], format="parquet").to_table().to_pylist()
+
+
+def rows_of(out_dir: Path, rollout: str) -> list[dict]:
+    return [r for r in read_calls(out_dir) if r["rollout_id"] == rollout]
+
+
+def rid() -> str:
+    """A fresh rollout id."""
+    return f"h-{uuid.uuid4().hex[:10]}"
+
+
+def proxy_client(m: Mitm, rollout: str, timeout: float = 30):
+    """An httpx client of the proxy in regular mode, the rollout in the proxy credentials (as
+    harnesses send it)."""
+    import httpx
+
+    return httpx.Client(proxy=f"http://{rollout}:pw-{rollout}@127.0.0.1:{m.port}", timeout=timeout)
+
+
+def poll(cond, timeout: float, what: str):
+    """``cond()`` once it is truthy; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)  # polling a condition with a deadline
+    raise TimeoutError(what)
+
+
+def no_addon_traceback(log: str) -> bool:
+    """mitmproxy prints its own tracebacks when it cancels open connections at shutdown; none may
+    come from our code (the proxy's or its row worker's)."""
+    return "/polar_train/" not in log and 'polar_capture.py", line' not in log

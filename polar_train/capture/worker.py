@@ -1,0 +1,283 @@
+"""The row worker: builds call-log rows and writes Parquet parts in a child process.
+
+Why a process and not a thread: mitmproxy moves every byte of every session on one event loop,
+and a thread in the same interpreter shares its GIL. Reassembling a stream (a JSON parse per
+event), rendering token ids and Parquet encoding cost about as much CPU as the proxy spends
+forwarding the call; on a thread they slow the loop down (calls/s) and hold the GIL for up to a
+switch interval (5 ms) while a request waits (time to first byte). In a child process they run on
+another core and the proxy's loop only hands over bytes.
+
+The hand-over: the event loop puts each finished :class:`~polar_train.capture.record.CallState`
+(raw request body, raw stream bytes, timestamps) into a bounded queue and never blocks - a full
+queue drops the call and counts it. A sender thread pickles the states and writes them as
+length-prefixed frames to the child's stdin. The child (``python -m polar_train.capture.worker``)
+feeds them to a :class:`~polar_train.capture.writer.PartWriter`. It ignores SIGINT/SIGTERM, so a
+Ctrl-C or a signal to the process group reaches the proxy, whose ``done`` hook then closes the
+worker in order; when the proxy dies without that (SIGKILL), the child reads end-of-file, writes
+what it holds and exits.
+
+If the child cannot start or keeps dying, the proxy falls back to an in-process writer thread
+(logged): capture slows down but never stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .options import CaptureOptions
+from .outdir import prepare_calls_dir
+
+log = logging.getLogger("polar_capture")
+
+_HEADER = struct.Struct("!Q")
+_STOP = object()
+#: A child that exits within this many seconds of its start counts as failing to start.
+_EARLY_EXIT_S = 5.0
+_MAX_EARLY_EXITS = 2
+
+
+def write_frame(out: BinaryIO, payload: bytes) -> None:
+    out.write(_HEADER.pack(len(payload)))
+    out.write(payload)
+
+
+def read_frame(inp: BinaryIO) -> bytes | None:
+    """One frame, or None at end of file (also for a frame cut short by a dying parent)."""
+    head = inp.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    payload = inp.read(size)
+    return payload if len(payload) == size else None
+
+
+def _package_root() -> str:
+    """The folder that holds the ``polar_train`` package (the child imports it from there too)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+class RowWorker:
+    """The proxy side of the row worker: non-blocking ``submit``, orderly ``close``.
+
+    ``dropped`` counts calls refused because the queue was full; ``sent`` the calls handed over.
+    """
+
+    def __init__(self, opts: CaptureOptions, log_level: int = logging.INFO) -> None:
+        self.opts = opts
+        self.log_level = log_level
+        self._queue: queue.Queue = queue.Queue(maxsize=opts.queue_size)
+        self._proc: subprocess.Popen | None = None
+        self._proc_started = 0.0
+        self._early_exits = 0
+        self._fallback = None  # a PartWriter thread, when the child cannot run
+        self._fallback_renderer = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.sent = 0
+
+    # -- proxy side (event loop) ----------------------------------------------------------------
+    def start(self) -> None:
+        """Create the output folder (errors surface as option errors) and the sender thread; the
+        child starts with the first call (a proxy reconfigured before any traffic starts none)."""
+        prepare_calls_dir(Path(self.opts.out).expanduser() / "calls")
+        self._thread = threading.Thread(target=self._send_loop, name="polar-capture-sender", daemon=True)
+        self._thread.start()
+
+    def submit(self, state: Any) -> bool:
+        """Queue a finished call; never blocks. False (and a counted drop) when the queue is full."""
+        try:
+            self._queue.put_nowait(state)
+            return True
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+                n = self.dropped
+            log.warning("polar_capture: row worker queue full, call dropped (%d dropped so far)", n)
+            return False
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Hand over what is queued, let the child write its last part, wait for it."""
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=0.5)
+                break
+            except queue.Full:
+                if time.monotonic() > deadline or not self._thread.is_alive():
+                    log.error("polar_capture: row worker queue stuck at shutdown; %d calls not written",
+                              self._queue.qsize())
+                    return
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._thread = None
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("polar_capture: row worker did not finish within %gs; stopping it", timeout)
+                proc.kill()
+                proc.wait()
+            if proc.returncode not in (0, None):
+                log.error("polar_capture: row worker exited with code %s", proc.returncode)
+        if self._fallback is not None:
+            self._fallback.close(max(1.0, deadline - time.monotonic()))
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    # -- sender thread ---------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
+            start_new_session=True, close_fds=True)
+        self._proc_started = time.monotonic()
+        write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
+        self._proc.stdin.flush()
+
+    def _send(self, state: Any) -> None:
+        """Write one call to the child (started on first use); a dead child is replaced, and one
+        that cannot run at all makes way for an in-process writer thread."""
+        payload = pickle.dumps(state, protocol=5) if self._fallback is None else b""
+        while self._fallback is None:
+            if self._proc is None:
+                try:
+                    self._spawn()
+                except OSError as exc:
+                    self._start_fallback(f"cannot start {sys.executable}: {exc}")
+                    break
+            try:
+                write_frame(self._proc.stdin, payload)
+                if self._queue.empty():
+                    self._proc.stdin.flush()
+                self.sent += 1
+                return
+            except (OSError, ValueError):  # BrokenPipeError: the child is gone
+                self._reap_child()
+        self._fallback.submit(_fallback_job(state, self._fallback_renderer, self.opts))
+
+    def _reap_child(self) -> None:
+        """The child has exited (or its pipe broke): say so; the next call starts a new one."""
+        proc, self._proc = self._proc, None
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        early = time.monotonic() - self._proc_started < _EARLY_EXIT_S
+        self._early_exits = self._early_exits + 1 if early else 0
+        if self._early_exits >= _MAX_EARLY_EXITS:
+            self._start_fallback(f"it exited with code {code} right after starting, twice")
+        else:
+            log.error("polar_capture: the row worker process exited (code %s); calls it had not written "
+                      "yet are lost; a new one starts with the next call", code)
+
+    def _start_fallback(self, why: str) -> None:
+        from .render import Renderer
+        from .writer import PartWriter
+
+        log.error("polar_capture: the row worker process cannot run (%s); building rows on a thread "
+                  "of the proxy instead (slower; nothing is lost)", why)
+        o = self.opts
+        self._fallback_renderer = Renderer(o.tokenizer) if o.tokenizer else None
+        fallback = PartWriter(o.out, o.flush_rows, o.flush_seconds, o.queue_size, prompt_delta=o.prompt_delta)
+        fallback.start(create_dir=False)
+        self._proc = None
+        self._fallback = fallback
+
+    def _check_child(self) -> None:
+        """Notice a child that died between calls (not only at the next write)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._reap_child()
+
+    def _send_loop(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                try:
+                    self._check_child()
+                except Exception:
+                    log.exception("polar_capture: checking the row worker process failed")
+                continue
+            if item is _STOP:
+                break
+            try:
+                self._send(item)
+            except Exception:
+                log.exception("polar_capture: handing a call to the row worker failed")
+        if self._fallback is None and self._proc is not None:
+            try:
+                self._proc.stdin.close()  # end of file: the child writes its last part and exits
+            except OSError:
+                pass
+
+
+def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions):
+    from .record import build_row
+
+    def job() -> dict[str, Any]:
+        return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url)
+
+    return job
+
+
+# -- child process ------------------------------------------------------------------------------
+def main() -> int:
+    """``python -m polar_train.capture.worker``: frames on stdin -> rows -> Parquet parts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the proxy decides when this process ends
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    inp = sys.stdin.buffer
+    first = read_frame(inp)
+    if first is None:
+        return 0
+    opts, level = pickle.loads(first)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s.%(msecs)03d] %(message)s", datefmt="%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+
+    from .record import build_row
+    from .render import Renderer
+    from .writer import PartWriter
+
+    writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size,
+                        prompt_delta=opts.prompt_delta)
+    writer.start(create_dir=False)  # the proxy created it; if it is gone, each write tries again
+    renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
+    if renderer is not None:
+        writer.submit(lambda: (renderer.tokenizer, None)[1], block=True)  # load it before the first call
+    while (payload := read_frame(inp)) is not None:
+        try:
+            state = pickle.loads(payload)
+        except Exception:
+            log.exception("polar_capture: row worker got a call it cannot read")
+            continue
+        writer.submit(lambda state=state: build_row(state, renderer, opts.tokenize_check, opts.tokenize_url),
+                      block=True)
+    writer.close(timeout=3600)
+    if writer.failed_jobs or writer.lost_rows:
+        log.error("polar_capture: row worker finished: %d rows written, %d failed, %d lost",
+                  writer.written_rows, writer.failed_jobs, writer.lost_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The row worker process (``polar_train.capture.worker``) through the real ``mitmdump`` + addon.
+
+What must hold: rows are built and written by a child process (the proxy's own process never loads
+pyarrow), a worker killed from outside is replaced and the calls after it are recorded, a worker
+that cannot start at all gives way to an in-process writer thread, and a SIGKILL of the proxy does
+not take the rows already handed to the worker with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.capture_faults import fault_upstream
+from tests.support.mitm import no_addon_traceback, poll, proxy_client, rid, rows_of, start_mitm
+
+pytestmark = pytest.mark.timeout(240)
+
+OK = {"model": "ok", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _calls(m, base: str, rollout: str, n: int, stream: bool = False) -> None:
+    with proxy_client(m, rollout) as c:
+        for _ in range(n):
+            body = dict(OK, model="ok-stream", stream=True) if stream else OK
+            assert c.post(base + "/v1/chat/completions", json=body).status_code == 200
+
+
+def _worker(m) -> psutil.Process:
+    return poll(lambda: next(iter(psutil.Process(m.proc.pid).children()), None), 30, "the row worker process")
+
+
+def _part_pids(out_dir: Path) -> set[int]:
+    return {int(re.match(r"part-\w+-(\d+)-\d+\.parquet", p.name).group(1))
+            for p in (out_dir / "calls").glob("part-*.parquet")}
+
+
+def test_rows_are_written_by_a_child_process_and_the_proxy_never_loads_pyarrow(tmp_path: Path) -> None:
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
+        try:
+            r = rid()
+            _calls(m, base, r, 2)
+            _calls(m, base, r, 2, stream=True)
+            poll(lambda: len(rows_of(m.out_dir, r)) == 4, 30, "4 rows")
+            worker = _worker(m)
+            assert _part_pids(m.out_dir) == {worker.pid} != {m.proc.pid}
+            maps = Path(f"/proc/{m.proc.pid}/maps").read_text()
+            assert "arrow" not in maps  # Parquet encoding happens elsewhere
+            assert all(row["status"] == "ok" for row in rows_of(m.out_dir, r))
+        finally:
+            m.stop()
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        assert no_addon_traceback(m.proc.log())
+
+
+def test_a_killed_worker_is_replaced_and_later_calls_are_recorded(tmp_path: Path) -> None:
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
+        try:
+            before = rid()
+            _calls(m, base, before, 2)
+            poll(lambda: len(rows_of(m.out_dir, before)) == 2, 30, "rows before the kill")
+            first = _worker(m)
+            first.kill()
+            first.wait(10)
+            poll(lambda: "row worker process exited" in m.proc.log(), 30, "a log line about the dead worker")
+            after = rid()
+            _calls(m, base, after, 3, stream=True)
+            poll(lambda: len(rows_of(m.out_dir, after)) == 3, 30, "rows after the kill")
+            second = _worker(m)
+            assert second.pid != first.pid
+        finally:
+            m.stop()
+        assert no_addon_traceback(m.proc.log())
+
+
+def test_sigkill_of_the_proxy_leaves_the_worker_to_write_what_it_holds(tmp_path: Path) -> None:
+    """Rows already handed over are written although the proxy dies before any flush is due."""
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "3600", "polar_flush_rows": 100000})
+        r = rid()
+        try:
+            _calls(m, base, r, 5)  # each call is queued for the worker before its response goes out
+            worker = _worker(m)
+        finally:
+            m.stop(signal.SIGKILL)  # the whole process group: the worker lives in a session of its own
+        worker.wait(30)  # it read end of file, wrote its part and exited
+        rows = rows_of(m.out_dir, r)
+        assert len(rows) == 5 and all(row["status"] == "ok" for row in rows)
+
+
+def _load_addon():
+    spec = importlib.util.spec_from_file_location(
+        "polar_capture_worker_test", Path(__file__).resolve().parents[1] / "addons" / "polar_capture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_worker_that_cannot_start_gives_way_to_a_thread(tmp_path: Path, monkeypatch, caplog) -> None:
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import taddons, tflow, tutils
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False)
+            for i in range(3):
+                f = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/chat/completions",
+                                                content=json.dumps(dict(OK, model=f"m{i}")).encode()), resp=False)
+                addon.requestheaders(f)
+                asyncio.run(addon.request(f))
+                f.response = Response.make(200, json.dumps({"choices": []}).encode(),
+                                           Headers(content_type="application/json"))
+                addon.responseheaders(f)
+                asyncio.run(addon.response(f))
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+    rows = [r for p in (tmp_path / "calls").glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert sorted(r["model"] for r in rows) == ["m0", "m1", "m2"]
+    assert _part_pids(tmp_path) == {os.getpid()}  # written by the thread, in this process
+    assert "row worker process cannot run" in caplog.text
