@@ -12,6 +12,7 @@ See docs/capture.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ except ModuleNotFoundError:  # run from a checkout without installing the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_train.capture import record
-from polar_train.capture.identity import IdentityResolver
+from polar_train.capture.identity import HeaderView, IdentityResolver
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions
 from polar_train.capture.redact import header_secrets, value_secrets
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
@@ -68,7 +69,6 @@ class PolarCapture:
         self.opts = CaptureOptions()
         self.writer: RowWorker | None = None
         self.identities = IdentityResolver()
-        self.attempts = record.AttemptCounter()
         self.calls: dict[str, record.CallState] = {}
         self.conn_secrets: dict[str, set[str]] = {}
 
@@ -141,18 +141,20 @@ class PolarCapture:
                 del req.headers["proxy-authorization"]
             return
         conn_id = flow.client_conn.id
-        secrets = header_secrets(req.headers) | self.conn_secrets.get(conn_id, set())
-        mode = flow.client_conn.proxy_mode
-        try:
-            port = mode.listen_port(ctx.options.listen_port)
-        except Exception:
-            port = None
-        identity = self.identities.resolve(conn_id, req.headers, port, self.opts.rollout_header,
+        headers = HeaderView(req.headers)
+        secrets = header_secrets(headers) | self.conn_secrets.get(conn_id, set())
+        port = None
+        if self.opts.port_rollouts:
+            try:
+                port = flow.client_conn.proxy_mode.listen_port(ctx.options.listen_port)
+            except Exception:
+                port = None
+        identity = self.identities.resolve(conn_id, headers, port, self.opts.rollout_header,
                                            self.opts.task_header, self.opts.port_rollouts)
         if identity.source == "api_key" and identity.rollout_id:
             secrets.add(f"polar-{identity.rollout_id}")
-        if "accept-encoding" in req.headers:
-            del req.headers["accept-encoding"]
+        if "accept-encoding" in headers:
+            del headers["accept-encoding"]
         default_port = 443 if req.scheme == "https" else 80
         base = f"{req.scheme}://{req.host}" + ("" if req.port == default_port else f":{req.port}")
         self.calls[flow.id] = record.CallState(
@@ -173,31 +175,24 @@ class PolarCapture:
         body = flow.request.get_content(strict=False) or b""
         if len(body) > self.opts.max_body_mb << 20:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
-            state.request_hash = None
             return
+        state.request_body = body  # parsed again, hashed and counted (attempt) by the row worker
+        big = len(body) > _INLINE_PARSE_LIMIT
         try:
-            obj = json.loads(body) if len(body) <= _INLINE_PARSE_LIMIT else await asyncio.to_thread(json.loads, body)
+            obj = await asyncio.to_thread(json.loads, body) if big else json.loads(body)
         except ValueError as exc:
             obj = None
             state.request_error = f"request body is not JSON: {exc}"[:500]
         if not isinstance(obj, dict):
             state.request_error = state.request_error or "request body is not a JSON object"
-            import hashlib
-
-            state.request_hash = hashlib.sha256(body).hexdigest()[:32]
-            state.attempt = self.attempts.next(state.identity.rollout_id, state.request_hash)
             return
-        state.request = obj
-        state.request_body = body
         state.stream = obj.get("stream") is True
-        state.request_hash = record.request_hash(obj) if len(body) <= _INLINE_PARSE_LIMIT else \
-            await asyncio.to_thread(record.request_hash, obj)
-        state.attempt = self.attempts.next(state.identity.rollout_id, state.request_hash)
         if self.opts.inject and not _is_hosted(flow.request.host):
             module = record.FORMATS[state.api]
             inj = module.inject(obj)
             if inj.changed:
-                flow.request.content = json.dumps(inj.body, ensure_ascii=False).encode("utf-8")
+                flow.request.content = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
+                                        else record.encode_injection(body, obj, inj.body))
                 state.injected = True
                 state.asked = inj.asked
 
@@ -229,9 +224,9 @@ class PolarCapture:
         strip = strip_bytes = None
         if state.injected:
             asked = state.asked
-            strip = lambda obj: module.strip(obj, asked)  # noqa: E731
-            if hasattr(module, "strip_event_bytes"):
-                strip_bytes = lambda raw: module.strip_event_bytes(raw, asked)  # noqa: E731
+            strip = functools.partial(module.strip, asked=asked)
+            if hasattr(module, "event_stripper"):
+                strip_bytes = module.event_stripper(asked)
         deliver_decoded = False
         if strip is not None and decoder is not None:
             del resp.headers["content-encoding"]
