@@ -111,8 +111,8 @@ def row_of(api: str, chunks: list[bytes], injected: bool) -> tuple[dict, bytes]:
     if injected:
         state.injected, state.asked = True, module.inject({"messages": []}).asked
         strip = lambda obj: module.strip(obj, state.asked)  # noqa: E731
-        if hasattr(module, "strip_event_bytes"):  # the fast path, as the addon wires it
-            strip_bytes = lambda raw: module.strip_event_bytes(raw, state.asked)  # noqa: E731
+        if hasattr(module, "event_stripper"):  # the fast path, as the addon wires it
+            strip_bytes = module.event_stripper(state.asked)
     tap = StreamTap(state, strip, None, False, lambda: None, strip_bytes)
     client: list[bytes] = []
     for c in [*chunks, b""]:
@@ -305,6 +305,32 @@ def test_fuzz_chat_fast_strip_equals_json_strip(piece, tid, lp, top, compact, as
         assert fast == raw
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=st.lists(token, max_size=30), text=st.none() | st.text(max_size=12), model=st.text(max_size=8),
+       compact=st.booleans(), ask_ids=st.booleans(), ask_lps=st.booleans())
+def test_fuzz_chat_fast_strip_of_the_first_chunk_equals_json_strip(prompt, text, model, compact, ask_ids,
+                                                                   ask_lps) -> None:
+    """vLLM's first chunk (role, prompt ids at the top level): the splice equals the JSON path."""
+    from polar_train.capture.sse import parse_event
+
+    obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model,
+           "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None}], "prompt_token_ids": prompt, "prompt_text": text}
+    sep = (",", ":") if compact else (", ", ": ")
+    raw = b"data: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n"
+    asked = {"return_token_ids": ask_ids, "logprobs": ask_lps}
+    fast = openai_chat.strip_event_bytes(raw, asked)
+    if compact and not (ask_ids and not ask_lps):  # (only logprobs to strip: none here, JSON path)
+        assert fast is not None  # vLLM's own shape takes the fast path
+    if fast is None:
+        return
+    want = json.loads(json.dumps(obj))
+    openai_chat.strip(want, asked)
+    assert json.loads(parse_event(fast).data) == want
+    if ask_ids:
+        assert fast == raw
+
+
 def test_unicode_line_separators_in_tokens_are_data() -> None:
     """Found by fuzzing: U+2028 / U+0085 inside a token (vLLM writes raw UTF-8) are not SSE line
     breaks; the event must still parse, be stripped for the client and be recorded."""
@@ -315,3 +341,35 @@ def test_unicode_line_separators_in_tokens_are_data() -> None:
         assert row["status"] == "ok", (api, row["error"])
         assert "a\u2028b\x85\u2029c" in row["response_json"]
         assert b'"token_ids": [' not in client and b'"token_ids":[' not in client
+
+
+request_keys = st.sampled_from(["model", "messages", "input", "stream", "include", "top_logprobs", "logprobs",
+                                "return_token_ids", "enable_response_messages", "tools", "x"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(request_keys, json_values, max_size=6), api=st.sampled_from(sorted(FORMATS)),
+       indent=st.sampled_from([None, 0, 2]), ws=st.sampled_from(["", " ", "\n\t "]), ascii_only=st.booleans())
+def test_fuzz_injected_request_bytes_parse_to_the_injected_body(body, api, indent, ws, ascii_only) -> None:
+    """Whatever the client's formatting: the forwarded bytes are the injected object, and when the
+    injection only adds keys, every byte the client sent is still there, in order."""
+    from polar_train.capture.record import encode_injection
+
+    raw = (ws + json.dumps(body, indent=indent, ensure_ascii=ascii_only) + ws).encode()
+    inj = FORMATS[api][0].inject(json.loads(raw))
+    out = encode_injection(raw, body, inj.body)
+    assert json.loads(out) == inj.body
+    if all(inj.body[k] == v for k, v in body.items()):  # only keys added: a pure insertion after "{"
+        p, d = raw.find(b"{"), len(out) - len(raw)
+        assert out[:p + 1] + out[p + 1 + d:] == raw
+
+
+def test_injection_into_bodies_that_are_not_plain_utf8_json_is_re_encoded() -> None:
+    from polar_train.capture.record import encode_injection
+
+    body = {"model": "m", "messages": []}
+    inj = openai_chat.inject(body)
+    for raw in (json.dumps(body).encode("utf-16"), b"\xef\xbb\xbf" + json.dumps(body).encode()):
+        out = encode_injection(raw, body, inj.body)
+        assert out.startswith(b"{") and json.loads(out) == inj.body
+    assert encode_injection(b" {} ", {}, {"logprobs": True}) == b' {"logprobs":true} '

@@ -87,6 +87,17 @@ def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int])
 
 
 @FUZZ
+@given(payload=st.binary(max_size=300), prefix=st.sampled_from([b"data: ", b"data:", b"data:  ", b"Data: "]),
+       end=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]))
+def test_fuzz_one_line_fast_path_equals_general_parse(payload: bytes, prefix: bytes, end: bytes) -> None:
+    """``parse_event``'s shortcut for a single ``data:`` line gives what the line-by-line path gives
+    (an ``event:`` line in front forces that path and changes nothing about the data)."""
+    raw = prefix + payload + end
+    general = parse_event(b"event: x\n" + raw)
+    assert parse_event(raw).data == general.data
+
+
+@FUZZ
 @given(points=st.lists(st.integers(0, 8000), max_size=80))
 def test_fuzz_real_vllm_streams_split_anywhere(points: list[int]) -> None:
     for data in STREAMS.values():

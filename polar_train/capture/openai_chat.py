@@ -11,8 +11,9 @@ Only choice 0 is recorded (harnesses send ``n=1``).
 from __future__ import annotations
 
 import copy
-import json
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..wire.errors import ApiError
@@ -61,6 +62,7 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
 
 # The shape of a vLLM 0.32 token chunk, exactly (compact JSON, its key order). Strings, numbers and
 # the logprobs object are matched by their grammar; only ``delta`` is matched loosely (any object).
+# Group 1: the choice's logprobs value, group 2: its token_ids value.
 _STR = rb'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'  # no raw line break: SSE would split there
 _NUM = rb'(?:-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|Infinity)|NaN|null)'
 _INTS = rb'\[(?:\d+(?:,\d+)*)?\]'
@@ -71,38 +73,65 @@ _ENTRY = (rb'\{"token":' + _STR + rb',"logprob":' + _NUM + _BYTES
 _TOKEN_CHUNK = re.compile(
     rb'data: \{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR
     + rb',"choices":\[\{"index":\d+,"delta":\{[^\r\n]*?\}'
-    + rb',"logprobs":(?P<lp>null|\{"content":\[(?:' + _ENTRY + rb'(?:,' + _ENTRY + rb')*)?\]\})'
+    + rb',"logprobs":(null|\{"content":\[(?:' + _ENTRY + rb'(?:,' + _ENTRY + rb')*)?\]\})'
     + rb',"finish_reason":(?:null|' + _STR + rb')(?:,"stop_reason":(?:null|' + _STR + rb'|-?\d+))?'
-    + rb',"token_ids":(?P<ids>null|' + _INTS + rb')\}\](?:,"system_fingerprint":(?:null|' + _STR + rb'))?\}\n\n')
+    + rb',"token_ids":(null|' + _INTS + rb')\}\](?:,"system_fingerprint":(?:null|' + _STR + rb'))?\}\n\n')
+# vLLM's first chunk (the role, no token yet, the prompt fields at the top level).
+# Group 1: prompt_token_ids, group 2: prompt_text.
+_FIRST_CHUNK = re.compile(
+    rb'data: \{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR
+    + rb',"choices":\[\{"index":\d+,"delta":\{[^\r\n]*?\},"logprobs":null,"finish_reason":null\}\]'
+    + rb',"prompt_token_ids":(null|' + _INTS + rb'),"prompt_text":(null|' + _STR + rb')\}\n\n')
+
+
+def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
+    """The stream hot path: a function that strips one vLLM token chunk by splicing ``null`` over
+    the injected values, without parsing it (None: not handled, use the JSON path).
+
+    Why: parsing and re-serialising every event costs several times more than one regex match and
+    a few slices (bench/proxy_overhead.py). The event must match vLLM's token-chunk shape exactly
+    (:data:`_TOKEN_CHUNK`: one data line, one choice, fixed keys in vLLM's order); in a valid JSON
+    event that shape puts the spliced ``logprobs`` / ``token_ids`` at the choice's own level, so the
+    result equals :func:`strip` + re-serialisation, while every other byte stays as the server sent
+    it (a value that is already ``null`` is spliced over with ``null``: the same bytes). Anything
+    else (the first chunk with the prompt fields, other servers' formatting) goes the JSON way.
+    One function per call, specialised on what the client asked for itself.
+    """
+    match, first = _TOKEN_CHUNK.fullmatch, _FIRST_CHUNK.fullmatch
+    keep_lps, keep_ids = bool(asked.get("logprobs")), bool(asked.get("return_token_ids"))
+
+    def both(m: re.Match, raw: bytes) -> bytes:
+        a, b = m.span(1)
+        c, d = m.span(2)
+        return b"".join((raw[:a], b"null", raw[b:c], b"null", raw[d:]))
+
+    def strip_both(raw: bytes) -> bytes | None:
+        m = match(raw)
+        if m is not None:
+            return both(m, raw)
+        m = first(raw)
+        return both(m, raw) if m is not None else None
+
+    def strip_one(raw: bytes, group: int) -> bytes | None:
+        m = match(raw)
+        if m is not None:
+            a, b = m.span(group)
+            return b"".join((raw[:a], b"null", raw[b:]))
+        if group == 1:
+            return None  # only logprobs to strip: the first chunk has none (the JSON path checks)
+        m = first(raw)
+        return both(m, raw) if m is not None else None
+
+    if not keep_lps and not keep_ids:
+        return strip_both
+    if keep_lps and keep_ids:
+        return lambda raw: raw if match(raw) is not None or first(raw) is not None else None
+    return functools.partial(strip_one, group=2 if keep_lps else 1)
 
 
 def strip_event_bytes(raw: bytes, asked: dict[str, Any]) -> bytes | None:
-    """The stream hot path: strip a vLLM token chunk by splicing, without parsing it (None: not handled).
-
-    Why: parsing and re-serialising every event costs several times more than one regex match and
-    two slices (bench/proxy_overhead.py, py-spy). The event must match vLLM's token-chunk shape
-    exactly (:data:`_TOKEN_CHUNK`: one data line, one choice, fixed keys in vLLM's order); in a valid
-    JSON event that shape puts the spliced ``logprobs`` / ``token_ids`` at the choice's own level, so
-    the result equals :func:`strip` + re-serialisation, while every other byte stays as the server
-    sent it. Anything else (the first chunk with the prompt fields, other servers' formatting) goes
-    the JSON way.
-    """
-    m = _TOKEN_CHUNK.fullmatch(raw)
-    if m is None:
-        return None
-    spans = []
-    if not asked.get("logprobs") and m["lp"] != b"null":
-        spans.append(m.span("lp"))
-    if not asked.get("return_token_ids") and m["ids"] != b"null":
-        spans.append(m.span("ids"))
-    if not spans:
-        return raw
-    out, pos = [], 0
-    for start, end in spans:
-        out += (raw[pos:start], b"null")
-        pos = end
-    out.append(raw[pos:])
-    return b"".join(out)
+    """:func:`event_stripper` for one event (tests, one-off use)."""
+    return event_stripper(asked)(raw)
 
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:

@@ -68,6 +68,9 @@ class SSEEvent:
 
 def parse_event(raw: bytes) -> SSEEvent:
     """Parse one raw event (as returned by :class:`SSESplitter`). Invalid UTF-8 is replaced."""
+    if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw.endswith(b"\n\n") \
+            and b"\r" not in raw:  # the usual event, one data line: what the general path gives
+        return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
     text = raw.decode("utf-8", errors="replace")
     name: str | None = None
     data: list[str] = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +20,11 @@ from .sse import SSESplitter, parse_event, serialize_event
 
 log = logging.getLogger("polar_capture")
 
-#: Substrings whose absence proves an event carries nothing to strip (skips JSON parsing).
-_MARKERS = re.compile(rb"token_ids|logprobs|prompt_text|input_messages|output_messages")
+def _has_marker(raw: bytes) -> bool:
+    """Whether an event may carry an injected field (their absence skips JSON parsing). Plain
+    substring tests: each is one fast scan, cheaper than a regex alternation."""
+    return (b"token_ids" in raw or b"logprobs" in raw or b"prompt_text" in raw or b"input_messages" in raw
+            or b"output_messages" in raw)
 
 
 class Decoder:
@@ -71,7 +73,7 @@ class StreamTap:
                  deliver_decoded: bool, on_first_byte: Callable[[], None],
                  strip_bytes: Callable[[bytes], bytes | None] | None = None) -> None:
         #: Optional fast path of the format (raw event -> stripped event, None: use the JSON path).
-        self.strip_bytes = strip_bytes
+        self.fast = strip_bytes
         self.state = state
         self.strip = strip
         self.decoder = decoder
@@ -84,23 +86,34 @@ class StreamTap:
         state.streamed = True
 
     def __call__(self, chunk: bytes) -> list[bytes] | bytes:
-        if self.seen_bytes == 0 and chunk:
+        """One upstream read in, what the client gets out (never ``b""``: mitmproxy would send it
+        as an empty chunk, which ends a chunked body; "nothing yet" is ``[]``)."""
+        if not self.seen_bytes and chunk:
             self.on_first_byte()
         self.seen_bytes += len(chunk)
-        if chunk == b"":
+        if not chunk:
             return self._finish()
+        if self.broken is None and self.decoder is None:  # the hot path: plain bytes
+            self.raw += chunk
+            if self.strip is None:
+                return chunk
+            if (self.fast is not None and not self.splitter.has_pending and chunk.endswith(b"\n\n")
+                    and chunk.find(b"\n\n") == len(chunk) - 2 and b"\r" not in chunk):
+                out = self.fast(chunk)  # the usual read: exactly one whole event of the usual shape
+                if out is not None:
+                    return out
+        return self._any_chunk(chunk)
+
+    def _any_chunk(self, chunk: bytes) -> list[bytes] | bytes:
         if self.broken is not None:
             return chunk if not self.deliver_decoded else self._safe_decode(chunk)
         try:
             data = self.decoder.decode(chunk) if self.decoder is not None else chunk
-            self.raw += data
+            if self.decoder is not None:
+                self.raw += data
             if self.strip is None:
                 return data if self.deliver_decoded else chunk
-            if (not self.splitter.has_pending and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2
-                    and b"\r" not in data):
-                out = self._rewrite(data)  # the usual read: exactly one whole event (what feed() gives)
-            else:
-                out = b"".join([self._rewrite(ev) for ev in self.splitter.feed(data)])
+            out = b"".join([self._rewrite(ev) for ev in self.splitter.feed(data)])
             return [out] if out else []
         except Exception as exc:  # never let the tap break the stream: pass the rest through
             log.exception("polar_capture: stream tap failed; passing the rest through unchanged")
@@ -126,12 +139,12 @@ class StreamTap:
         return [pending] if pending else []
 
     def _rewrite(self, raw: bytes) -> bytes:
-        if _MARKERS.search(raw) is None:
+        if self.fast is not None:
+            out = self.fast(raw)
+            if out is not None:
+                return out
+        if not _has_marker(raw):
             return raw
-        if self.strip_bytes is not None:
-            fast = self.strip_bytes(raw)
-            if fast is not None:
-                return fast
         ev = parse_event(raw)
         if ev.data is None or ev.data == "[DONE]":
             return raw
