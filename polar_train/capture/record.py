@@ -51,7 +51,11 @@ def request_hash(body: dict[str, Any]) -> str:
 
 
 class AttemptCounter:
-    """``attempt`` = 1 + earlier calls on the same rollout with the same request hash (bounded)."""
+    """``attempt`` = 1 + earlier calls on the same rollout with the same request hash (bounded).
+
+    Kept by the row worker, which sees calls in the order they finish: "earlier" means finished
+    earlier (a retry starts after the call it retries has ended, so this is its start order too).
+    """
 
     def __init__(self, max_keys: int = 200_000) -> None:
         self._seen: OrderedDict[tuple[str | None, str], int] = OrderedDict()
@@ -65,6 +69,41 @@ class AttemptCounter:
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
         return n
+
+
+def count_attempt(state: "CallState", attempts: AttemptCounter) -> None:
+    """Set ``request_hash`` and ``attempt`` (in the row worker: hashing a long conversation is too
+    slow for the proxy's event loop). A body that is not a JSON object is hashed as bytes; one
+    over ``polar_max_body_mb`` (not kept) gets no hash and attempt 1."""
+    request = state.request_object()
+    if request is not None:
+        state.request_hash = request_hash(request)
+    elif state.request_body:
+        state.request_hash = hashlib.sha256(state.request_body).hexdigest()[:32]
+    if state.request_hash is not None:
+        state.attempt = attempts.next(state.identity.rollout_id, state.request_hash)
+
+
+def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, Any]) -> bytes:
+    """The request body to forward after injection.
+
+    Why splice: re-encoding a harness's request (a whole conversation, often hundreds of KB) costs
+    milliseconds on the proxy's event loop. When the injection only adds top-level keys, they are
+    written right after the client's opening brace and every other byte stays as sent. Otherwise
+    (a key the client set is changed, or the body is not plain UTF-8 JSON) the object is re-encoded.
+    """
+    unchanged = len(injected) >= len(original) and all(
+        k in injected and (injected[k] is v or injected[k] == v) for k, v in original.items())
+    start = raw.find(b"{")
+    if unchanged and len(injected) == len(original):
+        return raw  # nothing added
+    if unchanged and start >= 0 and not raw[:start].strip(b" \t\r\n") and b"\x00" not in raw:
+        added = ",".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}"
+                         for k, v in injected.items() if k not in original)
+        rest = raw[start + 1:]
+        sep = b"" if rest.lstrip(b" \t\r\n")[:1] == b"}" else b","
+        return raw[:start + 1] + added.encode("utf-8") + sep + rest
+    return json.dumps(injected, ensure_ascii=False).encode("utf-8")
 
 
 def utcnow() -> datetime:
@@ -203,13 +242,16 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
 
 
 def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
-              tokenize_url: str = "") -> dict[str, Any]:
-    """The call-log row of a finished call (runs in the row worker; never raises for bad input)."""
+              tokenize_url: str = "", attempts: AttemptCounter | None = None) -> dict[str, Any]:
+    """The call-log row of a finished call (runs in the row worker; never raises for bad input).
+    With ``attempts`` it also sets the call's request hash and attempt number."""
     module = FORMATS[state.api]
     status, error = state.status, state.error
     parsed = ParsedCall()
     body_text: str | None = None
     request = state.request_object()
+    if attempts is not None:
+        count_attempt(state, attempts)
     try:
         if state.stream_raw:
             parsed = _parse_stream(module, state)

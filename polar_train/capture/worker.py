@@ -82,6 +82,7 @@ class RowWorker:
         self._early_exits = 0
         self._fallback = None  # a PartWriter thread, when the child cannot run
         self._fallback_renderer = None
+        self._fallback_attempts = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.dropped = 0
@@ -170,7 +171,7 @@ class RowWorker:
                 return
             except (OSError, ValueError):  # BrokenPipeError: the child is gone
                 self._reap_child()
-        self._fallback.submit(_fallback_job(state, self._fallback_renderer, self.opts))
+        self._fallback.submit(_fallback_job(state, self._fallback_renderer, self.opts, self._fallback_attempts))
 
     def _reap_child(self) -> None:
         """The child has exited (or its pipe broke): say so; the next call starts a new one."""
@@ -189,6 +190,7 @@ class RowWorker:
                       "yet are lost; a new one starts with the next call", code)
 
     def _start_fallback(self, why: str) -> None:
+        from .record import AttemptCounter
         from .render import Renderer
         from .writer import PartWriter
 
@@ -196,6 +198,7 @@ class RowWorker:
                   "of the proxy instead (slower; nothing is lost)", why)
         o = self.opts
         self._fallback_renderer = Renderer(o.tokenizer) if o.tokenizer else None
+        self._fallback_attempts = AttemptCounter()
         fallback = PartWriter(o.out, o.flush_rows, o.flush_seconds, o.queue_size, prompt_delta=o.prompt_delta)
         fallback.start(create_dir=False)
         self._proc = None
@@ -229,11 +232,11 @@ class RowWorker:
                 pass
 
 
-def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions):
+def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any):
     from .record import build_row
 
     def job() -> dict[str, Any]:
-        return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url)
+        return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts)
 
     return job
 
@@ -254,7 +257,7 @@ def main() -> int:
     log.setLevel(level)
     log.propagate = False
 
-    from .record import build_row
+    from .record import AttemptCounter, build_row
     from .render import Renderer
     from .writer import PartWriter
 
@@ -262,6 +265,7 @@ def main() -> int:
                         prompt_delta=opts.prompt_delta)
     writer.start(create_dir=False)  # the proxy created it; if it is gone, each write tries again
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
+    attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
     if renderer is not None:
         writer.submit(lambda: (renderer.tokenizer, None)[1], block=True)  # load it before the first call
     while (payload := read_frame(inp)) is not None:
@@ -270,8 +274,8 @@ def main() -> int:
         except Exception:
             log.exception("polar_capture: row worker got a call it cannot read")
             continue
-        writer.submit(lambda state=state: build_row(state, renderer, opts.tokenize_check, opts.tokenize_url),
-                      block=True)
+        writer.submit(lambda state=state: build_row(state, renderer, opts.tokenize_check, opts.tokenize_url,
+                                                    attempts), block=True)
     writer.close(timeout=3600)
     if writer.failed_jobs or writer.lost_rows:
         log.error("polar_capture: row worker finished: %d rows written, %d failed, %d lost",
