@@ -1,10 +1,11 @@
 """Benchmark: what the capture addon costs, against bare ``mitmdump`` and a direct connection.
 
-Run: ``.venv/bin/python bench/proxy_overhead.py [--concurrency 1 16 64] [--rounds 2] [--tokens 64]``
+Run: ``.venv/bin/python bench/proxy_overhead.py [--concurrency 1 16 64] [--rounds 5] [--tokens 64]``
 
 One run, three ways, the same streaming workload: OpenAI chat completions with ``stream: true``
-against ``polar-train serve --script`` (scripted answers, so no sampling; ``--chunk-delay-ms``
-paces the stream like a model would), sent
+against a vLLM-shaped fake upstream (``--upstream fake``, the default: it costs next to nothing, so
+the proxy is what is measured) or ``polar-train serve --script`` (``--upstream serve``: scripted
+answers scored by the tiny model); ``--chunk-delay-ms`` paces the stream like a model would. Sent
 
 * ``direct``  - straight to the server,
 * ``bare``    - through ``mitmdump`` without any script (regular proxy mode, absolute-form requests),
@@ -16,8 +17,10 @@ time. Why rounds with a rotating order: other processes share the machine, so ea
 is measured side by side, several times, and the table gives the median with the spread.
 
 Per call: time to first byte of the body (TTFB), the gaps between SSE events, total time; per run:
-calls/s, proxy CPU (user+system seconds of the mitmdump process, psutil) per call and peak RSS.
-Everything binds to 127.0.0.1; every request has a deadline.
+calls/s, proxy CPU (user+system seconds of the mitmdump process, psutil) per call and peak RSS, and
+for the addon the same for its row worker (a child process that parses calls and writes Parquet on
+another core; reported separately so that no CPU is hidden). Everything binds to 127.0.0.1; every
+request has a deadline.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 BIN = Path(sys.executable).parent
-CONFIGS = ("direct", "bare", "addon", "addon-noinject")
+CONFIGS = ("direct", "bare", "addon", "addon-noinject", "bare-asked")
 CALL_TIMEOUT_S = 120.0
 WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
          "the stream and hands each chunk on at once ").split()
@@ -103,6 +106,16 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+def history(kb: int) -> list[dict]:
+    """About ``kb`` KiB of earlier turns: a harness resends its whole conversation with every call."""
+    turns, size = [], 0
+    while size < kb * 1024:
+        text = " ".join(WORDS[(size + i) % len(WORDS)] for i in range(100))
+        turns.append({"role": "assistant" if turns and turns[-1]["role"] == "user" else "user", "content": text})
+        size += len(text) + 40
+    return turns
+
+
 def scenario(tokens_hint: int) -> dict:
     text = " ".join(WORDS[i % len(WORDS)] for i in range(tokens_hint))
     return {"scenarios": [{"name": "bench", "match": {}, "turns": [{"content": text}],
@@ -136,7 +149,7 @@ async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         await writer.drain()
         for i in range(words):
             word = WORDS[i % len(WORDS)]
-            lp = (f'{{"content":[{{"token":" {word}","logprob":-1.25,"bytes":{list((" " + word).encode())},'
+            lp = (f'{{"content":[{{"token":" {word}","logprob":-1.25,"bytes":{json.dumps(list((" " + word).encode()),separators=(",",":"))},'
                   f'"top_logprobs":[]}}]}}' if lps else "null")
             last = i == words - 1
             send(base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
@@ -275,11 +288,13 @@ async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
 # -- measurement -----------------------------------------------------------------------------
 
 class PeakRSS:
-    """Samples a process's RSS every 20 ms on a thread (the peak of a run, not its end)."""
+    """Samples RSS every 20 ms on a thread (the peak of a run, not its end): of the proxy process,
+    and separately of its children (the addon's row worker)."""
 
     def __init__(self, pid: int | None) -> None:
         self.proc = psutil.Process(pid) if pid else None
         self.peak = 0
+        self.children_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -287,8 +302,10 @@ class PeakRSS:
         while not self._stop.is_set():
             try:
                 self.peak = max(self.peak, self.proc.memory_info().rss)
+                kids = sum(c.memory_info().rss for c in self.proc.children(recursive=True))
+                self.children_peak = max(self.children_peak, kids)
             except psutil.Error:
-                return
+                pass
             self._stop.wait(0.02)
 
     def __enter__(self) -> "PeakRSS":
@@ -309,6 +326,20 @@ def cpu_seconds(pid: int | None) -> float:
     return t.user + t.system
 
 
+def children_cpu_seconds(pid: int | None) -> dict[int, float]:
+    """CPU seconds of each live child (the row worker), by pid: a replaced child is not mixed in."""
+    out: dict[int, float] = {}
+    if not pid:
+        return out
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            t = child.cpu_times()
+            out[child.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
 @dataclass
 class RunStats:
     config: str
@@ -322,28 +353,33 @@ class RunStats:
     total_ms: float      # median over calls
     calls_per_s: float
     proxy_cpu_ms_per_call: float
+    worker_cpu_ms_per_call: float  # the addon's row worker process (another core)
     upstream_cpu_ms_per_call: float
     peak_rss_mb: float
+    worker_rss_mb: float
     errors: list[str]
 
 
 def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
             upstream_pid: int, upstream_port: int, body: bytes, tag: str) -> RunStats:
     pid = pids[config]
-    cpu0, up0 = cpu_seconds(pid), cpu_seconds(upstream_pid)
+    cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     with PeakRSS(pid) as rss:
         results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
                                              concurrency, tag))
-    cpu1, up1 = cpu_seconds(pid), cpu_seconds(upstream_pid)
+    cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
+    worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
     ok = [r for r in results if r.ok]
     gaps = sorted(g for r in ok for g in r.gaps)
     med = lambda xs: statistics.median(xs) * 1000 if xs else float("nan")  # noqa: E731
+    n = max(1, len(ok))
     return RunStats(
         config, concurrency, calls, len(results) - len(ok), wall,
-        med([r.ttfb for r in ok]), med([r.interval for r in ok if r.events > 1]), gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
+        med([r.ttfb for r in ok]), med([r.interval for r in ok if r.events > 1]),
+        gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
         med([r.total for r in ok]), len(ok) / wall,
-        (cpu1 - cpu0) * 1000 / max(1, len(ok)), (up1 - up0) * 1000 / max(1, len(ok)),
-        rss.peak / 2**20, [r.error for r in results if not r.ok][:3])
+        (cpu1 - cpu0) * 1000 / n, worker * 1000 / n, (up1 - up0) * 1000 / n,
+        rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
 
 
 def spread(values: list[float]) -> float:
@@ -361,13 +397,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--configs", nargs="+", default=["direct", "bare", "addon"], choices=CONFIGS,
                     help="what to compare (direct must come first, addon must be included); "
-                         "addon-noinject = the addon with polar_inject=false")
-    ap.add_argument("--rounds", type=int, default=2, help="repetitions of every configuration (interleaved)")
-    ap.add_argument("--calls-per-slot", type=int, default=1,
+                         "addon-noinject = the addon with polar_inject=false; bare-asked = bare mitmdump "
+                         "with a client that asks for token ids and logprobs itself (what receiving the "
+                         "injected data costs mitmproxy without the addon)")
+    ap.add_argument("--rounds", type=int, default=5, help="repetitions of every configuration (interleaved)")
+    ap.add_argument("--calls-per-slot", type=int, default=4,
                     help="calls per run = concurrency x this (at least --min-calls)")
-    ap.add_argument("--min-calls", type=int, default=6)
+    ap.add_argument("--min-calls", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64, help="words in the scripted reply (~tokens streamed)")
     ap.add_argument("--chunk-delay-ms", type=float, default=5.0)
+    ap.add_argument("--request-kb", type=int, default=0,
+                    help="pad each request with this many KiB of conversation history (harnesses send "
+                         "tens to hundreds of KiB per call; 0: a one-line prompt)")
     ap.add_argument("--upstream", choices=["fake", "serve"], default="fake",
                     help="fake: a minimal asyncio server streaming vLLM-shaped chunks (costs ~nothing); "
                          "serve: `polar-train serve --script` on the tiny model (scores every scripted "
@@ -375,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="tiny model folder for --upstream serve "
                                                   "(default: write one into a temp dir)")
     ap.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--profile", default=None,
-                    help="write a py-spy profile (collapsed stacks, flamegraph input) of the addon's mitmdump here")
+    ap.add_argument("--profile", default=None, metavar="PREFIX",
+                    help="write py-spy profiles (collapsed stacks, flamegraph input) of the addon's and bare "
+                         "mitmdump to PREFIX-addon.txt and PREFIX-bare.txt")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
@@ -417,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             confdir = tmp / f"conf-{name}"
             cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--mode", f"regular@{port}",
                    "--set", f"confdir={confdir}", "--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
-            if name == "bare":  # without a script mitmproxy buffers whole bodies: stream them instead
+            if name.startswith("bare"):  # without a script mitmproxy buffers whole bodies: stream them instead
                 cmd += ["--set", "stream_large_bodies=1"]
             if name.startswith("addon"):
                 cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / name}"]
@@ -430,17 +472,23 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
         wait_for(health, 180, f"upstream ({args.upstream})", server, up_log)
 
-        body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens,
-                           "messages": [{"role": "user", "content": "Tell me about the fox."}]}).encode()
+        request = {"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens,
+                   "messages": history(args.request_kb) + [{"role": "user", "content": "Tell me about the fox."}]}
+        bodies = {c: json.dumps(request).encode() for c in configs}
+        if "bare-asked" in bodies:  # the client asks for what the addon injects: the upstream sends it
+            bodies["bare-asked"] = json.dumps({**request, "return_token_ids": True, "logprobs": True}).encode()
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
-            measure(config, 2, 4, ports, pids, server.pid, up_port, body, f"warm-{config}")
+            measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}")
 
-        profiler = None
-        if args.profile:
-            profiler = subprocess.Popen([str(BIN / "py-spy"), "record", "--pid", str(pids["addon"]), "--format", "raw",
-                                         "--output", args.profile, "--rate", "200"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        profilers = []
+        if args.profile:  # the addon's mitmdump and bare mitmdump, side by side
+            for name in ("addon", "bare"):
+                profilers.append(subprocess.Popen(
+                    [str(BIN / "py-spy"), "record", "--pid", str(pids[name]), "--format", "raw",
+                     "--output", f"{args.profile}-{name}.txt", "--rate", "200"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         runs: list[RunStats] = []
+        load_before = os.getloadavg()[0]
         t_start = time.monotonic()
         for c in args.concurrency:
             calls = max(args.min_calls, c * args.calls_per_slot)
@@ -448,16 +496,17 @@ def main(argv: list[str] | None = None) -> int:
                 k = r % len(configs)
                 order = configs[k:] + configs[:k]  # rotate who goes first
                 for config in order:
-                    st = measure(config, c, calls, ports, pids, server.pid, up_port, body, f"{config}-c{c}-r{r}")
+                    st = measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
+                                 f"{config}-c{c}-r{r}")
                     runs.append(st)
                     print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
                           f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
                           + (f"  {st.errors}" if st.errors else ""), flush=True)
-        if profiler is not None:
+        for profiler in profilers:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(60)
         elapsed = time.monotonic() - t_start
-        report(runs, args, elapsed)
+        report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
         stop(procs[configs.index("addon")])  # procs[0] is the upstream; the addon's last part is written on exit
         import pyarrow.dataset as ds
 
@@ -479,12 +528,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {tmp}")
 
 
-def report(runs: list[RunStats], args, elapsed: float) -> None:
+def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]) -> None:
     print(f"\nproxy overhead: upstream {args.upstream}, {args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
+          f"requests of {args.request_kb} KiB history, "
           f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
-          f"{elapsed:.0f} s measured\n")
+          f"{elapsed:.0f} s measured; load average {load[0]:.2f} before, {load[1]:.2f} after; {os.cpu_count()} CPUs\n")
     cols = ("conc", "config", "calls/s", "spread", "TTFB ms", "event interval ms", "gap p99 ms", "total ms",
-            "proxy CPU ms/call", "upstream CPU ms/call", "peak RSS MB", "failed")
+            "proxy CPU ms/call", "worker CPU ms/call", "upstream CPU ms/call", "proxy RSS MB", "worker RSS MB",
+            "failed")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
     agg: dict[tuple[int, str], dict[str, float]] = {}
@@ -493,35 +544,43 @@ def report(runs: list[RunStats], args, elapsed: float) -> None:
             rs = [r for r in runs if r.concurrency == c and r.config == config]
             m = {k: statistics.median(getattr(r, k) for r in rs)
                  for k in ("calls_per_s", "ttfb_ms", "gap_ms", "gap_p99_ms", "total_ms",
-                           "proxy_cpu_ms_per_call", "upstream_cpu_ms_per_call")}
+                           "proxy_cpu_ms_per_call", "worker_cpu_ms_per_call", "upstream_cpu_ms_per_call")}
             m["peak_rss_mb"] = max(r.peak_rss_mb for r in rs)
+            m["worker_rss_mb"] = max(r.worker_rss_mb for r in rs)
             m["spread"] = spread([r.calls_per_s for r in rs])
             m["ttfb_spread"] = spread([r.ttfb_ms for r in rs])
             m["failed"] = sum(r.failed for r in rs)
             agg[(c, config)] = m
+            proxied = config != "direct"
+            addon = config.startswith("addon")
             print(f"{c} | {config} | {m['calls_per_s']:.2f} | {m['spread']:.0f}% | {m['ttfb_ms']:.1f} | "
                   f"{m['gap_ms']:.2f} | {m['gap_p99_ms']:.1f} | {m['total_ms']:.0f} | "
-                  + (f"{m['proxy_cpu_ms_per_call']:.1f} | " if config != "direct" else "- | ")
-                  + f"{m['upstream_cpu_ms_per_call']:.1f} | "
-                  + (f"{m['peak_rss_mb']:.0f} | " if config != "direct" else "- | ") + f"{m['failed']}")
+                  + (f"{m['proxy_cpu_ms_per_call']:.2f} | " if proxied else "- | ")
+                  + (f"{m['worker_cpu_ms_per_call']:.2f} | " if addon else "- | ")
+                  + f"{m['upstream_cpu_ms_per_call']:.2f} | "
+                  + (f"{m['peak_rss_mb']:.0f} | " if proxied else "- | ")
+                  + (f"{m['worker_rss_mb']:.0f} | " if addon else "- | ") + f"{m['failed']}")
     print("\nratios (targets: addon/bare TTFB <= 1.05, addon/bare calls/s >= 0.95)\n")
     cols = ("conc", "TTFB addon/bare", "calls/s addon/bare", "interval addon/bare", "proxy CPU addon/bare",
-            "TTFB bare/direct", "calls/s bare/direct", "interval bare/direct", "TTFB spread (addon, bare)")
+            "(proxy+worker) CPU addon/bare", "TTFB bare/direct", "calls/s bare/direct", "interval bare/direct",
+            "TTFB spread (addon, bare)")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
+    div = lambda x, y: x / y if y else float("nan")  # noqa: E731
     for c in args.concurrency:
         a, b, d = agg[(c, "addon")], agg[(c, "bare")], agg[(c, "direct")]
-        div = lambda x, y: x / y if y else float("nan")  # noqa: E731
         print(f"{c} | {div(a['ttfb_ms'], b['ttfb_ms']):.3f} | {div(a['calls_per_s'], b['calls_per_s']):.3f} | "
               f"{div(a['gap_ms'], b['gap_ms']):.3f} | "
               f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
+              f"{div(a['proxy_cpu_ms_per_call'] + a['worker_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
               f"{div(b['ttfb_ms'], d['ttfb_ms']):.3f} | {div(b['calls_per_s'], d['calls_per_s']):.3f} | "
               f"{div(b['gap_ms'], d['gap_ms']):.3f} | {a['ttfb_spread']:.0f}%, {b['ttfb_spread']:.0f}%")
-        if (c, "addon-noinject") in agg:
-            n = agg[(c, "addon-noinject")]
-            print(f"   addon-noinject/bare at {c}: TTFB {div(n['ttfb_ms'], b['ttfb_ms']):.3f}, calls/s "
-                  f"{div(n['calls_per_s'], b['calls_per_s']):.3f}, proxy CPU "
-                  f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
+        for other in ("addon-noinject", "bare-asked"):
+            if (c, other) in agg:
+                n = agg[(c, other)]
+                print(f"   {other}/bare at {c}: TTFB {div(n['ttfb_ms'], b['ttfb_ms']):.3f}, calls/s "
+                      f"{div(n['calls_per_s'], b['calls_per_s']):.3f}, proxy CPU "
+                      f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
 
 
 if __name__ == "__main__":
