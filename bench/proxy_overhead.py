@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO))
 BIN = Path(sys.executable).parent
 CONFIGS = ("direct", "bare", "addon", "addon-noinject", "bare-asked")
 CALL_TIMEOUT_S = 120.0
+PROMPT_IDS = [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198]
 WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
          "the stream and hands each chunk on at once ").split()
 
@@ -124,42 +126,96 @@ def scenario(tokens_hint: int) -> dict:
 
 # -- the fast upstream ----------------------------------------------------------------------
 
+def _chat_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
+    """vLLM 0.32's chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM)."""
+    ids, lps = req.get("return_token_ids") is True, req.get("logprobs") is True
+    base = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"tiny",'
+    yield ("data: " + base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+           '"finish_reason":null}],"prompt_token_ids":' + (_compact(PROMPT_IDS) if ids else "null")
+           + ',"prompt_text":null}\n\n', False)
+    for i in range(words):
+        word = WORDS[i % len(WORDS)]
+        lp = (f'{{"content":[{{"token":" {word}","logprob":-1.25,"bytes":{_compact(list((" " + word).encode()))},'
+              f'"top_logprobs":[]}}]}}' if lps else "null")
+        last = i == words - 1
+        yield ("data: " + base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
+               f'"finish_reason":{json.dumps("stop" if last else None)},"stop_reason":null,'
+               f'"token_ids":{f"[{1000 + i}]" if ids else "null"}}}]}}\n\n', True)
+    yield ("data: " + base + f'"choices":[],"usage":{{"prompt_tokens":9,"total_tokens":{9 + words},'
+           f'"completion_tokens":{words}}}}}\n\n', False)
+    yield "data: [DONE]\n\n", False
+
+
+def _responses_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
+    """vLLM 0.32's Responses stream (keys in its order): logprobs only with ``include``, raw message
+    tokens only with ``enable_response_messages``."""
+    lps = "message.output_text.logprobs" in (req.get("include") or [])
+    raw = req.get("enable_response_messages") is True
+    seq = iter(range(10**9))
+    text = "".join(" " + WORDS[i % len(WORDS)] for i in range(words))
+    entries = [{"token": " " + WORDS[i % len(WORDS)], "logprob": -1.25, "top_logprobs": []} for i in range(words)]
+
+    def response(status: str, output: list, done: bool) -> dict:
+        return {"id": "resp_bench", "created_at": 1, "incomplete_details": None, "instructions": None,
+                "metadata": None, "model": "tiny", "object": "response", "output": output,
+                "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0,
+                "background": False, "max_output_tokens": req.get("max_output_tokens"), "max_tool_calls": None,
+                "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
+                "status": status, "text": None, "top_logprobs": req.get("top_logprobs"), "truncation": "disabled",
+                "usage": {"input_tokens": 9, "output_tokens": words, "total_tokens": 9 + words} if done else None,
+                "user": None, "input_messages": [{"message": "...", "tokens": PROMPT_IDS, "type": "raw_message_tokens"}]
+                if done and raw else None,
+                "output_messages": [{"message": text, "tokens": list(range(1000, 1000 + words)),
+                                     "type": "raw_message_tokens"}] if done and raw else None}
+
+    def event(kind: str, payload: dict) -> tuple[str, bool]:
+        data = _compact({**payload, "sequence_number": next(seq), "type": kind})
+        return f"event: {kind}\ndata: {data}\n\n", kind == "response.output_text.delta"
+
+    part = {"annotations": [], "text": text, "type": "output_text", "logprobs": entries if lps else None}
+    item = {"id": "msg_bench", "content": [part], "role": "assistant", "status": "completed", "type": "message",
+            "phase": None}
+    yield event("response.created", {"response": response("in_progress", [], False)})
+    yield event("response.in_progress", {"response": response("in_progress", [], False)})
+    yield event("response.output_item.added", {"item": {**item, "content": [], "status": "in_progress"},
+                                               "output_index": 0})
+    yield event("response.content_part.added", {"content_index": 0, "item_id": "msg_bench", "output_index": 0,
+                                                "part": {**part, "text": "", "logprobs": []}})
+    for i, entry in enumerate(entries):
+        yield event("response.output_text.delta", {"content_index": 0, "delta": entry["token"],
+                                                   "item_id": "msg_bench", "logprobs": [entry] if lps else [],
+                                                   "output_index": 0})
+    yield event("response.output_text.done", {"content_index": 0, "item_id": "msg_bench", "logprobs": [],
+                                              "output_index": 0, "text": text})
+    yield event("response.content_part.done", {"content_index": 0, "item_id": "msg_bench", "output_index": 0,
+                                               "part": part})
+    yield event("response.output_item.done", {"item": item, "output_index": 0})
+    yield event("response.completed", {"response": response("completed", [item], True)})
+
+
+def _compact(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, words: int,
                        delay_s: float) -> None:
-    """One vLLM-shaped chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM)."""
+    """One vLLM-shaped stream (chat or Responses, by path), one event per token, paced."""
     try:
-        await reader.readline()
+        request_line = await reader.readline()
         length = 0
         while (line := await reader.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":", 1)[1])
         req = json.loads(await reader.readexactly(length)) if length else {}
-        ids, lps = req.get("return_token_ids") is True, req.get("logprobs") is True
+        events = _responses_events if b"/v1/responses" in request_line else _chat_events
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
-        base = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"tiny",'
-
-        def send(data: str) -> None:
-            payload = f"data: {data}\n\n".encode()
+        for text, paced in events(req, words):
+            payload = text.encode()
             writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-
-        send(base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-             '"finish_reason":null}],"prompt_token_ids":' + ("[248045,846,198,9419,248046,198,248045,74455,198]"
-                                                            if ids else "null") + ',"prompt_text":null}')
-        await writer.drain()
-        for i in range(words):
-            word = WORDS[i % len(WORDS)]
-            lp = (f'{{"content":[{{"token":" {word}","logprob":-1.25,"bytes":{json.dumps(list((" " + word).encode()),separators=(",",":"))},'
-                  f'"top_logprobs":[]}}]}}' if lps else "null")
-            last = i == words - 1
-            send(base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
-                 f'"finish_reason":{json.dumps("stop" if last else None)},"stop_reason":null,'
-                 f'"token_ids":{f"[{1000 + i}]" if ids else "null"}}}]}}')
             await writer.drain()
-            await asyncio.sleep(delay_s)
-        send(base + f'"choices":[],"usage":{{"prompt_tokens":9,"total_tokens":{9 + words},'
-             f'"completion_tokens":{words}}}}}')
-        send("[DONE]")
+            if paced:  # one event per sampled token, as fast as the model samples
+                await asyncio.sleep(delay_s)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
@@ -197,12 +253,18 @@ class CallResult:
     error: str = ""
 
 
-async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, rollout: str) -> CallResult:
+#: api -> (path, the bytes that mark a complete stream)
+APIS = {"chat": ("/v1/chat/completions", b"data: [DONE]"), "responses": ("/v1/responses", b"event: response.completed")}
+
+
+async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, rollout: str,
+                   api: str = "chat") -> CallResult:
     """One streamed call; times the arrival of each SSE event (not each TCP read)."""
+    path, final = APIS[api]
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        target = f"http://127.0.0.1:{upstream_port}/v1/chat/completions" if via_proxy else "/v1/chat/completions"
+        target = f"http://127.0.0.1:{upstream_port}{path}" if via_proxy else path
         head = [f"POST {target} HTTP/1.1", f"Host: 127.0.0.1:{upstream_port}",
                 "Content-Type: application/json", f"Content-Length: {len(body)}",
                 "Authorization: Bearer sk-bench-not-a-secret", "Connection: close"]
@@ -242,7 +304,7 @@ async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
                     result.gaps.append(now - last)
                     last = now
                 result.events += n
-                if b"data: [DONE]" in tail:
+                if final in tail:
                     done = True
                 tail = tail[tail.rfind(b"\n\n") + 2:]
 
@@ -262,20 +324,20 @@ async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
         result.total = time.perf_counter() - t0
         result.gaps = result.gaps[1:]  # the first event's "gap" is the TTFB
         if not done:
-            return CallResult(False, error="stream ended without data: [DONE]")
+            return CallResult(False, error=f"stream ended without {final.decode()}")
         return result
     finally:
         writer.close()
 
 
 async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, calls: int,
-                   concurrency: int, tag: str) -> tuple[list[CallResult], float]:
+                   concurrency: int, tag: str, api: str = "chat") -> tuple[list[CallResult], float]:
     sem = asyncio.Semaphore(concurrency)
 
     async def guarded(i: int) -> CallResult:
         async with sem:
             try:
-                return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}"),
+                return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}", api),
                                               CALL_TIMEOUT_S)
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 return CallResult(False, error=repr(exc))
@@ -352,34 +414,33 @@ class RunStats:
     gap_p99_ms: float    # 99th percentile of single gaps (stalls)
     total_ms: float      # median over calls
     calls_per_s: float
-    proxy_cpu_ms_per_call: float
-    worker_cpu_ms_per_call: float  # the addon's row worker process (another core)
-    upstream_cpu_ms_per_call: float
+    ok_calls: int
+    proxy_cpu_s: float
+    worker_cpu_s: float  # the addon's row worker process (another core)
+    upstream_cpu_s: float
     peak_rss_mb: float
     worker_rss_mb: float
     errors: list[str]
 
 
 def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
-            upstream_pid: int, upstream_port: int, body: bytes, tag: str) -> RunStats:
+            upstream_pid: int, upstream_port: int, body: bytes, tag: str, api: str = "chat") -> RunStats:
     pid = pids[config]
     cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     with PeakRSS(pid) as rss:
         results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
-                                             concurrency, tag))
+                                             concurrency, tag, api))
     cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
     ok = [r for r in results if r.ok]
     gaps = sorted(g for r in ok for g in r.gaps)
     med = lambda xs: statistics.median(xs) * 1000 if xs else float("nan")  # noqa: E731
-    n = max(1, len(ok))
     return RunStats(
         config, concurrency, calls, len(results) - len(ok), wall,
         med([r.ttfb for r in ok]), med([r.interval for r in ok if r.events > 1]),
         gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
-        med([r.total for r in ok]), len(ok) / wall,
-        (cpu1 - cpu0) * 1000 / n, worker * 1000 / n, (up1 - up0) * 1000 / n,
-        rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
+        med([r.total for r in ok]), len(ok) / wall, len(ok),
+        cpu1 - cpu0, worker, up1 - up0, rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
 
 
 def spread(values: list[float]) -> float:
@@ -406,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-calls", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64, help="words in the scripted reply (~tokens streamed)")
     ap.add_argument("--chunk-delay-ms", type=float, default=5.0)
+    ap.add_argument("--api", choices=sorted(APIS), default="chat",
+                    help="chat: Chat Completions (Claude Code via a gateway, Pi); responses: the Responses "
+                         "API (Codex), with Codex's own include list in every request")
     ap.add_argument("--request-kb", type=int, default=0,
                     help="pad each request with this many KiB of conversation history (harnesses send "
                          "tens to hundreds of KiB per call; 0: a one-line prompt)")
@@ -472,13 +536,20 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
         wait_for(health, 180, f"upstream ({args.upstream})", server, up_log)
 
-        request = {"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens,
-                   "messages": history(args.request_kb) + [{"role": "user", "content": "Tell me about the fox."}]}
+        turns = history(args.request_kb) + [{"role": "user", "content": "Tell me about the fox."}]
+        if args.api == "chat":
+            request = {"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens, "messages": turns}
+            asked = {"return_token_ids": True, "logprobs": True}
+        else:  # Codex's shape: input items, and its own include list
+            request = {"model": "tiny", "stream": True, "max_output_tokens": 4 * args.tokens, "input": turns,
+                       "include": ["reasoning.encrypted_content"], "store": False}
+            asked = {"enable_response_messages": True, "top_logprobs": 0,
+                     "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
         bodies = {c: json.dumps(request).encode() for c in configs}
         if "bare-asked" in bodies:  # the client asks for what the addon injects: the upstream sends it
-            bodies["bare-asked"] = json.dumps({**request, "return_token_ids": True, "logprobs": True}).encode()
+            bodies["bare-asked"] = json.dumps({**request, **asked}).encode()
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
-            measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}")
+            measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
 
         profilers = []
         if args.profile:  # the addon's mitmdump and bare mitmdump, side by side
@@ -497,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = configs[k:] + configs[:k]  # rotate who goes first
                 for config in order:
                     st = measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
-                                 f"{config}-c{c}-r{r}")
+                                 f"{config}-c{c}-r{r}", args.api)
                     runs.append(st)
                     print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
                           f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
@@ -529,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]) -> None:
-    print(f"\nproxy overhead: upstream {args.upstream}, {args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
+    print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "
           f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
           f"{elapsed:.0f} s measured; load average {load[0]:.2f} before, {load[1]:.2f} after; {os.cpu_count()} CPUs\n")
@@ -543,8 +614,10 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
         for config in args.configs:
             rs = [r for r in runs if r.concurrency == c and r.config == config]
             m = {k: statistics.median(getattr(r, k) for r in rs)
-                 for k in ("calls_per_s", "ttfb_ms", "gap_ms", "gap_p99_ms", "total_ms",
-                           "proxy_cpu_ms_per_call", "worker_cpu_ms_per_call", "upstream_cpu_ms_per_call")}
+                 for k in ("calls_per_s", "ttfb_ms", "gap_ms", "gap_p99_ms", "total_ms")}
+            n = max(1, sum(r.ok_calls for r in rs))  # CPU times tick in 10 ms: sum over all rounds
+            for k in ("proxy", "worker", "upstream"):
+                m[f"{k}_cpu_ms_per_call"] = sum(getattr(r, f"{k}_cpu_s") for r in rs) * 1000 / n
             m["peak_rss_mb"] = max(r.peak_rss_mb for r in rs)
             m["worker_rss_mb"] = max(r.worker_rss_mb for r in rs)
             m["spread"] = spread([r.calls_per_s for r in rs])

@@ -331,6 +331,33 @@ def test_fuzz_chat_fast_strip_of_the_first_chunk_equals_json_strip(prompt, text,
         assert fast == raw
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(piece=st.text(max_size=12), lp=logprob, top=st.lists(st.tuples(st.text(max_size=4), logprob), max_size=3),
+       n=st.integers(0, 3), compact=st.booleans(), ask_lps=st.booleans(), seq=st.integers(0, 10**6))
+def test_fuzz_responses_fast_strip_equals_json_strip(piece, lp, top, n, compact, ask_lps, seq) -> None:
+    """The Responses text-delta hot path gives the same JSON as parse + strip + re-serialise."""
+    from polar_train.capture.sse import parse_event
+
+    obj = {"content_index": 0, "delta": piece, "item_id": "msg_1",
+           "logprobs": [{"token": piece, "logprob": lp, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
+                        for _ in range(n)],
+           "output_index": 0, "sequence_number": seq, "type": "response.output_text.delta"}
+    sep = (",", ":") if compact else (", ", ": ")
+    raw = (b"event: response.output_text.delta\ndata: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode()
+           + b"\n\n")
+    asked = {"logprobs": ask_lps}
+    fast = openai_responses.event_stripper(asked)(raw)
+    if compact:
+        assert fast is not None  # vLLM's own shape always takes the fast path
+    if fast is None:
+        return
+    want = json.loads(json.dumps(obj))
+    openai_responses.strip(want, asked)
+    assert json.loads(parse_event(fast).data) == want and parse_event(fast).event == "response.output_text.delta"
+    if ask_lps or n == 0:
+        assert fast == raw
+
+
 def test_unicode_line_separators_in_tokens_are_data() -> None:
     """Found by fuzzing: U+2028 / U+0085 inside a token (vLLM writes raw UTF-8) are not SSE line
     breaks; the event must still parse, be stripped for the client and be recorded."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..wire.errors import ApiError
 from ..wire.render import normalize_tool
+from .grammar import INTS, LOGPROB_LIST, STR
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 
 API = "openai.chat"
@@ -63,25 +64,18 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
 # The shape of a vLLM 0.32 token chunk, exactly (compact JSON, its key order). Strings, numbers and
 # the logprobs object are matched by their grammar; only ``delta`` is matched loosely (any object).
 # Group 1: the choice's logprobs value, group 2: its token_ids value.
-_STR = rb'"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'  # no raw line break: SSE would split there
-_NUM = rb'(?:-?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|Infinity)|NaN|null)'
-_INTS = rb'\[(?:\d+(?:,\d+)*)?\]'
-_BYTES = rb'(?:,"bytes":(?:' + _INTS + rb'|null))?'
-_TOP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + _BYTES + rb'\}'
-_ENTRY = (rb'\{"token":' + _STR + rb',"logprob":' + _NUM + _BYTES
-          + rb',"top_logprobs":\[(?:' + _TOP + rb'(?:,' + _TOP + rb')*)?\]\}')
 _TOKEN_CHUNK = re.compile(
-    rb'data: \{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR
+    rb'data: \{"id":' + STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + STR
     + rb',"choices":\[\{"index":\d+,"delta":\{[^\r\n]*?\}'
-    + rb',"logprobs":(null|\{"content":\[(?:' + _ENTRY + rb'(?:,' + _ENTRY + rb')*)?\]\})'
-    + rb',"finish_reason":(?:null|' + _STR + rb')(?:,"stop_reason":(?:null|' + _STR + rb'|-?\d+))?'
-    + rb',"token_ids":(null|' + _INTS + rb')\}\](?:,"system_fingerprint":(?:null|' + _STR + rb'))?\}\n\n')
+    + rb',"logprobs":(null|\{"content":' + LOGPROB_LIST + rb'\})'
+    + rb',"finish_reason":(?:null|' + STR + rb')(?:,"stop_reason":(?:null|' + STR + rb'|-?\d+))?'
+    + rb',"token_ids":(null|' + INTS + rb')\}\](?:,"system_fingerprint":(?:null|' + STR + rb'))?\}\n\n')
 # vLLM's first chunk (the role, no token yet, the prompt fields at the top level).
 # Group 1: prompt_token_ids, group 2: prompt_text.
 _FIRST_CHUNK = re.compile(
-    rb'data: \{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR
+    rb'data: \{"id":' + STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + STR
     + rb',"choices":\[\{"index":\d+,"delta":\{[^\r\n]*?\},"logprobs":null,"finish_reason":null\}\]'
-    + rb',"prompt_token_ids":(null|' + _INTS + rb'),"prompt_text":(null|' + _STR + rb')\}\n\n')
+    + rb',"prompt_token_ids":(null|' + INTS + rb'),"prompt_text":(null|' + STR + rb')\}\n\n')
 
 
 def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:

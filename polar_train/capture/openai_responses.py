@@ -11,10 +11,13 @@ content parts and ``logprobs: []`` in deltas; stripping restores exactly that.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
+from .grammar import LOGPROB_LIST, STR
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 
 API = "openai.responses"
@@ -91,6 +94,34 @@ def strip(obj: dict[str, Any], asked: dict[str, Any]) -> bool:
         if isinstance(obj.get("item"), dict):
             changed |= _strip_content(obj["item"].get("content"))
     return changed
+
+
+# vLLM 0.32's text delta event, exactly (compact JSON, its key order; strings, numbers and the
+# logprobs list matched by their grammar, nothing loosely). Group 1: the logprobs list.
+_TEXT_DELTA = re.compile(
+    rb'event: response\.output_text\.delta\ndata: \{"content_index":\d+,"delta":' + STR + rb',"item_id":' + STR
+    + rb',"logprobs":(' + LOGPROB_LIST + rb')'
+    + rb',"output_index":\d+,"sequence_number":\d+,"type":"response\.output_text\.delta"\}\n\n')
+
+
+def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
+    """The stream hot path (one event per sampled text token): a function that empties the
+    injected ``logprobs`` of a vLLM text delta by splicing, without parsing (None: not handled,
+    use the JSON path). The whole event must match :data:`_TEXT_DELTA`, a strict grammar of
+    vLLM's shape, so the result equals :func:`strip` + re-serialisation while every other byte
+    stays as sent. Other events (a handful per call) go the JSON way."""
+    match = _TEXT_DELTA.fullmatch
+    if asked.get("logprobs"):
+        return lambda raw: raw if match(raw) is not None else None
+
+    def strip_delta(raw: bytes) -> bytes | None:
+        m = match(raw)
+        if m is None:
+            return None
+        a, b = m.span(1)
+        return raw if b - a == 2 else b"".join((raw[:a], b"[]", raw[b:]))
+
+    return strip_delta
 
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
