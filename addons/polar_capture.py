@@ -15,7 +15,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 

@@ -6,10 +6,8 @@ is corrupt after SIGKILL. The upstream is a fault injector (tests/support/captur
 from __future__ import annotations
 
 import concurrent.futures
-import gzip
 import json
 import signal
-import socket
 import time
 import uuid
 from pathlib import Path

@@ -200,7 +200,7 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
         output.append(message_item(f"msg_{_uuid()}", parsed.content,
                                    logprobs_full(server, state.steps) if req["logprobs"] else None))
     for call in parsed.tool_calls:
-        output.append(call_item(req, (f"ctc_" if _is_custom(req, call) else "fc_") + _uuid(), call))
+        output.append(call_item(req, ("ctc_" if _is_custom(req, call) else "fc_") + _uuid(), call))
     incomplete = state.finish.reason == "length"
     return response_object(req, "incomplete" if incomplete else "completed", output,
                            usage(len(req["prompt_ids"]), len(state.steps)), incomplete,
