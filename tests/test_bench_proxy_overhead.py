@@ -1,0 +1,29 @@
+"""``bench/proxy_overhead.py`` still runs end to end (a tiny load, no numbers asserted: speed
+targets live in the benchmark, not in tests). What is asserted is what the benchmark itself checks
+and exits 1 on: every call through every configuration succeeded, and the addon recorded each call
+it saw as ``ok`` - for both wire formats it can drive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.procs import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--api", api, "--concurrency", "1", "4",
+         "--rounds", "1", "--min-calls", "2", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1",
+         "--request-kb", "4", "--configs", "direct", "bare", "addon", "addon-noinject", "bare-asked"],
+        capture_output=True, text=True, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "ratios (targets" in out
+    # warm-up 4 + (2 at concurrency 1) + (4 at concurrency 4) through the addon, all ok
+    assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
