@@ -144,7 +144,9 @@ class RowWorker:
     # -- sender thread ---------------------------------------------------------------------------
     def _spawn(self) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+        root = _package_root()
+        if root in sys.path:  # found through sys.path (a checkout the addon put there): so must the child
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
             start_new_session=True, close_fds=True)
@@ -264,6 +266,7 @@ def main() -> int:
     writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size,
                         prompt_delta=opts.prompt_delta)
     writer.start(create_dir=False)  # the proxy created it; if it is gone, each write tries again
+    writer.submit(PartWriter.warm_up, block=True)
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
     attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
     if renderer is not None:
