@@ -277,31 +277,40 @@ def test_fuzz_mutated_real_shapes_never_raise(api: str, call, data) -> None:
         assert row["status"] in ("ok", "upstream_error"), row["error"]
 
 
+def fast_strip_checked(module, obj: dict, asked: dict, compact: bool, fast_expected: bool,
+                       event: str | None = None) -> tuple[bytes | None, bytes]:
+    """``obj`` as an SSE event (compact like vLLM, or spaced), through the format's byte-level
+    stripper; whenever it answers, its event must parse to what the JSON path gives. Returns (the
+    stripped event or None, the raw event)."""
+    from polar_train.capture.sse import parse_event
+
+    sep = (",", ":") if compact else (", ", ": ")
+    raw = ((f"event: {event}\n".encode() if event else b"") + b"data: "
+           + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n")
+    fast = module.event_stripper(asked)(raw)
+    if fast_expected:
+        assert fast is not None  # vLLM's own shape takes the fast path
+    if fast is not None:
+        want = json.loads(json.dumps(obj))
+        module.strip(want, asked)
+        ev = parse_event(fast)
+        assert fast.endswith(b"\n\n") and ev.event == event and json.loads(ev.data) == want
+    return fast, raw
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(piece=st.text(max_size=12), tid=token, lp=logprob, top=st.lists(st.tuples(st.text(max_size=4), logprob), max_size=3),
        compact=st.booleans(), ask_ids=st.booleans(), ask_lps=st.booleans(), finish=st.sampled_from([None, "stop"]))
 def test_fuzz_chat_fast_strip_equals_json_strip(piece, tid, lp, top, compact, ask_ids, ask_lps, finish) -> None:
     """The byte-splicing hot path gives the same JSON as parse + strip + re-serialise, for any token text."""
-    from polar_train.capture.sse import parse_event
-
     obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
            "choices": [{"index": 0, "delta": {"content": piece},
                         "logprobs": {"content": [{"token": piece, "logprob": lp, "bytes": list(piece.encode()),
                                                   "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}]},
                         "finish_reason": finish, "stop_reason": None, "token_ids": [tid]}]}
-    sep = (",", ":") if compact else (", ", ": ")
-    raw = b"data: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n"
-    asked = {"return_token_ids": ask_ids, "logprobs": ask_lps}
-    fast = openai_chat.strip_event_bytes(raw, asked)
-    if compact:
-        assert fast is not None  # vLLM's own shape always takes the fast path
-    if fast is None:
-        return
-    want = json.loads(json.dumps(obj))
-    openai_chat.strip(want, asked)
-    assert fast.endswith(b"\n\n") and fast.startswith(b"data: ")
-    assert json.loads(parse_event(fast).data) == want
-    if ask_ids and ask_lps:
+    fast, raw = fast_strip_checked(openai_chat, obj, {"return_token_ids": ask_ids, "logprobs": ask_lps}, compact,
+                                   fast_expected=compact)
+    if fast is not None and ask_ids and ask_lps:
         assert fast == raw
 
 
@@ -311,23 +320,13 @@ def test_fuzz_chat_fast_strip_equals_json_strip(piece, tid, lp, top, compact, as
 def test_fuzz_chat_fast_strip_of_the_first_chunk_equals_json_strip(prompt, text, model, compact, ask_ids,
                                                                    ask_lps) -> None:
     """vLLM's first chunk (role, prompt ids at the top level): the splice equals the JSON path."""
-    from polar_train.capture.sse import parse_event
-
     obj = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model,
            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                         "finish_reason": None}], "prompt_token_ids": prompt, "prompt_text": text}
-    sep = (",", ":") if compact else (", ", ": ")
-    raw = b"data: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n"
-    asked = {"return_token_ids": ask_ids, "logprobs": ask_lps}
-    fast = openai_chat.strip_event_bytes(raw, asked)
-    if compact and not (ask_ids and not ask_lps):  # (only logprobs to strip: none here, JSON path)
-        assert fast is not None  # vLLM's own shape takes the fast path
-    if fast is None:
-        return
-    want = json.loads(json.dumps(obj))
-    openai_chat.strip(want, asked)
-    assert json.loads(parse_event(fast).data) == want
-    if ask_ids:
+    # (only logprobs to strip: the first chunk has none, it goes the JSON path)
+    fast, raw = fast_strip_checked(openai_chat, obj, {"return_token_ids": ask_ids, "logprobs": ask_lps}, compact,
+                                   fast_expected=compact and not (ask_ids and not ask_lps))
+    if fast is not None and ask_ids:
         assert fast == raw
 
 
@@ -336,25 +335,13 @@ def test_fuzz_chat_fast_strip_of_the_first_chunk_equals_json_strip(prompt, text,
        n=st.integers(0, 3), compact=st.booleans(), ask_lps=st.booleans(), seq=st.integers(0, 10**6))
 def test_fuzz_responses_fast_strip_equals_json_strip(piece, lp, top, n, compact, ask_lps, seq) -> None:
     """The Responses text-delta hot path gives the same JSON as parse + strip + re-serialise."""
-    from polar_train.capture.sse import parse_event
-
     obj = {"content_index": 0, "delta": piece, "item_id": "msg_1",
            "logprobs": [{"token": piece, "logprob": lp, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
                         for _ in range(n)],
            "output_index": 0, "sequence_number": seq, "type": "response.output_text.delta"}
-    sep = (",", ":") if compact else (", ", ": ")
-    raw = (b"event: response.output_text.delta\ndata: " + json.dumps(obj, ensure_ascii=compact, separators=sep).encode()
-           + b"\n\n")
-    asked = {"logprobs": ask_lps}
-    fast = openai_responses.event_stripper(asked)(raw)
-    if compact:
-        assert fast is not None  # vLLM's own shape always takes the fast path
-    if fast is None:
-        return
-    want = json.loads(json.dumps(obj))
-    openai_responses.strip(want, asked)
-    assert json.loads(parse_event(fast).data) == want and parse_event(fast).event == "response.output_text.delta"
-    if ask_lps or n == 0:
+    fast, raw = fast_strip_checked(openai_responses, obj, {"logprobs": ask_lps}, compact, fast_expected=compact,
+                                   event="response.output_text.delta")
+    if fast is not None and (ask_lps or n == 0):
         assert fast == raw
 
 

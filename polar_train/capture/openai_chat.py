@@ -123,11 +123,6 @@ def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
     return functools.partial(strip_one, group=2 if keep_lps else 1)
 
 
-def strip_event_bytes(raw: bytes, asked: dict[str, Any]) -> bytes | None:
-    """:func:`event_stripper` for one event (tests, one-off use)."""
-    return event_stripper(asked)(raw)
-
-
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
     return as_float(request.get("temperature")), as_float(request.get("top_p"))
 

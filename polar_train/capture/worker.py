@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .handoff import STOP, HandOff
 from .options import CaptureOptions
 from .outdir import prepare_calls_dir
 
 log = logging.getLogger("polar_capture")
 
 _HEADER = struct.Struct("!Q")
-_STOP = object()
 #: A child that exits within this many seconds of its start counts as failing to start.
 _EARLY_EXIT_S = 5.0
 _MAX_EARLY_EXITS = 2
@@ -76,7 +76,7 @@ class RowWorker:
     def __init__(self, opts: CaptureOptions, log_level: int = logging.INFO) -> None:
         self.opts = opts
         self.log_level = log_level
-        self._queue: queue.Queue = queue.Queue(maxsize=opts.queue_size)
+        self._queue = HandOff(opts.queue_size, "row worker")
         self._proc: subprocess.Popen | None = None
         self._proc_started = 0.0
         self._early_exits = 0
@@ -84,8 +84,6 @@ class RowWorker:
         self._fallback_renderer = None
         self._fallback_attempts = None
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.dropped = 0
         self.sent = 0
 
     # -- proxy side (event loop) ----------------------------------------------------------------
@@ -98,30 +96,19 @@ class RowWorker:
 
     def submit(self, state: Any) -> bool:
         """Queue a finished call; never blocks. False (and a counted drop) when the queue is full."""
-        try:
-            self._queue.put_nowait(state)
-            return True
-        except queue.Full:
-            with self._lock:
-                self.dropped += 1
-                n = self.dropped
-            log.warning("polar_capture: row worker queue full, call dropped (%d dropped so far)", n)
-            return False
+        return self._queue.put(state)
+
+    @property
+    def dropped(self) -> int:
+        return self._queue.dropped
 
     def close(self, timeout: float = 60.0) -> None:
         """Hand over what is queued, let the child write its last part, wait for it."""
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._queue.put(_STOP, timeout=0.5)
-                break
-            except queue.Full:
-                if time.monotonic() > deadline or not self._thread.is_alive():
-                    log.error("polar_capture: row worker queue stuck at shutdown; %d calls not written",
-                              self._queue.qsize())
-                    return
+        if not self._queue.finish(deadline, self._thread):
+            return
         self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
         proc = self._proc
@@ -221,7 +208,7 @@ class RowWorker:
                 except Exception:
                     log.exception("polar_capture: checking the row worker process failed")
                 continue
-            if item is _STOP:
+            if item is STOP:
                 break
             try:
                 self._send(item)

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from polar_train.capture.handoff import STOP, HandOff
 from polar_train.capture.outdir import prepare_calls_dir
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.schema import CALL_LOG_SCHEMA
@@ -32,7 +33,6 @@ from polar_train.schema import CALL_LOG_SCHEMA
 log = logging.getLogger("polar_capture")
 
 Job = Callable[[], dict[str, Any] | None]
-_STOP = object()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -59,11 +59,10 @@ class PartWriter:
         self._delta = PromptDeltaEncoder() if prompt_delta else None
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue = HandOff(queue_size, "part writer")
         self._rows: list[dict[str, Any]] = []
         self._first_row_at: float | None = None
         self._seq = 0
-        self.dropped = 0
         self.written_rows = 0
         self.failed_jobs = 0
         #: Rows kept in memory while parts cannot be written (disk full); beyond this the oldest go.
@@ -72,7 +71,6 @@ class PartWriter:
         self._retry_at = 0.0
         self.parts: list[Path] = []
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def start(self, create_dir: bool = True) -> None:
         if create_dir:
@@ -90,30 +88,19 @@ class PartWriter:
 
     def submit(self, job: Job, block: bool = False) -> bool:
         """Queue a job. Without ``block`` it never blocks: False (and a counted drop) when full."""
-        try:
-            self._queue.put(job, block=block)
-            return True
-        except queue.Full:
-            with self._lock:
-                self.dropped += 1
-                n = self.dropped
-            log.warning("polar_capture: worker queue full, call dropped (%d dropped so far)", n)
-            return False
+        return self._queue.put(job, block)
+
+    @property
+    def dropped(self) -> int:
+        return self._queue.dropped
 
     def close(self, timeout: float = 60.0) -> None:
         """Finish queued jobs, write the last part, stop the thread."""
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._queue.put(_STOP, timeout=0.5)
-                break
-            except queue.Full:
-                if time.monotonic() > deadline:
-                    log.error("polar_capture: writer queue stuck at shutdown")
-                    return
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._queue.finish(deadline, self._thread):
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
 
     def _run(self) -> None:
@@ -126,7 +113,7 @@ class PartWriter:
             except queue.Empty:
                 self._flush()
                 continue
-            if job is _STOP:
+            if job is STOP:
                 self._flush(final=True)
                 return
             try:
