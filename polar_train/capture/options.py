@@ -1,8 +1,8 @@
 """The addon's options: names, types, defaults and help, declared once.
 
 Why a table here instead of inline ``loader.add_option`` calls: the docs and the tests read the same
-list, and the worker thread gets a frozen :class:`CaptureOptions` snapshot instead of touching
-mitmproxy's live options object from another thread.
+list, and the row worker (another process) gets a frozen, picklable :class:`CaptureOptions`
+snapshot instead of mitmproxy's live options object.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ OPTION_SPECS: list[tuple[str, type, Any, str]] = [
     ("polar_flush_rows", int, 256, "Close a Parquet part after this many rows."),
     ("polar_flush_seconds", str, "10", "Close a Parquet part after this many seconds (a number)."),
     ("polar_queue_size", int, 1024,
-     "Calls waiting for the worker thread; when full, new calls are dropped (counted, logged), "
-     "never blocking traffic."),
+     "Finished calls waiting to be handed to the row worker process; when full, new calls are "
+     "dropped (counted, logged), never blocking traffic."),
     ("polar_rollout_header", str, "x-polar-rollout",
      "Request header naming the rollout (removed before forwarding)."),
     ("polar_task_header", str, "x-polar-task", "Request header naming the task (removed before forwarding)."),
     ("polar_port_rollouts", str, "",
      "Listen port -> rollout id fallback, e.g. '8081=r1,8082=r2' (with --mode regular@8081 ...)."),
     ("polar_tokenize_check", bool, False,
-     "For rendered calls, also ask the upstream's /tokenize for the same chat messages (on the worker "
-     "thread) and record whether its ids equal ours (server_tokenize_match)."),
+     "For rendered calls, also ask the upstream's /tokenize for the same chat messages (in the row "
+     "worker) and record whether its ids equal ours (server_tokenize_match)."),
     ("polar_tokenize_url", str, "",
      "Base URL for the /tokenize check (default: the call's own upstream, scheme://host:port)."),
     ("polar_max_body_mb", int, 256,
@@ -46,7 +46,7 @@ OPTION_SPECS: list[tuple[str, type, Any, str]] = [
 
 @dataclass(frozen=True)
 class CaptureOptions:
-    """A snapshot of the ``polar_`` options (immutable, safe to hand to the worker thread)."""
+    """A snapshot of the ``polar_`` options (immutable, picklable: the row worker gets a copy)."""
 
     out: str = "data/captures"
     tokenizer: str = ""

@@ -19,7 +19,7 @@ from ..wire.render import render
 
 
 class Renderer:
-    """Loads the tokenizer lazily (on the worker thread, never on mitmproxy's event loop)."""
+    """Loads the tokenizer lazily (in the row worker, never on mitmproxy's event loop)."""
 
     def __init__(self, tokenizer_dir: str) -> None:
         self.tokenizer_dir = tokenizer_dir
