@@ -345,6 +345,29 @@ def test_fuzz_responses_fast_strip_equals_json_strip(piece, lp, top, n, compact,
         assert fast == raw
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(call=calls(), compact=st.booleans(), raw_messages=st.booleans(), ask=st.booleans(),
+       kind=st.sampled_from(["response.completed", "response.incomplete"]), top=st.none() | st.integers(0, 3))
+def test_fuzz_responses_final_event_fast_strip_equals_json_strip(call, compact, raw_messages, ask, kind, top) -> None:
+    """The final event (with every prompt token id): splicing the raw message tokens away before
+    the JSON path gives what the JSON path alone gives."""
+    pieces, ids, lps, prompt_ids = call
+    text = "".join(pieces)
+    part = {"annotations": [], "text": text, "type": "output_text",
+            "logprobs": [{"token": p, "bytes": list(p.encode()), "logprob": lp, "top_logprobs": []}
+                         for p, lp in zip(pieces, lps)]}
+    resp = {"id": "resp_1", "object": "response", "model": "tiny", "output": [
+                {"id": "msg_1", "content": [part], "role": "assistant", "status": "completed", "type": "message"}],
+            "status": kind.split(".")[1], "top_logprobs": 0, "usage": {"input_tokens": len(prompt_ids)},
+            "input_messages": [{"message": "…\u2028", "tokens": prompt_ids, "type": "raw_message_tokens"}]
+            if raw_messages else None,
+            "output_messages": [{"message": text, "tokens": ids, "type": "raw_message_tokens"}] if raw_messages else None}
+    asked = openai_responses.inject({"input": "x", **({"enable_response_messages": True} if ask else {}),
+                                     **({"top_logprobs": top} if top is not None else {})}).asked
+    fast_strip_checked(openai_responses, {"response": resp, "sequence_number": 9, "type": kind}, asked, compact,
+                       fast_expected=compact and not ask, event=kind)
+
+
 def test_unicode_line_separators_in_tokens_are_data() -> None:
     """Found by fuzzing: U+2028 / U+0085 inside a token (vLLM writes raw UTF-8) are not SSE line
     breaks; the event must still parse, be stripped for the client and be recorded."""

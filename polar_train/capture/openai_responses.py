@@ -17,8 +17,9 @@ from typing import Any
 
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
-from .grammar import LOGPROB_LIST, STR
+from .grammar import INTS, LOGPROB_LIST, STR
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .sse import parse_event, serialize_event
 
 API = "openai.responses"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -104,24 +105,68 @@ _TEXT_DELTA = re.compile(
     + rb',"output_index":\d+,"sequence_number":\d+,"type":"response\.output_text\.delta"\}\n\n')
 
 
-def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
-    """The stream hot path (one event per sampled text token): a function that empties the
-    injected ``logprobs`` of a vLLM text delta by splicing, without parsing (None: not handled,
-    use the JSON path). The whole event must match :data:`_TEXT_DELTA`, a strict grammar of
-    vLLM's shape, so the result equals :func:`strip` + re-serialisation while every other byte
-    stays as sent. Other events (a handful per call) go the JSON way."""
-    match = _TEXT_DELTA.fullmatch
-    if asked.get("logprobs"):
-        return lambda raw: raw if match(raw) is not None else None
+# The tail of vLLM 0.32's final event: the raw message tokens (prompt and output ids) are the last
+# keys of the response object. Group 1: input_messages, group 2: output_messages.
+_MESSAGE = rb'\{"message":' + STR + rb',"tokens":' + INTS + rb',"type":"raw_message_tokens"\}'
+_MESSAGES = rb'(?:null|\[(?:' + _MESSAGE + rb'(?:,' + _MESSAGE + rb')*)?\])'
+_FINAL_TAIL = re.compile(
+    rb',"input_messages":(' + _MESSAGES + rb'),"output_messages":(' + _MESSAGES + rb')\}'
+    rb',"sequence_number":\d+,"type":"response\.(?:completed|incomplete|failed)"\}\n\n')
+_FINAL_EVENTS = tuple(b"event: " + name.encode() + b"\ndata: {" for name in FINAL_EVENTS)
 
-    def strip_delta(raw: bytes) -> bytes | None:
+
+def _strip_final(raw: bytes, asked: dict[str, Any]) -> bytes | None:
+    """The final event without re-encoding the call's token ids (None: use the JSON path).
+
+    Why: ``response.completed`` carries ``input_messages`` - every prompt token id, often tens of
+    thousands - that the client did not ask for. They are spliced to ``null`` first, so that the
+    JSON path (still needed: the output's logprobs and ``top_logprobs``) parses a small event. The
+    splice is kept only if the parsed result proves it hit the response's own keys (each key occurs
+    once in the event, and the response object now has both, as ``null``).
+    """
+    if asked.get("response_messages") or not raw.startswith(_FINAL_EVENTS):
+        return None
+    pos = raw.rfind(b',"input_messages":')
+    if pos < 0 or raw.count(b'"input_messages":') != 1 or raw.count(b'"output_messages":') != 1:
+        return None
+    m = _FINAL_TAIL.fullmatch(raw, pos)
+    if m is None:
+        return None
+    (a, b), (c, d) = m.span(1), m.span(2)
+    spliced = b"".join((raw[:a], b"null", raw[b:c], b"null", raw[d:]))
+    ev = parse_event(spliced)
+    try:
+        obj = json.loads(ev.data or "")
+    except ValueError:
+        return None
+    resp = obj.get("response") if isinstance(obj, dict) else None
+    if not isinstance(resp, dict) or resp.get("input_messages", 0) is not None \
+            or resp.get("output_messages", 0) is not None:
+        return None
+    return serialize_event(spliced, ev, obj) if strip(obj, asked) else spliced
+
+
+def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
+    """The stream hot path: a function that strips one event without parsing all of it (None: not
+    handled, use the JSON path).
+
+    Text deltas (one per sampled token): the injected ``logprobs`` are emptied by a splice; the
+    whole event must match :data:`_TEXT_DELTA`, a strict grammar of vLLM's shape, so the result
+    equals :func:`strip` + re-serialisation while every other byte stays as sent. The final event:
+    see :func:`_strip_final`. Other events (a handful per call) go the JSON way.
+    """
+    match = _TEXT_DELTA.fullmatch
+
+    def strip_event(raw: bytes) -> bytes | None:
         m = match(raw)
         if m is None:
-            return None
+            return _strip_final(raw, asked)
+        if asked.get("logprobs"):
+            return raw
         a, b = m.span(1)
         return raw if b - a == 2 else b"".join((raw[:a], b"[]", raw[b:]))
 
-    return strip_delta
+    return strip_event
 
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
