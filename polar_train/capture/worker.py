@@ -124,10 +124,6 @@ class RowWorker:
         if self._fallback is not None:
             self._fallback.close(max(1.0, deadline - time.monotonic()))
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
-
     # -- sender thread ---------------------------------------------------------------------------
     def _spawn(self) -> None:
         env = dict(os.environ)
