@@ -166,6 +166,31 @@ def test_stream_tap_passthrough_is_byte_exact():
     assert out == data and tap(b"") == [] and state.stream_raw == data
 
 
+@pytest.mark.parametrize("size", [37, 10_000])  # events split across reads / several events per read
+def test_a_failing_strip_hands_on_every_remaining_byte_unchanged(size):
+    """A bug in stripping must cost the call its row status, never a byte of the client's stream."""
+    state = record.CallState("openai.chat", "POST", "h", "/p", "c", None, record.utcnow(), "")  # type: ignore[arg-type]
+    calls = []
+
+    def strip(obj):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("strip bug")
+        return openai_chat.strip(obj, {})
+
+    tap = StreamTap(state, strip, None, False, lambda: None)
+    data = WIRE["chat_inj_sse"].encode()
+    out = []
+    for i in range(0, len(data), size):
+        got = tap(data[i:i + size])
+        out.extend(got if isinstance(got, list) else [got])
+    out.extend(tap(b""))
+    events = [_mask(o) for _, o in _sse_objs(b"".join(out).decode())]
+    assert len(events) == len(split_all(data)[0])  # every event arrived
+    assert state.status == "proxy_error" and "strip bug" in state.error
+    assert b"".join(out).endswith(data[-200:])  # after the failure: the upstream's bytes, unchanged
+
+
 # -- identity, redaction, options ------------------------------------------------------------
 class _Headers(dict):
     def get_all(self, name):

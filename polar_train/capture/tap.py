@@ -93,37 +93,30 @@ class StreamTap:
         self.seen_bytes += len(chunk)
         if not chunk:
             return self._finish()
-        if self.broken is None and self.decoder is None:  # the hot path: plain bytes
-            self.raw += chunk
-            if self.strip is None:
-                return chunk
-            if (self.fast is not None and not self.splitter.has_pending and chunk.endswith(b"\n\n")
-                    and chunk.find(b"\n\n") == len(chunk) - 2 and b"\r" not in chunk):
-                out = self.fast(chunk)  # the usual read: exactly one whole event of the usual shape
-                if out is not None:
-                    return out
-        return self._any_chunk(chunk)
-
-    def _any_chunk(self, chunk: bytes) -> list[bytes] | bytes:
         if self.broken is not None:
             return chunk if not self.deliver_decoded else self._safe_decode(chunk)
+        data = held = b""  # on a failure: what the client has not been handed yet
         try:
-            data = self.decoder.decode(chunk) if self.decoder is not None else chunk
-            if self.decoder is not None:
-                self.raw += data
+            data = chunk if self.decoder is None else self.decoder.decode(chunk)
+            self.raw += data
             if self.strip is None:
                 return data if self.deliver_decoded else chunk
-            out = b"".join([self._rewrite(ev) for ev in self.splitter.feed(data)])
-            return [out] if out else []
+            if (not self.splitter.has_pending and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2
+                    and b"\r" not in data):
+                out = self._rewrite(data)  # the usual read: exactly one whole event (what feed() would give)
+            else:
+                held = self.splitter.pending
+                out = b"".join([self._rewrite(ev) for ev in self.splitter.feed(data)])
+            return out or []
         except Exception as exc:  # never let the tap break the stream: pass the rest through
             log.exception("polar_capture: stream tap failed; passing the rest through unchanged")
             self.broken = repr(exc)
             self.state.fail("proxy_error", f"stream tap failed: {exc!r}")
             if self.strip is None and not self.deliver_decoded:
                 return chunk
-            pending = self.splitter.pending
             self.splitter = SSESplitter()
-            return [pending] if pending else []
+            rest = held + data
+            return [rest] if rest else []
 
     def _safe_decode(self, chunk: bytes) -> bytes:
         try:
