@@ -304,7 +304,7 @@ class PolarCapture:
             self.calls.pop(flow.id, None)
         state.finished_at = record.utcnow()
         if self.writer is not None:
-            self.writer.submit(state.for_worker())
+            self.writer.submit(state)  # the proxy holds no reference to it any more
 
     def done(self) -> None:
         try:

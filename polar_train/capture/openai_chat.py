@@ -79,17 +79,18 @@ _FIRST_CHUNK = re.compile(
 
 
 def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
-    """The stream hot path: a function that strips one vLLM token chunk by splicing ``null`` over
-    the injected values, without parsing it (None: not handled, use the JSON path).
+    """The stream hot path: a function that strips one vLLM chunk by splicing ``null`` over the
+    injected values, without parsing it (None: not handled, use the JSON path).
 
     Why: parsing and re-serialising every event costs several times more than one regex match and
-    a few slices (bench/proxy_overhead.py). The event must match vLLM's token-chunk shape exactly
-    (:data:`_TOKEN_CHUNK`: one data line, one choice, fixed keys in vLLM's order); in a valid JSON
-    event that shape puts the spliced ``logprobs`` / ``token_ids`` at the choice's own level, so the
-    result equals :func:`strip` + re-serialisation, while every other byte stays as the server sent
-    it (a value that is already ``null`` is spliced over with ``null``: the same bytes). Anything
-    else (the first chunk with the prompt fields, other servers' formatting) goes the JSON way.
-    One function per call, specialised on what the client asked for itself.
+    a few slices (bench/proxy_overhead.py). The event must match vLLM's token-chunk or first-chunk
+    shape exactly (:data:`_TOKEN_CHUNK`, :data:`_FIRST_CHUNK`: one data line, one choice, fixed
+    keys in vLLM's order); in a valid JSON event that shape puts the spliced values at their own
+    level (the choice's ``logprobs`` / ``token_ids``, the top-level prompt fields), so the result
+    equals :func:`strip` + re-serialisation, while every other byte stays as the server sent it (a
+    value that is already ``null`` is spliced over with ``null``: the same bytes). Anything else
+    (the usage chunk, other servers' formatting) goes the JSON way. One function per call,
+    specialised on what the client asked for itself.
     """
     match, first = _TOKEN_CHUNK.fullmatch, _FIRST_CHUNK.fullmatch
     keep_lps, keep_ids = bool(asked.get("logprobs")), bool(asked.get("return_token_ids"))

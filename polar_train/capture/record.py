@@ -14,7 +14,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -124,8 +124,8 @@ class CallState:
     secrets: set[str] = field(default_factory=set)
     #: The request body as the client sent it (before injection); parsed again by the row worker.
     request_body: bytes = b""
-    #: The parsed body, on the proxy side only (:meth:`for_worker` drops it: the raw body is cheaper
-    #: to send than a pickled object tree).
+    #: The parsed body: never set by the proxy (the raw body is cheaper to hand over than a pickled
+    #: object tree); :meth:`request_object` parses it in the row worker.
     request: dict[str, Any] | None = None
     request_error: str | None = None
     injected: bool = False
@@ -151,12 +151,6 @@ class CallState:
         if self.status is None:
             self.status = status
             self.error = error
-
-    def for_worker(self) -> "CallState":
-        """A copy to hand to the row worker: raw bytes only (the parsed request is dropped)."""
-        raw = self.stream_raw
-        return replace(self, request=None if self.request_body else self.request,
-                       stream_raw=bytes(raw) if isinstance(raw, bytearray) else raw)
 
     def request_object(self) -> dict[str, Any] | None:
         """The parsed request: kept, or parsed again from the raw body (in the row worker)."""

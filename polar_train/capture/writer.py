@@ -4,10 +4,10 @@ It runs in the row worker process (:mod:`polar_train.capture.worker`), or on a t
 proxy when that process cannot run. Why a thread with a bounded queue: building a row (JSON
 parsing, tokenising, rendering) and Parquet encoding must not hold up whoever hands rows in; on
 the proxy's side a full queue never blocks traffic (the call is dropped and counted), in the
-worker process it blocks the reader (backpressure up to the proxy's own queue). Why parts with atomic renames:
-a reader (pyarrow datasets, DuckDB, ``datasets``) globbing the folder never sees a half-written
-file, since the part is written under a dot-name (which they skip) and ``os.replace``d when
-complete; a SIGKILL loses at most the rows not flushed yet, never corrupts a part.
+worker process it blocks the reader (backpressure up to the proxy's own queue). Why parts with
+atomic renames: a reader (pyarrow datasets, DuckDB, ``datasets``) globbing the folder never sees a
+half-written file, since the part is written under a dot-name (which they skip) and
+``os.replace``d when complete; a SIGKILL loses at most the rows not flushed yet, never a part.
 """
 
 from __future__ import annotations
