@@ -26,9 +26,9 @@ except ModuleNotFoundError:  # run from a checkout without installing the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polar_train.capture import record
-from polar_train.capture.identity import HeaderView, IdentityResolver
+from polar_train.capture import fields as raw_headers
+from polar_train.capture.identity import identity_headers
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions
-from polar_train.capture.redact import header_secrets, value_secrets
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
 
@@ -42,9 +42,12 @@ _LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.
                "debug": logging.DEBUG}
 
 
+_HOSTED_SUFFIXES = tuple("." + h for h in HOSTED_HOSTS) + (".openai.azure.com",)
+
+
 def _is_hosted(host: str) -> bool:
     host = host.lower()
-    return any(host == h or host.endswith("." + h) for h in HOSTED_HOSTS) or host.endswith(".openai.azure.com")
+    return host in HOSTED_HOSTS or host.endswith(_HOSTED_SUFFIXES)
 
 
 def _client_side(msg: str) -> bool:
@@ -67,9 +70,10 @@ class PolarCapture:
     def __init__(self) -> None:
         self.opts = CaptureOptions()
         self.writer: RowWorker | None = None
-        self.identities = IdentityResolver()
         self.calls: dict[str, record.CallState] = {}
-        self.conn_secrets: dict[str, set[str]] = {}
+        #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
+        self.connect_auth: dict[str, str] = {}
+        self._drop_headers = identity_headers(self.opts.rollout_header, self.opts.task_header) | {b"accept-encoding"}
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -101,6 +105,7 @@ class PolarCapture:
             if old is not None:
                 old.close()
         self.opts = opts
+        self._drop_headers = identity_headers(opts.rollout_header, opts.task_header) | {b"accept-encoding"}
 
     def running(self) -> None:
         log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
@@ -112,15 +117,13 @@ class PolarCapture:
     def http_connect(self, flow: http.HTTPFlow) -> None:
         try:
             value = flow.request.headers.get("proxy-authorization")
-            if value:
-                self.identities.remember_connect(flow.client_conn.id, value)
-                self.conn_secrets[flow.client_conn.id] = value_secrets(value)
+            if value:  # the tunnel's identity: its requests carry none of their own
+                self.connect_auth[flow.client_conn.id] = value
         except Exception:
             log.exception("polar_capture: http_connect failed")
 
     def client_disconnected(self, client) -> None:
-        self.identities.forget(client.id)
-        self.conn_secrets.pop(client.id, None)
+        self.connect_auth.pop(client.id, None)
 
     # -- requests ----------------------------------------------------------------------------
     def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -133,32 +136,32 @@ class PolarCapture:
                 state.fail("proxy_error", f"requestheaders hook failed: {exc!r}")
 
     def _requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Only what must happen before the request leaves: identity headers (and, for a model
+        call, ``accept-encoding``) removed in one pass over the raw fields, which the call keeps
+        for the row worker to resolve identity, secrets and host from (~0.1 ms per call less on
+        the event loop than resolving them here)."""
         req = flow.request
+        headers = req.headers
+        fields = headers.fields
         api = record.detect_api(req.method, req.path)
         if api is None:
-            if "proxy-authorization" in req.headers:  # meant for us, never for the upstream
-                del req.headers["proxy-authorization"]
+            if "proxy-authorization" in headers:  # meant for us, never for the upstream
+                del headers["proxy-authorization"]
             return
+        headers.fields = raw_headers.without(fields, self._drop_headers)
         conn_id = flow.client_conn.id
-        headers = HeaderView(req.headers)
-        secrets = header_secrets(headers) | self.conn_secrets.get(conn_id, set())
         port = None
         if self.opts.port_rollouts:
             try:
                 port = flow.client_conn.proxy_mode.listen_port(ctx.options.listen_port)
             except Exception:
                 port = None
-        identity = self.identities.resolve(conn_id, headers, port, self.opts.rollout_header,
-                                           self.opts.task_header, self.opts.port_rollouts)
-        if identity.source == "api_key" and identity.rollout_id:
-            secrets.add(f"polar-{identity.rollout_id}")
-        if "accept-encoding" in headers:
-            del headers["accept-encoding"]
-        default_port = 443 if req.scheme == "https" else 80
-        base = f"{req.scheme}://{req.host}" + ("" if req.port == default_port else f":{req.port}")
+        scheme, host, req_port = req.scheme, req.host, req.port
+        base = f"{scheme}://{host}" + ("" if req_port == (443 if scheme == "https" else 80) else f":{req_port}")
         self.calls[flow.id] = record.CallState(
-            api=api, method=req.method, host=req.pretty_host, path=req.path, client_conn_id=conn_id,
-            identity=identity, started_at=record.utcnow(), upstream_base=base, secrets=secrets)
+            api=api, method=req.method, host=host, path=req.path, client_conn_id=conn_id, identity=None,
+            started_at=record.utcnow(), upstream_base=base, call_id=flow.id.replace("-", ""),
+            header_fields=fields, connect_auth=self.connect_auth.get(conn_id), listen_port=port)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
@@ -171,7 +174,9 @@ class PolarCapture:
             state.fail("proxy_error", f"request hook failed: {exc!r}")
 
     async def _request(self, flow: http.HTTPFlow, state: record.CallState) -> None:
-        body = flow.request.get_content(strict=False) or b""
+        req = flow.request
+        (encoding,) = raw_headers.values(req.headers.fields, b"content-encoding")
+        body = (req.raw_content if encoding is None else req.get_content(strict=False)) or b""
         if len(body) > self.opts.max_body_mb << 20:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
             return
@@ -190,8 +195,13 @@ class PolarCapture:
             module = record.FORMATS[state.api]
             inj = module.inject(obj)
             if inj.changed:
-                flow.request.content = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
-                                        else record.encode_injection(body, obj, inj.body))
+                new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
+                       else record.encode_injection(body, obj, inj.body))
+                if encoding is None:
+                    req.raw_content = new
+                    req.headers.fields = raw_headers.with_body_length(req.headers.fields, len(new))
+                else:
+                    req.content = new  # re-encoded as the client sent it
                 state.injected = True
                 state.asked = inj.asked
 
@@ -209,10 +219,11 @@ class PolarCapture:
     def _responseheaders(self, flow: http.HTTPFlow, state: record.CallState) -> None:
         resp = flow.response
         state.http_status = resp.status_code
-        if "text/event-stream" not in (resp.headers.get("content-type") or "").lower():
+        ctype, enc_raw = raw_headers.values(resp.headers.fields, b"content-type", b"content-encoding")
+        if ctype is None or b"text/event-stream" not in ctype.lower():
             state.first_byte_at = record.utcnow()
             return
-        enc = (resp.headers.get("content-encoding") or "").strip().lower()
+        enc = (enc_raw or b"").decode("latin-1").strip().lower()
         decoder = None
         if enc and enc != "identity":
             if not supported_encoding(enc):

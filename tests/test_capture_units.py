@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar_train.capture import anthropic_messages, openai_chat, openai_responses, record
-from polar_train.capture.identity import IdentityResolver, rollout_from_proxy_auth
+from polar_train.capture import anthropic_messages, fields, openai_chat, openai_responses, record
+from polar_train.capture.identity import HeaderView, resolve_identity, rollout_from_proxy_auth
 from polar_train.capture.options import parse_port_rollouts
 from polar_train.capture.redact import REDACTED, header_secrets, redact_json, scrub
 from polar_train.capture.sse import SSESplitter, event_json, split_all
@@ -192,32 +192,67 @@ def test_a_failing_strip_hands_on_every_remaining_byte_unchanged(size):
 
 
 # -- identity, redaction, options ------------------------------------------------------------
-class _Headers(dict):
-    def get_all(self, name):
-        return [self[name]] if name in self else []
-
-
 def _basic(user: str, pw: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
 
 
-def test_identity_precedence_and_header_removal():
-    res = IdentityResolver()
-    h = _Headers({"proxy-authorization": _basic("r1", "pw"), "x-polar-rollout": "r2",
-                  "authorization": "Bearer polar-r3", "x-polar-task": "t9"})
-    ident = res.resolve("c1", h, 8081, "x-polar-rollout", "x-polar-task", {8081: "r4"})
+def _view(headers: dict[str, str]) -> HeaderView:
+    return HeaderView([(k.encode(), v.encode()) for k, v in headers.items()])
+
+
+def test_identity_precedence():
+    h = _view({"proxy-authorization": _basic("r1", "pw"), "x-polar-rollout": "r2",
+               "authorization": "Bearer polar-r3", "x-polar-task": "t9"})
+    ident = resolve_identity(h, _basic("tunnel-1", "s"), 8081, "x-polar-rollout", "x-polar-task", {8081: "r4"})
     assert (ident.rollout_id, ident.source, ident.task_id) == ("r1", "proxy_auth", "t9")
-    assert set(h) == {"authorization"}  # identity-only headers removed, the API key forwarded
-    h = _Headers({"x-polar-rollout": "r2", "authorization": "Bearer polar-r3"})
-    assert res.resolve("c1", h, None, "x-polar-rollout", "x-polar-task", {}).source == "header"
-    h = _Headers({"x-api-key": "polar-r3"})
-    assert res.resolve("c1", h, None, "x-polar-rollout", "", {}).rollout_id == "r3"
-    assert res.resolve("c1", _Headers(), 8081, "x", "", {8081: "r4"}).source == "listen_port"
-    assert res.resolve("c1", _Headers(), 9999, "x", "", {8081: "r4"}).rollout_id is None
-    res.remember_connect("c2", _basic("tunnel-1", "secret"))
-    assert res.resolve("c2", _Headers(), None, "x", "", {}).rollout_id == "tunnel-1"
-    res.forget("c2")
-    assert res.resolve("c2", _Headers(), None, "x", "", {}).rollout_id is None
+    h = _view({"x-polar-rollout": "r2", "authorization": "Bearer polar-r3"})
+    assert resolve_identity(h, None, None, "x-polar-rollout", "x-polar-task", {}).source == "header"
+    assert resolve_identity(h, _basic("tunnel-1", "s"), None, "x-polar-rollout", "", {}).rollout_id == "tunnel-1"
+    h = _view({"x-api-key": "polar-r3"})
+    assert resolve_identity(h, None, None, "x-polar-rollout", "", {}).rollout_id == "r3"
+    assert resolve_identity(_view({}), None, 8081, "x", "", {8081: "r4"}).source == "listen_port"
+    assert resolve_identity(_view({}), None, 9999, "x", "", {8081: "r4"}).rollout_id is None
+    assert resolve_identity(_view({}), "Basic !!!", None, "x", "", {}).source == "none"
+
+
+def test_resolve_head_collects_secrets_identity_and_host():
+    fields = ((b"Host", b"Example.org:8000"), (b"Authorization", b"Bearer polar-r5"),
+              (b"X-Polar-Task", b"t1"))
+    s = record.CallState("openai.chat", "POST", "10.0.0.1", "/v1/chat/completions", "c", None, record.utcnow(),
+                         "http://10.0.0.1:8000", header_fields=fields, connect_auth=_basic("r9", "tunnelpw"))
+    record.resolve_head(s, "x-polar-rollout", "x-polar-task", {})
+    assert (s.identity.rollout_id, s.identity.source, s.identity.task_id) == ("r9", "proxy_auth", "t1")
+    assert {"polar-r5", "tunnelpw", "r9:tunnelpw"} <= s.secrets and s.host == "Example.org"
+    assert s.header_fields is None  # resolved once
+
+
+_NAMES = st.sampled_from([b"Content-Length", b"content-length", b"Transfer-Encoding", b"Content-Encoding",
+                          b"content-type", b"Accept-Encoding", b"X-Polar-Rollout", b"Host"])
+_FIELDS = st.lists(st.tuples(_NAMES, st.binary(min_size=1, max_size=8).filter(lambda v: b"\r" not in v
+                                                                               and b"\n" not in v)),
+                   max_size=6).map(tuple)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_FIELDS, st.integers(0, 10**5))
+def test_raw_field_helpers_agree_with_mitmproxy(raw_fields, length):
+    """The one-pass helpers the hooks use instead of mitmproxy's Headers give its results."""
+    from mitmproxy.http import Headers, Request
+
+    headers = Headers(raw_fields)
+    assert fields.values(raw_fields, b"content-type", b"transfer-encoding") == [
+        None if headers.get(n) is None else headers.get(n).encode("utf-8", "surrogateescape")
+        for n in ("content-type", "transfer-encoding")]
+    drop = frozenset({b"accept-encoding", b"x-polar-rollout"})
+    expected = Headers(raw_fields)
+    for name in ("accept-encoding", "x-polar-rollout"):
+        expected.pop(name, None)
+    assert fields.without(raw_fields, drop) == expected.fields
+    if not any(n.lower() == b"content-encoding" for n, _ in raw_fields):
+        req = Request.make("POST", "http://h/v1/chat/completions")
+        req.headers = Headers(raw_fields)
+        req.content = b"x" * length
+        assert fields.with_body_length(raw_fields, length) == req.headers.fields
 
 
 def test_malformed_proxy_credentials_are_ignored():
@@ -230,8 +265,8 @@ def test_malformed_proxy_credentials_are_ignored():
 def test_redaction():
     body = {"messages": [{"content": "key is sk-abcdef"}], "api_key": "sk-abcdef",
             "nested": {"Authorization": "Bearer sk-abcdef"}, "max_tokens": 3}
-    secrets = header_secrets(_Headers({"authorization": "Bearer sk-abcdef",
-                                       "proxy-authorization": _basic("r1", "hunter22")}))
+    secrets = header_secrets(_view({"authorization": "Bearer sk-abcdef",
+                                    "proxy-authorization": _basic("r1", "hunter22")}))
     assert {"sk-abcdef", "hunter22"} <= secrets
     text = scrub(json.dumps(redact_json(body)), secrets)
     assert "sk-abcdef" not in text and json.loads(text)["max_tokens"] == 3
@@ -443,10 +478,15 @@ def test_hooks_plain_http_proxy_auth_removed_and_non_model_untouched(tmp_path):
     with taddons.context(addon) as tctx:
         tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False)
         f = _chat_flow({"model": "m", "messages": []})
-        f.request.headers["proxy-authorization"] = _basic("r-plain", "pw")
+        f.request.headers["Proxy-Authorization"] = _basic("r-plain", "pw")
+        f.request.headers["X-Polar-Rollout"] = "r-header"
+        f.request.headers["x-polar-task"] = "t-1"
+        f.request.headers["Accept-Encoding"] = "gzip"
+        kept = [(k, v) for k, v in f.request.headers.fields if k.lower() == b"content-type"]
         addon.requestheaders(f)
-        assert "proxy-authorization" not in f.request.headers
-        assert addon.calls[f.id].identity.rollout_id == "r-plain"
+        assert list(f.request.headers.fields) == kept  # identity headers and accept-encoding: gone
+        state = record.resolve_head(addon.calls[f.id], "x-polar-rollout", "x-polar-task", {})
+        assert (state.identity.rollout_id, state.identity.task_id) == ("r-plain", "t-1")
         other = _chat_flow({"x": 1}, path="/api/v3/repos")
         other.request.headers["x-polar-rollout"] = "keep"
         before = other.request.content

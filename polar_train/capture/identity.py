@@ -5,13 +5,15 @@ tunnel, kept per client connection; on plain-HTTP absolute-form requests, on eve
 header (``x-polar-rollout``), then an API key of the form ``polar-<rollout>``, then the listen port
 (``--mode regular@P``), else none. The headers that carried an identity (proxy credentials, the
 rollout/task headers) are removed before the request leaves the proxy; API keys are forwarded.
+The proxy only removes them and keeps the raw header fields: the row worker resolves the identity
+(nothing of it is needed while the call is in flight).
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,19 +65,18 @@ def rollout_from_api_key(headers: Any) -> str | None:
 
 
 class HeaderView:
-    """A request's headers read once into a dict, for the many lookups a call needs.
+    """Request headers read once into a dict of lower-case names, for the many lookups a call needs.
 
     Why: mitmproxy's ``Headers`` lower-cases every field on every lookup (~4 us each; identity and
-    secret scanning make ~20 per call, on the event loop). Deleting a header deletes it from the
-    real headers too. Names are lower-case; values are decoded as mitmproxy decodes them.
+    secret scanning make ~20 per call). The row worker builds one from the raw header fields the
+    proxy handed over. Values are decoded as mitmproxy decodes them.
     """
 
-    __slots__ = ("_headers", "_values")
+    __slots__ = ("_values",)
 
-    def __init__(self, headers: Any) -> None:
-        self._headers = headers
+    def __init__(self, fields: Iterable[tuple[bytes, bytes]]) -> None:
         values: dict[str, list[str]] = {}
-        for name, value in headers.fields:
+        for name, value in fields:
             values.setdefault(name.lower().decode("utf-8", "surrogateescape"), []).append(
                 value.decode("utf-8", "surrogateescape"))
         self._values = values
@@ -90,54 +91,31 @@ class HeaderView:
     def __contains__(self, name: object) -> bool:
         return name in self._values
 
-    def __delitem__(self, name: str) -> None:
-        del self._headers[name]
-        del self._values[name]
+
+def identity_headers(rollout_header: str, task_header: str) -> frozenset[bytes]:
+    """Lower-case names of the headers that only carry an identity: the proxy removes them from a
+    model call before it leaves (the upstream must never see proxy credentials)."""
+    names = {"proxy-authorization", rollout_header.lower(), task_header.lower()}
+    return frozenset(n.encode("latin-1") for n in names if n)
 
 
-class IdentityResolver:
-    """Remembers proxy credentials per client connection (bounded) and resolves each request."""
-
-    def __init__(self, max_connections: int = 65536) -> None:
-        self._by_conn: OrderedDict[str, str] = OrderedDict()
-        self._max = max_connections
-
-    def remember_connect(self, conn_id: str, proxy_authorization: str | None) -> None:
-        rollout = rollout_from_proxy_auth(proxy_authorization)
-        if rollout is not None:
-            self._by_conn[conn_id] = rollout
-            self._by_conn.move_to_end(conn_id)
-            while len(self._by_conn) > self._max:
-                self._by_conn.popitem(last=False)
-
-    def forget(self, conn_id: str) -> None:
-        self._by_conn.pop(conn_id, None)
-
-    def resolve(self, conn_id: str, headers: Any, listen_port: int | None,
-                rollout_header: str, task_header: str, port_rollouts: dict[int, str]) -> Identity:
-        """Identity of one request; removes identity-only headers from ``headers`` in place."""
-        proxy_auth = headers.get("proxy-authorization")
-        if "proxy-authorization" in headers:
-            del headers["proxy-authorization"]
-        header_value = headers.get(rollout_header) if rollout_header else None
-        if rollout_header and rollout_header in headers:
-            del headers[rollout_header]
-        task = headers.get(task_header) if task_header else None
-        if task_header and task_header in headers:
-            del headers[task_header]
-        task_id = valid_id(task)
-
-        rollout = rollout_from_proxy_auth(proxy_auth)
-        if rollout is not None:
-            return Identity(rollout, "proxy_auth", task_id)
-        if conn_id in self._by_conn:
-            return Identity(self._by_conn[conn_id], "proxy_auth", task_id)
-        rollout = valid_id(header_value)
-        if rollout is not None:
-            return Identity(rollout, "header", task_id)
-        rollout = rollout_from_api_key(headers)
-        if rollout is not None:
-            return Identity(rollout, "api_key", task_id)
-        if listen_port is not None and listen_port in port_rollouts:
-            return Identity(port_rollouts[listen_port], "listen_port", task_id)
-        return Identity(None, "none", task_id)
+def resolve_identity(headers: Any, connect_auth: str | None, listen_port: int | None,
+                     rollout_header: str, task_header: str, port_rollouts: dict[int, str]) -> Identity:
+    """The identity of one request, from its headers as the client sent them and the proxy
+    credentials of its tunnel's CONNECT (``connect_auth``), by the precedence above."""
+    task_id = valid_id(headers.get(task_header)) if task_header else None
+    rollout = rollout_from_proxy_auth(headers.get("proxy-authorization"))
+    if rollout is not None:
+        return Identity(rollout, "proxy_auth", task_id)
+    rollout = rollout_from_proxy_auth(connect_auth)
+    if rollout is not None:
+        return Identity(rollout, "proxy_auth", task_id)
+    rollout = valid_id(headers.get(rollout_header)) if rollout_header else None
+    if rollout is not None:
+        return Identity(rollout, "header", task_id)
+    rollout = rollout_from_api_key(headers)
+    if rollout is not None:
+        return Identity(rollout, "api_key", task_id)
+    if listen_port is not None and listen_port in port_rollouts:
+        return Identity(port_rollouts[listen_port], "listen_port", task_id)
+    return Identity(None, "none", task_id)

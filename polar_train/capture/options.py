@@ -65,7 +65,8 @@ class CaptureOptions:
     def worker_settings(self) -> tuple:
         """What the row worker uses: a change of these needs a new worker, others do not."""
         return (self.out, self.tokenizer, self.flush_rows, self.flush_seconds, self.queue_size,
-                self.tokenize_check, self.tokenize_url, self.prompt_delta)
+                self.tokenize_check, self.tokenize_url, self.prompt_delta, self.rollout_header,
+                self.task_header, self.port_rollouts)
 
     @classmethod
     def from_mitmproxy(cls, opts: Any) -> "CaptureOptions":

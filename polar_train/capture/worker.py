@@ -217,13 +217,22 @@ class RowWorker:
                 pass
 
 
+def build_call_row(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any) -> dict[str, Any]:
+    """A finished call's row: its identity first (from the header fields the proxy kept), then
+    :func:`~polar_train.capture.record.build_row`. Never raises for bad input: a call whose
+    headers cannot be read keeps its row, as a ``proxy_error`` without identity."""
+    from .record import build_row, resolve_head
+
+    try:
+        resolve_head(state, opts.rollout_header, opts.task_header, opts.port_rollouts)
+    except Exception as exc:
+        log.exception("polar_capture: reading the headers of %s failed", state.call_id)
+        state.fail("proxy_error", f"reading the request headers failed: {exc!r}")
+    return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts)
+
+
 def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any):
-    from .record import build_row
-
-    def job() -> dict[str, Any]:
-        return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts)
-
-    return job
+    return lambda: build_call_row(state, renderer, opts, attempts)
 
 
 # -- child process ------------------------------------------------------------------------------
@@ -242,7 +251,7 @@ def main() -> int:
     log.setLevel(level)
     log.propagate = False
 
-    from .record import AttemptCounter, build_row
+    from .record import AttemptCounter
     from .render import Renderer
     from .writer import PartWriter
 
@@ -260,8 +269,7 @@ def main() -> int:
         except Exception:
             log.exception("polar_capture: row worker got a call it cannot read")
             continue
-        writer.submit(lambda state=state: build_row(state, renderer, opts.tokenize_check, opts.tokenize_url,
-                                                    attempts), block=True)
+        writer.submit(lambda state=state: build_call_row(state, renderer, opts, attempts), block=True)
     writer.close(timeout=3600)
     if writer.failed_jobs or writer.lost_rows:
         log.error("polar_capture: row worker finished: %d rows written, %d failed, %d lost",
