@@ -246,6 +246,9 @@ class CallResult:
     first_event: float = 0.0
     last_event: float = 0.0
 
+    #: The call's place in its slot (0: the slot's first call).
+    seq: int = 0
+
     @property
     def interval(self) -> float:
         """Mean time between events over the whole stream (robust to reads that batch events)."""
@@ -331,20 +334,35 @@ async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
 
 
 async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, calls: int,
-                   concurrency: int, tag: str, api: str = "chat") -> tuple[list[CallResult], float]:
-    sem = asyncio.Semaphore(concurrency)
+                   concurrency: int, tag: str, api: str = "chat", stagger_s: float = 0.0,
+                   ) -> tuple[list[CallResult], float]:
+    """``calls`` calls, ``concurrency`` at a time: each slot sends its next call when its last one
+    has ended. ``stagger_s`` > 0: slot i starts i * stagger_s / concurrency later (the slots stay
+    spread over a call's duration, as independent rollouts are); 0: all slots start together and,
+    their calls being equally long, stay in lockstep (a burst of ``concurrency`` connection setups
+    at every round). Results in slot order, each slot's calls in the order sent."""
+    per_slot = [calls // concurrency + (1 if i < calls % concurrency else 0) for i in range(concurrency)]
 
-    async def guarded(i: int) -> CallResult:
-        async with sem:
-            try:
-                return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}", api),
-                                              CALL_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-                return CallResult(False, error=repr(exc))
+    async def call(i: int, n: int) -> CallResult:
+        try:
+            return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}-{n}", api),
+                                          CALL_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            return CallResult(False, error=repr(exc))
+
+    async def slot(i: int) -> list[CallResult]:
+        if stagger_s > 0:
+            await asyncio.sleep(i * stagger_s / concurrency)
+        out = []
+        for n in range(per_slot[i]):
+            r = await call(i, n)
+            r.seq = n
+            out.append(r)
+        return out
 
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(guarded(i) for i in range(calls)))
-    return list(results), time.perf_counter() - t0
+    results = await asyncio.gather(*(slot(i) for i in range(concurrency)))
+    return [r for rs in results for r in rs], time.perf_counter() - t0
 
 
 # -- measurement -----------------------------------------------------------------------------
@@ -424,22 +442,33 @@ class RunStats:
 
 
 def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
-            upstream_pid: int, upstream_port: int, body: bytes, tag: str, api: str = "chat") -> RunStats:
+            upstream_pid: int, upstream_port: int, body: bytes, tag: str, api: str = "chat",
+            stagger_s: float = 0.0) -> RunStats:
+    """One run. Burst arrivals: calls/s = calls / wall time. Staggered: the slots' first calls
+    (sent while the others are still starting) are left out of the latencies, and calls/s is
+    concurrency / mean time per call (Little's law for a closed loop of ``concurrency`` clients:
+    what the run sustains once every slot is busy, without the start-up ramp)."""
     pid = pids[config]
     cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     with PeakRSS(pid) as rss:
         results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
-                                             concurrency, tag, api))
+                                             concurrency, tag, api, stagger_s))
     cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
     ok = [r for r in results if r.ok]
-    gaps = sorted(g for r in ok for g in r.gaps)
+    steady = [r for r in ok if r.seq > 0] if stagger_s > 0 else ok
+    steady = steady or ok
+    gaps = sorted(g for r in steady for g in r.gaps)
     med = lambda xs: statistics.median(xs) * 1000 if xs else float("nan")  # noqa: E731
+    if stagger_s > 0 and steady:
+        calls_per_s = concurrency / statistics.fmean(r.total for r in steady) if len(ok) == len(results) else 0.0
+    else:
+        calls_per_s = len(ok) / wall
     return RunStats(
         config, concurrency, calls, len(results) - len(ok), wall,
-        med([r.ttfb for r in ok]), med([r.interval for r in ok if r.events > 1]),
+        med([r.ttfb for r in steady]), med([r.interval for r in steady if r.events > 1]),
         gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
-        med([r.total for r in ok]), len(ok) / wall, len(ok),
+        med([r.total for r in steady]), calls_per_s, len(ok),
         cpu1 - cpu0, worker, up1 - up0, rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
 
 
@@ -470,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api", choices=sorted(APIS), default="chat",
                     help="chat: Chat Completions (Claude Code via a gateway, Pi); responses: the Responses "
                          "API (Codex), with Codex's own include list in every request")
+    ap.add_argument("--arrivals", choices=["burst", "staggered"], default="burst",
+                    help="staggered: the concurrent slots start spread over one call's duration and stay "
+                         "spread (independent rollouts); burst: all start at once and stay in lockstep "
+                         "(every round opens `concurrency` connections in the same millisecond)")
     ap.add_argument("--request-kb", type=int, default=0,
                     help="pad each request with this many KiB of conversation history (harnesses send "
                          "tens to hundreds of KiB per call; 0: a one-line prompt)")
@@ -563,12 +596,13 @@ def main(argv: list[str] | None = None) -> int:
         t_start = time.monotonic()
         for c in args.concurrency:
             calls = max(args.min_calls, c * args.calls_per_slot)
+            stagger_s = args.tokens * args.chunk_delay_ms / 1000 if args.arrivals == "staggered" else 0.0
             for r in range(args.rounds):
                 k = r % len(configs)
                 order = configs[k:] + configs[:k]  # rotate who goes first
                 for config in order:
                     st = measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
-                                 f"{config}-c{c}-r{r}", args.api)
+                                 f"{config}-c{c}-r{r}", args.api, stagger_s)
                     runs.append(st)
                     print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
                           f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
@@ -600,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]) -> None:
-    print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
+    print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.arrivals} arrivals, "
+          f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "
           f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
           f"{elapsed:.0f} s measured; load average {load[0]:.2f} before, {load[1]:.2f} after; {os.cpu_count()} CPUs\n")
