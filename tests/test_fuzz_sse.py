@@ -7,10 +7,12 @@ chunk, lose no byte, and the tap must hand the client the same bytes.
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar_train.capture.sse import SSESplitter, parse_event, split_all
+from polar_train.capture.sse import SSESplitter, loads_text, parse_event, split_all
 from polar_train.capture.tap import StreamTap
 
 
@@ -84,6 +86,30 @@ def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int])
     assert (events, pending) == (whole_events, whole_pending)
     for ev in events:
         parse_event(ev)  # never raises on arbitrary bytes
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12)
+
+
+def _outcome(f, text: str):
+    try:
+        return "ok", json.dumps(f(text), sort_keys=True)
+    except ValueError as exc:
+        return "error", type(exc).__name__
+
+
+@FUZZ
+@given(value=json_values, before=st.sampled_from(["", " ", "\n\t", "\ufeff", "x"]),
+       after=st.sampled_from(["", " ", "\r\n", "}", ",1", "x"]), cut_at=st.integers(0, 400))
+def test_fuzz_loads_text_is_json_loads(value, before: str, after: str, cut_at: int) -> None:
+    """The row worker's event decoder gives json.loads' value, or fails where json.loads fails:
+    for valid values with any whitespace or garbage around them, and for values cut short."""
+    text = before + json.dumps(value) + after
+    for candidate in (text, text[:cut_at]):
+        assert _outcome(loads_text, candidate) == _outcome(json.loads, candidate)
 
 
 @FUZZ
