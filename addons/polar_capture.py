@@ -43,6 +43,13 @@ _LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.
 
 
 _HOSTED_SUFFIXES = tuple("." + h for h in HOSTED_HOSTS) + (".openai.azure.com",)
+_PROXY_AUTH = frozenset({b"proxy-authorization"})
+
+
+def _model_call_drops(opts: CaptureOptions) -> frozenset[bytes]:
+    """Headers a model call loses before it leaves: the identity-only ones and accept-encoding
+    (the stream is parsed as it passes)."""
+    return identity_headers(opts.rollout_header, opts.task_header) | {b"accept-encoding"}
 
 
 def _is_hosted(host: str) -> bool:
@@ -73,7 +80,7 @@ class PolarCapture:
         self.calls: dict[str, record.CallState] = {}
         #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
         self.connect_auth: dict[str, str] = {}
-        self._drop_headers = identity_headers(self.opts.rollout_header, self.opts.task_header) | {b"accept-encoding"}
+        self._drop_headers = _model_call_drops(self.opts)
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -105,7 +112,7 @@ class PolarCapture:
             if old is not None:
                 old.close()
         self.opts = opts
-        self._drop_headers = identity_headers(opts.rollout_header, opts.task_header) | {b"accept-encoding"}
+        self._drop_headers = _model_call_drops(opts)
 
     def running(self) -> None:
         log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
@@ -145,8 +152,7 @@ class PolarCapture:
         fields = headers.fields
         api = record.detect_api(req.method, req.path)
         if api is None:
-            if "proxy-authorization" in headers:  # meant for us, never for the upstream
-                del headers["proxy-authorization"]
+            headers.fields = raw_headers.without(fields, _PROXY_AUTH)  # meant for us, never the upstream
             return
         headers.fields = raw_headers.without(fields, self._drop_headers)
         conn_id = flow.client_conn.id
