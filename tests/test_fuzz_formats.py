@@ -287,7 +287,8 @@ def fast_strip_checked(module, obj: dict, asked: dict, compact: bool, fast_expec
     sep = (",", ":") if compact else (", ", ": ")
     raw = ((f"event: {event}\n".encode() if event else b"") + b"data: "
            + json.dumps(obj, ensure_ascii=compact, separators=sep).encode() + b"\n\n")
-    fast = module.event_stripper(asked)(raw)
+    walk = {"walk_from": 0} if module is openai_responses else {}  # small events too, to test them
+    fast = module.event_stripper(asked, **walk)(raw)
     if fast_expected:
         assert fast is not None  # vLLM's own shape takes the fast path
     if fast is not None:
@@ -410,3 +411,108 @@ def test_injection_into_bodies_that_are_not_plain_utf8_json_is_re_encoded() -> N
         out = encode_injection(raw, body, inj.body)
         assert out.startswith(b"{") and json.loads(out) == inj.body
     assert encode_injection(b" {} ", {}, {"logprobs": True}) == b' {"logprobs":true} '
+
+
+# -- the member-walking fast paths (envelope, part and item events) ----------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | logprob | st.text(max_size=6)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.sampled_from(["a", "top_logprobs", "logprobs", "input_messages",
+                                                              "content", "x\"y"]), inner, max_size=3),
+                           max_leaves=8)
+entry = st.builds(lambda t, lp, with_bytes, top: {"token": t, **({"bytes": list(t.encode())} if with_bytes else {}),
+                                                  "logprob": lp, "top_logprobs": [{"token": x, "logprob": v}
+                                                                                  for x, v in top]},
+                  st.text(max_size=4), logprob, st.booleans(), st.lists(st.tuples(st.text(max_size=3), logprob),
+                                                                        max_size=2))
+logprobs_value = st.lists(entry, max_size=3) | st.none() | json_values
+
+
+def obj_text(pairs: list[tuple[str, object]], compact: bool) -> str:
+    """A JSON object written member by member (a repeated key stays repeated, as a server could send it)."""
+    sep, colon = (",", ":") if compact else (", ", ": ")
+    return "{" + sep.join(json.dumps(k) + colon + (v if isinstance(v, Raw) else json.dumps(v, ensure_ascii=False,
+                                                                                             separators=(sep, colon)))
+                          for k, v in pairs) + "}"
+
+
+class Raw(str):
+    """A value already written as JSON text."""
+
+
+def checked_against_json_path(raw: bytes, asked: dict) -> bytes | None:
+    """The fast path's answer; whenever it gives one, it parses to what the JSON path gives."""
+    from polar_train.capture.sse import parse_event
+
+    fast = openai_responses.event_stripper(asked, walk_from=0)(raw)
+    if fast is not None:
+        ev = parse_event(raw)
+        want = json.loads(ev.data)
+        changed = openai_responses.strip(want, asked)
+        got = parse_event(fast)
+        assert fast.endswith(b"\n\n") and got.event == ev.event and json.loads(got.data) == want
+        if not changed:
+            assert fast == raw
+    return fast
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(extra=st.lists(st.tuples(st.sampled_from(["instructions", "tools", "metadata", "top_logprobs", "output",
+                                                 "input_messages", "user", "text"]), json_values), max_size=4),
+       top=st.none() | st.integers(0, 5), messages=st.booleans(), parts=st.lists(logprobs_value, max_size=2),
+       compact=st.booleans(), ask_msgs=st.booleans(), ask_lps=st.booleans(), ask_top=st.none() | st.integers(0, 3),
+       kind=st.sampled_from(["response.created", "response.in_progress", "response.completed"]),
+       outer=st.lists(st.tuples(st.sampled_from(["response", "x", "object"]), json_values), max_size=1))
+def test_fuzz_envelope_fast_strip_equals_json_strip(extra, top, messages, parts, compact, ask_msgs, ask_lps, ask_top,
+                                                    kind, outer) -> None:
+    """An envelope event whose response object has any members in any order, repeated keys and
+    spacing included: whenever the member walk answers, it parses to what the JSON path gives; vLLM's
+    compact shape always takes it."""
+    msgs = [{"message": "a\u2028\"", "tokens": [1, 2, 30]}] if messages else None
+    if msgs:
+        msgs[0]["type"] = "raw_message_tokens"
+    output = [{"id": "msg_1", "content": [{"annotations": [], "text": "t", "type": "output_text", "logprobs": p}
+                                          for p in parts], "role": "assistant", "type": "message"}]
+    pairs = [("id", "resp_1"), ("object", "response"), ("output", output), *extra, ("top_logprobs", top),
+             ("input_messages", msgs), ("output_messages", msgs)]
+    sep, colon = (",", ":") if compact else (", ", ": ")
+    data = "{" + sep.join([f'"response"{colon}{obj_text(pairs, compact)}',
+                           *(json.dumps(k) + colon + json.dumps(v, separators=(sep, colon)) for k, v in outer),
+                           f'"sequence_number"{colon}3', f'"type"{colon}"{kind}"']) + "}"
+    raw = f"event: {kind}\ndata: {data}\n\n".encode()
+    asked = openai_responses.inject({"input": "x", **({"enable_response_messages": True} if ask_msgs else {}),
+                                     **({"include": [openai_responses.LOGPROBS_INCLUDE]} if ask_lps else {}),
+                                     **({"top_logprobs": ask_top} if ask_top is not None else {})}).asked
+    fast = checked_against_json_path(raw, asked)
+    if compact and not extra and not outer:
+        assert fast is not None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(st.tuples(logprobs_value, st.booleans()), max_size=3), item=st.booleans(),
+       extra=st.lists(st.tuples(st.sampled_from(["part", "item", "content", "logprobs", "type", "object", "a"]),
+                                json_values), max_size=2),
+       compact=st.booleans())
+def test_fuzz_part_events_fast_strip_equals_json_strip(parts, item, extra, compact) -> None:
+    """content_part.done and output_item.done with any parts (logprob lists with or without bytes,
+    empty, null, other values), extra and repeated keys, any spacing: whenever the walk answers, it
+    parses to what the JSON path gives; vLLM's compact shape always takes it."""
+    def part(lps, dup: bool) -> Raw:
+        pairs = [("annotations", []), ("text", "x"), ("type", "output_text"), ("logprobs", lps)]
+        return Raw(obj_text(pairs + ([("logprobs", [])] if dup else []), compact))
+
+    sep = "," if compact else ", "
+    if item:
+        kind = "response.output_item.done"
+        content = Raw("[" + sep.join(part(lps, dup) for lps, dup in parts) + "]")
+        pairs = [("item", Raw(obj_text([("id", "msg_1"), ("content", content), ("role", "assistant"),
+                                        ("type", "message")], compact))), ("output_index", 0)]
+    else:
+        kind = "response.content_part.done"
+        lps, dup = parts[0] if parts else ([], False)
+        pairs = [("content_index", 0), ("item_id", "msg_1"), ("output_index", 0), ("part", part(lps, dup))]
+    pairs += [*extra, ("sequence_number", 8), ("type", kind)]
+    raw = f"event: {kind}\ndata: {obj_text(pairs, compact)}\n\n".encode()
+    fast = checked_against_json_path(raw, {"logprobs": False})
+    if compact and not extra and not any(dup for _, dup in parts[: None if item else 1]):
+        assert fast is not None

@@ -169,3 +169,42 @@ def test_fuzz_tap_output_independent_of_boundaries(points: list[int]) -> None:
         assert injected not in out and injected.replace(b" ", b"") not in out  # ... the client never sees them
         passthrough, _, _ = run_tap(cut(data, points), None)
         assert passthrough == data  # injection off: byte for byte
+
+
+json_members_text = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=st.dictionaries(st.text(max_size=4), json_members_text, max_size=5), seps=st.sampled_from(
+    [(",", ":"), (", ", ": "), (" ,\n", " :\t"), ("\r\n,", ":  ")]), ascii_only=st.booleans(), cut=st.integers(0, 400),
+    insert=st.sampled_from(["", ",", "}", "x", "\"", " ", ":", "]"]), dup=st.booleans())
+def test_fuzz_json_members_agree_with_json_loads(obj, seps, ascii_only, cut, insert, dup) -> None:
+    """members() accepts exactly the objects json.loads accepts (spaced, repeated keys, cut or
+    damaged anywhere), gives json's values, and each member's span is its value as written."""
+    from polar_train.capture.json_members import as_dict, members
+
+    text = json.dumps(obj, separators=seps, ensure_ascii=ascii_only)
+    if dup and obj:
+        key = next(iter(obj))
+        text = text[:-1] + seps[0] + json.dumps(key) + seps[1] + "1}"
+    cut %= len(text) + 1
+    text = text[:cut] + insert + text[cut:]
+    try:
+        want = json.loads(text)
+    except ValueError:
+        want = None
+    try:
+        found, end = members(text, 0)
+    except ValueError:
+        assert not isinstance(want, dict) or not text.startswith("{")  # the object must start where asked
+        return
+    assert json.loads(text[:end]) == as_dict(found)  # what it read is one whole object
+    rest = text[end:]
+    if rest.strip(" \t\n\r"):
+        assert want is None  # trailing garbage: json.loads refuses the whole text
+    else:
+        assert as_dict(found) == want
+    for m in found:
+        assert json.loads(text[m.start:m.end]) == m.value

@@ -1,0 +1,146 @@
+"""A JSON object's members with where each value lies in the text: parse once, change a few values
+in place.
+
+Why: a Responses stream repeats the whole response object (the harness's instructions and tool
+schemas, tens of KiB for Codex) in its envelope events, and the proxy must set one or two of its
+members back to what the client would have got without our injection. Parsing the event and
+re-serialising all of it costs ~0.5 ms per event on mitmproxy's event loop; walking the object's
+top level with the C scanner (``json``'s own, so values and errors are exactly ``json.loads``') and
+splicing only the changed values costs a fraction, and every other byte stays as the server sent it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+_SCAN = json.JSONDecoder().scan_once
+_WS = re.compile(r"[ \t\n\r]*")
+_COMPACT_KEY = re.compile(r'"([^"\\\x00-\x1f]*+)":(?![ \t\n\r])')
+
+#: ``skip[key](text, pos)``: the end of the value of ``key`` at ``pos`` if it can be proven valid
+#: JSON without parsing it (else None: it is parsed); the member's value is then :data:`SKIPPED`.
+Skipper = Callable[[str, int], "int | None"]
+
+
+class _Skipped:
+    """A value that was proven well-formed but not parsed (never ``None``, never equal to a value)."""
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+SKIPPED: Any = _Skipped()
+
+
+class Member(NamedTuple):
+    key: str
+    value: Any
+    start: int  # text[start:end] is the value as written
+    end: int
+
+
+def members(text: str, start: int, skip: dict[str, Skipper] | None = None) -> tuple[list[Member], int]:
+    """The members of the object at ``text[start]`` in the order written (duplicates kept) and the
+    index after its closing brace. Raises ``ValueError`` unless a well-formed object starts there
+    (what ``json.loads`` would reject, this rejects)."""
+    if text[start:start + 1] != "{":
+        raise ValueError(f"no object at {start}")
+    out: list[Member] = []
+    compact_key = _COMPACT_KEY.match
+    i = start + 1
+    if text[i:i + 1] != '"':
+        i = _WS.match(text, i).end()
+        if text[i:i + 1] == "}":
+            return out, i + 1
+    while True:
+        m = compact_key(text, i)
+        if m is not None:  # "key": as servers write it (no escapes, no spaces): one match
+            key = m.group(1)
+            i = m.end()
+        else:
+            if text[i:i + 1] != '"':
+                raise ValueError(f"expected a key at {i}")
+            key, i = _SCAN(text, i)
+            i = _WS.match(text, i).end()
+            if text[i:i + 1] != ":":
+                raise ValueError(f"expected ':' at {i}")
+            i = _WS.match(text, i + 1).end()
+        skipper = skip.get(key) if skip else None
+        end = skipper(text, i) if skipper is not None else None
+        if end is not None:
+            out.append(Member(key, SKIPPED, i, end))
+        else:
+            try:
+                value, end = _SCAN(text, i)
+            except StopIteration:
+                raise ValueError(f"expected a value at {i}") from None
+            out.append(Member(key, value, i, end))
+        i = end
+        c = text[i:i + 1]
+        if c == ",":
+            i += 1
+            if text[i:i + 1] != '"':
+                i = _WS.match(text, i).end()
+            continue
+        if c != "}":
+            i = _WS.match(text, i).end()
+            c = text[i:i + 1]
+            if c == ",":
+                i = _WS.match(text, i + 1).end()
+                continue
+            if c != "}":
+                raise ValueError(f"expected ',' or '}}' at {i}")
+        return out, i + 1
+
+
+def objects(text: str, start: int, skip: dict[str, Skipper] | None = None) -> tuple[list[list[Member]], int]:
+    """An array of objects at ``text[start]``: each one's :func:`members`, and the index after the
+    closing bracket. ``ValueError`` unless a well-formed array of objects starts there."""
+    if text[start:start + 1] != "[":
+        raise ValueError(f"no array at {start}")
+    out: list[list[Member]] = []
+    i = _WS.match(text, start + 1).end()
+    if text[i:i + 1] == "]":
+        return out, i + 1
+    while True:
+        found, i = members(text, i, skip)
+        out.append(found)
+        i = _WS.match(text, i).end()
+        c = text[i:i + 1]
+        if c == "]":
+            return out, i + 1
+        if c != ",":
+            raise ValueError(f"expected ',' or ']' at {i}")
+        i = _WS.match(text, i + 1).end()
+
+
+def as_dict(found: list[Member]) -> dict[str, Any]:
+    """What ``json.loads`` makes of the members: the last value of a repeated key wins."""
+    return {m.key: m.value for m in found}
+
+
+def unique(found: list[Member]) -> bool:
+    """Whether no key is repeated (where one is, only the JSON path knows which value counts)."""
+    return len({m.key for m in found}) == len(found)
+
+
+def replacements(found: list[Member], new: dict[str, Any]) -> list[tuple[int, int, str]]:
+    """Spans for :func:`splice` that give every member whose key is in ``new`` that value
+    (compact JSON, UTF-8 as is; a repeated key gets it everywhere)."""
+    return [(m.start, m.end, json.dumps(new[m.key], ensure_ascii=False, separators=(",", ":")))
+            for m in found if m.key in new]
+
+
+def splice(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with each ``(start, end, new)`` span (not overlapping) replaced."""
+    pieces: list[str] = []
+    at = 0
+    for start, end, new in sorted(spans):
+        pieces.append(text[at:start])
+        pieces.append(new)
+        at = end
+    pieces.append(text[at:])
+    return "".join(pieces)
