@@ -118,6 +118,24 @@ def history(kb: int) -> list[dict]:
     return turns
 
 
+def codex_echo(kb: int) -> dict:
+    """About ``kb`` KiB of instructions and tool schemas, half each, as Codex sends with every call
+    (vLLM echoes both in response.created, .in_progress and .completed)."""
+    if kb <= 0:
+        return {}
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(kb * 1024 // 10)) + " \u2014 keep it short.\n"
+    tools, size = [], 0
+    while size < kb * 512:
+        tool = {"type": "function", "name": f"tool_{len(tools)}", "strict": False,
+                "description": " ".join(WORDS[(len(tools) + i) % len(WORDS)] for i in range(40)),
+                "parameters": {"type": "object", "required": ["command"], "additionalProperties": False,
+                               "properties": {"command": {"type": "array", "items": {"type": "string"}},
+                                              "workdir": {"type": "string"}, "timeout_ms": {"type": "number"}}}}
+        tools.append(tool)
+        size += len(json.dumps(tool))
+    return {"instructions": text, "tools": tools}
+
+
 def scenario(tokens_hint: int) -> dict:
     text = " ".join(WORDS[i % len(WORDS)] for i in range(tokens_hint))
     return {"scenarios": [{"name": "bench", "match": {}, "turns": [{"content": text}],
@@ -156,9 +174,11 @@ def _responses_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
     entries = [{"token": " " + WORDS[i % len(WORDS)], "logprob": -1.25, "top_logprobs": []} for i in range(words)]
 
     def response(status: str, output: list, done: bool) -> dict:
-        return {"id": "resp_bench", "created_at": 1, "incomplete_details": None, "instructions": None,
+        return {"id": "resp_bench", "created_at": 1, "incomplete_details": None,
+                "instructions": req.get("instructions"),
                 "metadata": None, "model": "tiny", "object": "response", "output": output,
-                "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0,
+                "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": req.get("tools", []),
+                "top_p": 1.0,
                 "background": False, "max_output_tokens": req.get("max_output_tokens"), "max_tool_calls": None,
                 "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
                 "status": status, "text": None, "top_logprobs": req.get("top_logprobs"), "truncation": "disabled",
@@ -503,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="staggered: the concurrent slots start spread over one call's duration and stay "
                          "spread (independent rollouts); burst: all start at once and stay in lockstep "
                          "(every round opens `concurrency` connections in the same millisecond)")
+    ap.add_argument("--echo-kb", type=int, default=0,
+                    help="Responses only: KiB of instructions and tool schemas per request, echoed by the server "
+                         "in three events as vLLM does (Codex sends tens of KiB)")
     ap.add_argument("--request-kb", type=int, default=0,
                     help="pad each request with this many KiB of conversation history (harnesses send "
                          "tens to hundreds of KiB per call; 0: a one-line prompt)")
@@ -575,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             asked = {"return_token_ids": True, "logprobs": True}
         else:  # Codex's shape: input items, and its own include list
             request = {"model": "tiny", "stream": True, "max_output_tokens": 4 * args.tokens, "input": turns,
-                       "include": ["reasoning.encrypted_content"], "store": False}
+                       "include": ["reasoning.encrypted_content"], "store": False, **codex_echo(args.echo_kb)}
             asked = {"enable_response_messages": True, "top_logprobs": 0,
                      "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
         bodies = {c: json.dumps(request).encode() for c in configs}
@@ -637,7 +660,8 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
     print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.arrivals} arrivals, "
           f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "
-          f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
+          + (f"{args.echo_kb} KiB instructions and tools echoed, " if args.api == "responses" and args.echo_kb else "")
+          + f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
           f"{elapsed:.0f} s measured; load average {load[0]:.2f} before, {load[1]:.2f} after; {os.cpu_count()} CPUs\n")
     cols = ("conc", "config", "calls/s", "spread", "TTFB ms", "event interval ms", "gap p99 ms", "total ms",
             "proxy CPU ms/call", "worker CPU ms/call", "upstream CPU ms/call", "proxy RSS MB", "worker RSS MB",
