@@ -17,14 +17,17 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.mark.parametrize("api,arrivals", [("chat", "burst"), ("responses", "staggered")])
 def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str, arrivals: str) -> None:
+    # Responses with Codex-like echoed instructions and tools: the envelope events take the member walk
+    echo = ["--echo-kb", "4"] if api == "responses" else []
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--api", api, "--arrivals", arrivals,
          "--concurrency", "1", "4",
          "--rounds", "1", "--min-calls", "2", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1",
-         "--request-kb", "4", "--configs", "direct", "bare", "addon", "addon-noinject", "bare-asked"],
+         "--request-kb", "4", "--configs", "direct", "bare", "addon", "addon-noinject", "bare-asked", *echo],
         capture_output=True, text=True, timeout=280)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "ratios (targets" in out and f"{arrivals} arrivals" in out
+    assert ("4 KiB instructions and tools echoed" in out) == bool(echo)
     # warm-up 4 + (2 at concurrency 1) + (4 at concurrency 4) through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
