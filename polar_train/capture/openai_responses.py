@@ -199,14 +199,21 @@ class _PartWalk:
     def item_cuts(self, start: int) -> list[Cut] | None:
         cuts: list[Cut] = []
         for item in self.walked[start]:
-            if not unique(item):
+            more = self.nested_cuts(item, {"content": self.part_cuts}) if unique(item) else None
+            if more is None:
                 return None
-            for m in item:
-                if m.key == "content" and m.value is SKIPPED:
-                    more = self.part_cuts(m.start)
-                    if more is None:
-                        return None
-                    cuts += more
+            cuts += more
+        return cuts
+
+    def nested_cuts(self, found: list[Member], how: dict[str, Callable[[int], list[Cut] | None]]) -> list[Cut] | None:
+        """The cuts inside each walked member of ``found`` whose key is in ``how``."""
+        cuts: list[Cut] = []
+        for m in found:
+            if m.value is SKIPPED and m.key in how:
+                more = how[m.key](m.start)
+                if more is None:
+                    return None
+                cuts += more
         return cuts
 
 
@@ -247,13 +254,10 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     changes = _response_changes(as_dict(found), asked)  # a walked output is no list here: unchanged
     if not changes.keys() <= {m.key for m in found}:
         return None  # a member to add, not replace: the JSON path does that
-    cuts = replacements(found, changes)
-    for m in found:
-        if m.key == "output" and m.value is SKIPPED:
-            more = walk.item_cuts(m.start)
-            if more is None:
-                return None
-            cuts += more
+    cuts = walk.nested_cuts(found, {"output": walk.item_cuts})
+    if cuts is None:
+        return None
+    cuts += replacements(found, changes)
     if not cuts:
         return raw
     return raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n"
@@ -281,13 +285,9 @@ def _strip_part_event(raw: bytes) -> bytes | None:
     if end != len(text) or not unique(found) or "object" in obj or "response" in obj \
             or obj.get("type") == "response.output_text.delta":
         return None
-    cuts: list[Cut] = []
-    for m in found:
-        if m.key in ("part", "item") and m.value is SKIPPED:
-            more = walk.part_cuts(m.start) if m.key == "part" else walk.item_cuts(m.start)
-            if more is None:
-                return None
-            cuts += more
+    cuts = walk.nested_cuts(found, {"part": walk.part_cuts, "item": walk.item_cuts})
+    if cuts is None:
+        return None
     if not cuts:
         return raw
     return raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n"
