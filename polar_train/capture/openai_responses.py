@@ -17,7 +17,7 @@ from typing import Any
 
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
-from .grammar import LOGPROB_LIST, STR
+from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
 from .json_members import SKIPPED, Member, as_dict, members, objects, replacements, splice, unique
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import parse_event, serialize_event
@@ -72,8 +72,11 @@ def _response_changes(resp: dict[str, Any], asked: dict[str, Any]) -> dict[str, 
         changes["top_logprobs"] = asked.get("top_logprobs")
     if not asked.get("logprobs"):
         output = resp.get("output")
-        items = output if isinstance(output, list) else ()
-        if [True for item in items if isinstance(item, dict) and _strip_content(item.get("content"))]:
+        stripped = False
+        for item in output if isinstance(output, list) else ():
+            if isinstance(item, dict):
+                stripped |= _strip_content(item.get("content"))  # every item, no short cut
+        if stripped:
             changes["output"] = output
     return changes
 
@@ -118,11 +121,8 @@ _ENVELOPE_DATA = '{"response":'
 _ENVELOPE_DATA_LINE = b"data: " + _ENVELOPE_DATA.encode()
 _ENVELOPE_TAIL = re.compile(r',"sequence_number":\d+,"type":"response\.[a-z_]+"\}')
 # A list of raw message tokens (every prompt token id: tens of thousands) is proven well-formed by
-# this strict JSON grammar instead of being parsed: the client gets it as sent, or as null.
-_JSON_STR = r'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*+)*+"'
-_JSON_IDS = r'\[(?:(?:0|[1-9]\d*+)(?:,(?:0|[1-9]\d*+))*+)?\]'
-_RAW_MESSAGE = r'\{"message":' + _JSON_STR + r',"tokens":' + _JSON_IDS + r',"type":"raw_message_tokens"\}'
-_RAW_MESSAGES = re.compile(r'\[(?:' + _RAW_MESSAGE + r'(?:,' + _RAW_MESSAGE + r')*+)?\]')
+# a strict grammar instead of being parsed: the client gets it as sent, or as null.
+_RAW_MESSAGES = re.compile(TEXT_RAW_MESSAGES)
 
 
 def _skip_raw_messages(text: str, pos: int) -> int | None:
@@ -134,13 +134,8 @@ _ENVELOPE_SKIP = {"input_messages": _skip_raw_messages, "output_messages": _skip
 
 # The part and item events (response.content_part.done, response.output_item.done) and the final
 # response repeat the output text's logprobs, one entry per sampled token; a list of entries is
-# proven well-formed by this strict grammar (vLLM's key order) instead of parsed, as it becomes null.
-_JSON_NUM = r'(?:-?(?:(?:0|[1-9]\d*+)(?:\.\d++)?(?:[eE][-+]?\d++)?|Infinity)|NaN)'
-_BYTES = r'(?:,"bytes":(?:' + _JSON_IDS + r'|null))?'
-_TOP_ENTRY = r'\{"token":' + _JSON_STR + _BYTES + r',"logprob":' + _JSON_NUM + r'\}'
-_ENTRY = (r'\{"token":' + _JSON_STR + _BYTES + r',"logprob":' + _JSON_NUM
-          + r',"top_logprobs":\[(?:' + _TOP_ENTRY + r'(?:,' + _TOP_ENTRY + r')*+)?\]\}')
-_LOGPROB_ENTRIES = re.compile(r'\[' + _ENTRY + r'(?:,' + _ENTRY + r')*+\]')  # not empty
+# proven well-formed by a strict grammar instead of parsed, as it becomes null.
+_LOGPROB_ENTRIES = re.compile(TEXT_LOGPROB_ENTRIES)
 _PART_EVENTS = (b"event: response.content_part.done\ndata: {", b"event: response.output_item.done\ndata: {")
 
 Cut = tuple[int, int, str]
