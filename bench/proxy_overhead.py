@@ -46,6 +46,12 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from paired_stats import LEVEL, median_ci, verdict  # noqa: E402
+
+#: The issue's targets for the addon against bare mitmdump.
+TTFB_TARGET, CALLS_TARGET = 1.05, 0.95
 
 BIN = Path(sys.executable).parent
 CONFIGS = ("direct", "bare", "addon", "addon-noinject", "bare-asked")
@@ -459,6 +465,7 @@ class RunStats:
     peak_rss_mb: float
     worker_rss_mb: float
     errors: list[str]
+    round: int = 0       # which round of its concurrency (runs of one round are paired)
 
 
 def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
@@ -626,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                 for config in order:
                     st = measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
                                  f"{config}-c{c}-r{r}", args.api, stagger_s)
+                    st.round = r
                     runs.append(st)
                     print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
                           f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
@@ -663,8 +671,8 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
           + (f"{args.echo_kb} KiB instructions and tools echoed, " if args.api == "responses" and args.echo_kb else "")
           + f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "
           f"{elapsed:.0f} s measured; load average {load[0]:.2f} before, {load[1]:.2f} after; {os.cpu_count()} CPUs\n")
-    cols = ("conc", "config", "calls/s", "spread", "TTFB ms", "event interval ms", "gap p99 ms", "total ms",
-            "proxy CPU ms/call", "worker CPU ms/call", "upstream CPU ms/call", "proxy RSS MB", "worker RSS MB",
+    cols = ("conc", "config", "calls/s", "spread", "TTFB ms", "TTFB spread", "event interval ms", "gap p99 ms",
+            "total ms", "proxy CPU ms/call", "worker CPU ms/call", "upstream CPU ms/call", "proxy RSS MB", "worker RSS MB",
             "failed")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
@@ -686,33 +694,68 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
             proxied = config != "direct"
             addon = config.startswith("addon")
             print(f"{c} | {config} | {m['calls_per_s']:.2f} | {m['spread']:.0f}% | {m['ttfb_ms']:.1f} | "
+                  f"{m['ttfb_spread']:.0f}% | "
                   f"{m['gap_ms']:.2f} | {m['gap_p99_ms']:.1f} | {m['total_ms']:.0f} | "
                   + (f"{m['proxy_cpu_ms_per_call']:.2f} | " if proxied else "- | ")
                   + (f"{m['worker_cpu_ms_per_call']:.2f} | " if addon else "- | ")
                   + f"{m['upstream_cpu_ms_per_call']:.2f} | "
                   + (f"{m['peak_rss_mb']:.0f} | " if proxied else "- | ")
                   + (f"{m['worker_rss_mb']:.0f} | " if addon else "- | ") + f"{m['failed']}")
-    print("\nratios (targets: addon/bare TTFB <= 1.05, addon/bare calls/s >= 0.95)\n")
-    cols = ("conc", "TTFB addon/bare", "calls/s addon/bare", "interval addon/bare", "proxy CPU addon/bare",
-            "(proxy+worker) CPU addon/bare", "TTFB bare/direct", "calls/s bare/direct", "interval bare/direct",
-            "TTFB spread (addon, bare)")
+    print(f"\nratios addon/bare, paired by round: the median of the per-round ratios [{LEVEL:.0%} confidence "
+          f"interval of that median, from order statistics]; targets: TTFB <= {TTFB_TARGET}, calls/s >= "
+          f"{CALLS_TARGET} (met / missed: the whole interval on one side; unresolved: it straddles the "
+          f"target)\n")
+    cols = ("conc", "TTFB addon/bare", "TTFB target", "calls/s addon/bare", "calls/s target", "interval addon/bare",
+            "proxy CPU addon/bare", "(proxy+worker) CPU addon/bare", "TTFB bare/direct", "calls/s bare/direct",
+            "interval bare/direct")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
     div = lambda x, y: x / y if y else float("nan")  # noqa: E731
     for c in args.concurrency:
-        a, b, d = agg[(c, "addon")], agg[(c, "bare")], agg[(c, "direct")]
-        print(f"{c} | {div(a['ttfb_ms'], b['ttfb_ms']):.3f} | {div(a['calls_per_s'], b['calls_per_s']):.3f} | "
-              f"{div(a['gap_ms'], b['gap_ms']):.3f} | "
+        a, b = agg[(c, "addon")], agg[(c, "bare")]
+        ttfb, calls = paired(runs, c, "addon", "bare", "ttfb_ms"), paired(runs, c, "addon", "bare", "calls_per_s")
+        print(f"{c} | {ttfb} | {ttfb.verdict(TTFB_TARGET, higher_is_better=False)} | {calls} | "
+              f"{calls.verdict(CALLS_TARGET, higher_is_better=True)} | "
+              f"{paired(runs, c, 'addon', 'bare', 'gap_ms').median:.3f} | "
               f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
               f"{div(a['proxy_cpu_ms_per_call'] + a['worker_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
-              f"{div(b['ttfb_ms'], d['ttfb_ms']):.3f} | {div(b['calls_per_s'], d['calls_per_s']):.3f} | "
-              f"{div(b['gap_ms'], d['gap_ms']):.3f} | {a['ttfb_spread']:.0f}%, {b['ttfb_spread']:.0f}%")
+              f"{paired(runs, c, 'bare', 'direct', 'ttfb_ms').median:.3f} | "
+              f"{paired(runs, c, 'bare', 'direct', 'calls_per_s').median:.3f} | "
+              f"{paired(runs, c, 'bare', 'direct', 'gap_ms').median:.3f}")
         for other in ("addon-noinject", "bare-asked"):
             if (c, other) in agg:
                 n = agg[(c, other)]
-                print(f"   {other}/bare at {c}: TTFB {div(n['ttfb_ms'], b['ttfb_ms']):.3f}, calls/s "
-                      f"{div(n['calls_per_s'], b['calls_per_s']):.3f}, proxy CPU "
+                print(f"   {other}/bare at {c}: TTFB {paired(runs, c, other, 'bare', 'ttfb_ms')}, calls/s "
+                      f"{paired(runs, c, other, 'bare', 'calls_per_s')}, proxy CPU "
                       f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
+
+
+@dataclass
+class PairedRatio:
+    """One metric of config A over config B, round by round (see bench/paired_stats.py)."""
+    ratios: list[float]
+
+    @property
+    def median(self) -> float:
+        xs = [r for r in self.ratios if r == r]
+        return statistics.median(xs) if xs else float("nan")
+
+    def verdict(self, target: float, higher_is_better: bool) -> str:
+        return verdict(*median_ci(self.ratios), target, higher_is_better)
+
+    def __str__(self) -> str:
+        low, high, cover = median_ci(self.ratios)
+        return f"{self.median:.3f} [{low:.3f}, {high:.3f}]" + ("" if cover >= LEVEL else f" ({cover:.0%})")
+
+
+def paired(runs: list[RunStats], concurrency: int, a: str, b: str, metric: str) -> PairedRatio:
+    """``metric`` of ``a`` / ``metric`` of ``b`` in each round of ``concurrency`` that ran both."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        if r.concurrency == concurrency and r.config in (a, b):
+            by_round.setdefault(r.round, {})[r.config] = getattr(r, metric)
+    return PairedRatio([v[a] / v[b] if v[b] else float("nan")
+                        for _, v in sorted(by_round.items()) if a in v and b in v])
 
 
 if __name__ == "__main__":
