@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from polar_train.capture import anthropic_messages, fields, openai_chat, openai_responses, record
 from polar_train.capture.identity import HeaderView, resolve_identity, rollout_from_proxy_auth
 from polar_train.capture.options import parse_port_rollouts
-from polar_train.capture.redact import REDACTED, header_secrets, redact_json, scrub
+from polar_train.capture.redact import REDACTED, SECRET_KEYS, header_secrets, redact_json, redacted_dumps, scrub
 from polar_train.capture.sse import SSESplitter, event_json, split_all
 from polar_train.capture.tap import StreamTap
 from polar_train.capture.writer import PartWriter
@@ -271,6 +271,31 @@ def test_redaction():
     text = scrub(json.dumps(redact_json(body)), secrets)
     assert "sk-abcdef" not in text and json.loads(text)["max_tokens"] == 3
     assert json.loads(text)["api_key"] == REDACTED
+
+
+def _case_variants(key: str) -> st.SearchStrategy[str]:
+    """``key`` with any letters upper-cased, and K/k possibly as the Kelvin sign (lower(): k)."""
+    def one(ch: str) -> st.SearchStrategy[str]:
+        options = [ch, ch.upper()] + (["\u212a"] if ch == "k" else [])
+        return st.sampled_from(options)
+    return st.tuples(*[one(c) for c in key]).map("".join)
+
+
+_keys = (st.sampled_from(sorted(SECRET_KEYS)).flatmap(_case_variants)
+         | st.sampled_from(["content", "tools", "api", "key", "x-api", "secretive", "Authorization2", ":", '"'])
+         | st.text(max_size=6))
+_json_with_keys = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10) | _keys,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=4), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_with_keys)
+def test_redacted_dumps_equals_walking_every_node(value) -> None:
+    """The row worker skips the redaction walk when the text proves no secret-named key is there:
+    same text as walking, for secret keys in any case (the Kelvin sign too), keys that only
+    contain one, and secret names used as values."""
+    assert redacted_dumps(value, record._dumps) == record._dumps(redact_json(value))
 
 
 def test_port_rollouts_option():

@@ -12,7 +12,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar_train.capture.sse import SSESplitter, loads_text, parse_event, split_all
+from polar_train.capture.sse import SSESplitter, loads_text, parse_event, parse_event_lines, split_all
 from polar_train.capture.tap import StreamTap
 
 
@@ -112,15 +112,29 @@ def test_fuzz_loads_text_is_json_loads(value, before: str, after: str, cut_at: i
         assert _outcome(loads_text, candidate) == _outcome(json.loads, candidate)
 
 
-@FUZZ
-@given(payload=st.binary(max_size=300), prefix=st.sampled_from([b"data: ", b"data:", b"data:  ", b"Data: "]),
-       end=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]))
-def test_fuzz_one_line_fast_path_equals_general_parse(payload: bytes, prefix: bytes, end: bytes) -> None:
-    """``parse_event``'s shortcut for a single ``data:`` line gives what the line-by-line path gives
-    (an ``event:`` line in front forces that path and changes nothing about the data)."""
-    raw = prefix + payload + end
-    general = parse_event(b"event: x\n" + raw)
-    assert parse_event(raw).data == general.data
+#: Bytes that matter to SSE (line breaks, colons, a second data field, invalid UTF-8) among any bytes.
+sse_bytes = st.lists(st.sampled_from([b"a", b"\n", b"\r", b"\r\n", b":", b" ", b"data: ", b"event: ", b"\xff",
+                                      b"\xe2\x80", b"\xe2\x80\xa8", b"{}"]) | st.binary(max_size=6),
+                     max_size=20).map(b"".join)
+
+
+def mostly(usual: bytes, *others: bytes):
+    """``usual`` (the shape servers send, which the shortcuts take) four times in five."""
+    return st.sampled_from([usual] * 4 * len(others) + list(others))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(payload=sse_bytes, prefix=mostly(b"data: ", b"data:", b"data:  ", b"Data: "),
+       end=mostly(b"\n\n", b"\r\n\r\n", b"\n", b"\r\r"), name=st.none() | sse_bytes,
+       field=mostly(b"event: ", b"event:", b"event:  ", b"Event: ", b": ", b"id: "),
+       nl=mostly(b"\n", b"\r\n", b"\r"))
+def test_fuzz_event_fast_paths_equal_general_parse(payload: bytes, prefix: bytes, end: bytes, name: bytes | None,
+                                                   field: bytes, nl: bytes) -> None:
+    """``parse_event``'s shortcuts (one ``data:`` line; one ``event:`` line and one ``data:`` line)
+    give what the line-by-line grammar gives, for any bytes in the name and the data (invalid
+    UTF-8, line breaks, colons) and near-miss field names and line endings."""
+    raw = (b"" if name is None else field + name + nl) + prefix + payload + end
+    assert parse_event(raw) == parse_event_lines(raw)
 
 
 @FUZZ

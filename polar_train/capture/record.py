@@ -21,7 +21,7 @@ from typing import Any
 from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .parsed import ParsedCall
-from .redact import header_secrets, redact_json, scrub, value_secrets
+from .redact import header_secrets, redacted_dumps, scrub, value_secrets
 from .render import Renderer, server_tokenize
 from .sse import event_json, parse_event, split_all
 
@@ -357,8 +357,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "http_status": state.http_status,
         "status": status,
         "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secrets),
-        "request_json": scrub(_dumps(redact_json(request)), secrets) if request is not None else None,
-        "response_json": scrub(_dumps(redact_json(response)), secrets) if response is not None else None,
+        "request_json": scrub(redacted_dumps(request, _dumps), secrets) if request is not None else None,
+        "response_json": scrub(redacted_dumps(response, _dumps), secrets) if response is not None else None,
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,
         "finish_reason": parsed.finish_reason if isinstance(parsed.finish_reason, str) else None,

@@ -9,6 +9,7 @@ upstream error that quotes it).
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -20,6 +21,7 @@ SECRET_KEYS = frozenset({
 SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
                   "x-goog-api-key", "openai-api-key", "anthropic-api-key")
 _MIN_SECRET_LEN = 4
+_QUOTED_SECRET_KEYS = tuple(f'"{k}":' for k in SECRET_KEYS)
 
 
 def redact_json(value: Any) -> Any:
@@ -30,6 +32,23 @@ def redact_json(value: Any) -> Any:
     if isinstance(value, list):
         return [redact_json(v) for v in value]
     return value
+
+
+def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
+    """``dumps(redact_json(value))``, walking ``value`` only when its text can hold a secret key.
+
+    Why: a harness's request (instructions, tool schemas, history) has thousands of nodes and
+    rarely a secret-named key; the row worker writes every request and response. ``dumps`` must
+    write keys unescaped, as ``json.dumps(..., ensure_ascii=False)`` does: a key whose lower case
+    is a secret key (ASCII letters, ``-``, ``_``) then shows as ``"key":`` in the lower-cased text
+    (lower-casing goes letter by letter), so not finding one there proves there is none."""
+    text = dumps(value)
+    if not isinstance(value, (dict, list)):
+        return text
+    lowered = text.lower()
+    if any(q in lowered for q in _QUOTED_SECRET_KEYS):
+        return dumps(redact_json(value))
+    return text
 
 
 def header_secrets(headers: Any) -> set[str]:

@@ -72,10 +72,25 @@ class SSEEvent:
 
 
 def parse_event(raw: bytes) -> SSEEvent:
-    """Parse one raw event (as returned by :class:`SSESplitter`). Invalid UTF-8 is replaced."""
-    if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw.endswith(b"\n\n") \
-            and b"\r" not in raw:  # the usual event, one data line: what the general path gives
-        return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
+    """Parse one raw event (as returned by :class:`SSESplitter`). Invalid UTF-8 is replaced.
+
+    The two shapes servers send - one data line (chat, Anthropic), an ``event:`` line and one data
+    line (Responses) - are cut by position: what :func:`parse_event_lines` gives, without
+    splitting lines (the row worker parses every event of every call)."""
+    if raw.endswith(b"\n\n") and b"\r" not in raw:
+        if raw.startswith(b"data: "):
+            if raw.find(b"\n") == len(raw) - 2:
+                return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
+        elif raw.startswith(b"event: "):
+            eol = raw.find(b"\n")
+            if raw.startswith(b"data: ", eol + 1) and raw.find(b"\n", eol + 1) == len(raw) - 2:
+                return SSEEvent(raw[7:eol].decode("utf-8", errors="replace"),
+                                raw[eol + 7:-2].decode("utf-8", errors="replace"))
+    return parse_event_lines(raw)
+
+
+def parse_event_lines(raw: bytes) -> SSEEvent:
+    """The general SSE event grammar: any fields, comments, line endings, repeated data lines."""
     text = raw.decode("utf-8", errors="replace")
     name: str | None = None
     data: list[str] = []
