@@ -516,3 +516,57 @@ def test_fuzz_part_events_fast_strip_equals_json_strip(parts, item, extra, compa
     fast = checked_against_json_path(raw, {"logprobs": False})
     if compact and not extra and not any(dup for _, dup in parts[: None if item else 1]):
         assert fast is not None
+
+
+def _envelope(pairs: list[tuple[str, object]], kind: str = "response.created") -> bytes:
+    data = '{"response":' + obj_text([("id", "resp_1"), ("object", "response"), *pairs, ("top_logprobs", 0)],
+                                     True) + f',"sequence_number":1,"type":"{kind}"}}'
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(["instructions", "tools"]), first=json_values | st.text(max_size=12),
+       later=st.lists(st.sampled_from(["same", "longer", "shorter", "other", "twice", "number"]), min_size=1,
+                      max_size=4), other=json_values, compact=st.booleans())
+def test_fuzz_echo_cache_skips_only_what_it_parsed_before(key, first, later, other, compact) -> None:
+    """Envelope events one after another, as a session's calls send them: a value remembered from
+    one event is skipped in the next only where the same text stands there; every answer still
+    parses to what the JSON path gives - for the same value, one that extends it (a longer string,
+    an array with one more element, a number going on), one cut short, another value, and the key
+    given twice."""
+    cache = openai_responses.ECHOED[key]
+    saved = cache.min_len
+    cache.min_len = 1  # remember even the small values hypothesis makes
+    cache.clear()
+    try:
+        asked = openai_responses.inject({"input": "x"}).asked
+        text = json.dumps(first, ensure_ascii=False, separators=(",", ":") if compact else (", ", ": "))
+        checked_against_json_path(_envelope([(key, Raw(text))]), asked)
+        if text[0] in '"[{':
+            assert cache.texts[:1] == [text]  # parsed by the scanner: remembered
+        else:
+            assert cache.texts == []  # a number or literal could go on: never remembered
+        for how in later:
+            value = {"same": text, "other": json.dumps(other), "twice": text,
+                     "longer": text[:-1] + (',1' if text[-1] in "]}" and len(text) > 2 else 'x') + text[-1]
+                     if text[0] in '"[{' else text + "1",
+                     "shorter": text[:-1] if len(text) > 1 else text, "number": "12"}[how]
+            pairs = [(key, Raw(value))] + ([(key, Raw(text))] if how == "twice" else [])
+            fast = checked_against_json_path(_envelope(pairs), asked)
+            if how == "same":
+                assert fast is not None  # a remembered value: still vLLM's shape, still the fast path
+    finally:
+        cache.min_len = saved
+        cache.clear()
+
+
+def test_echo_cache_skips_at_the_position_only_and_stays_bounded() -> None:
+    cache = openai_responses.EchoCache(size=2, min_len=5)
+    text = '{"a":"xyz","b":"abc","c":[1,2],"d":123,"e":"ab"}'
+    found, _ = openai_responses.members(text, 0)
+    for m in found:
+        cache.learn(text, m)
+    assert cache.texts == ['[1,2]', '"abc"']  # newest first; numbers and short values never; two kept
+    assert cache.skip(text, text.index('"abc"')) == text.index('"abc"') + 5
+    assert cache.skip(text, text.index('"xyz"')) is None  # "abc" stands later in the text, not here
+    assert cache.skip('"abc"', 0) == 5 and cache.texts[0] == '"abc"'  # a hit moves to the front
