@@ -29,6 +29,7 @@ from polar_train.capture import record
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions
+from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
 
@@ -188,21 +189,33 @@ class PolarCapture:
             return
         state.request_body = body  # parsed again, hashed and counted (attempt) by the row worker
         big = len(body) > _INLINE_PARSE_LIMIT
-        try:
-            obj = await asyncio.to_thread(json.loads, body) if big else json.loads(body)
-        except ValueError as exc:
-            obj = None
-            state.request_error = f"request body is not JSON: {exc}"[:500]
+        module = record.FORMATS[state.api]
+        inject = self.opts.inject and not _is_hosted(flow.request.host)
+        echoes = getattr(module, "REQUEST_ECHOED", None)
+        # a format whose injection changes a member the client sent: read it member by member
+        walked = walk_request(body, echoes) if inject and echoes is not None and not big else None
+        if walked is not None:
+            obj = walked.obj
+        else:
+            try:
+                obj = await asyncio.to_thread(json.loads, body) if big else json.loads(body)
+            except ValueError as exc:
+                obj = None
+                state.request_error = f"request body is not JSON: {exc}"[:500]
         if not isinstance(obj, dict):
             state.request_error = state.request_error or "request body is not a JSON object"
             return
         state.stream = obj.get("stream") is True
-        if self.opts.inject and not _is_hosted(flow.request.host):
-            module = record.FORMATS[state.api]
+        if inject:
             inj = module.inject(obj)
             if inj.changed:
-                new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
-                       else record.encode_injection(body, obj, inj.body))
+                new = splice_injection(walked, inj.body) if walked is not None else None
+                if new is None and walked is not None:  # not a splice (a skipped member changed): the old way
+                    obj = json.loads(body)
+                    inj = module.inject(obj)
+                if new is None:
+                    new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
+                           else record.encode_injection(body, obj, inj.body))
                 if encoding is None:
                     req.raw_content = new
                     req.headers.fields = raw_headers.with_body_length(req.headers.fields, len(new))

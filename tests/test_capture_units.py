@@ -495,6 +495,32 @@ def test_hooks_connect_identity_injection_and_stream(tmp_path):
     assert row["prompt_token_ids"] == json.loads(WIRE["chat_inj"])["prompt_token_ids"]
 
 
+def test_responses_request_changed_members_spliced_rest_as_sent(tmp_path):
+    """Codex's request: ``include`` changed, the rest (instructions, tools, input) goes upstream as
+    the client wrote it, for the first request and for one whose tools the proxy remembers."""
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    tools = json.dumps([{"type": "function", "name": f"t{i}", "description": "d\u00e9 " * 40,
+                         "parameters": {"type": "object", "properties": {}}} for i in range(4)])
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path))
+        for turn in range(2):
+            raw = ('{"model":"m","instructions":"be brief","input":[{"role":"user","content":"hi %d"}],'
+                   '"tools":%s,"include":["reasoning.encrypted_content"],"stream":true}' % (turn, tools)).encode()
+            f = _chat_flow({}, path="/v1/responses")
+            f.request.content = raw
+            addon.requestheaders(f)
+            asyncio.run(addon.request(f))
+            sent = f.request.raw_content
+            want = openai_responses.inject(json.loads(raw)).body
+            assert json.loads(sent) == want and int(f.request.headers["content-length"]) == len(sent)
+            assert tools.encode() in sent and b'"input":[{"role":"user","content":"hi %d"}]' % turn in sent
+        assert openai_responses.REQUEST_ECHOED["tools"].texts[0] == tools
+        addon.done()
+
+
 def test_hooks_plain_http_proxy_auth_removed_and_non_model_untouched(tmp_path):
     from mitmproxy.test import taddons
 

@@ -402,6 +402,57 @@ def test_fuzz_injected_request_bytes_parse_to_the_injected_body(body, api, inden
         assert out[:p + 1] + out[p + 1 + d:] == raw
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(st.lists(st.tuples(request_keys, json_values), max_size=6), min_size=1, max_size=3),
+       api=st.sampled_from(sorted(FORMATS)), spaced=st.booleans(), ws=st.sampled_from(["", " ", "\n\t "]))
+def test_fuzz_walked_request_splice_equals_parse_and_inject(bodies, api, spaced, ws) -> None:
+    """Requests read member by member (repeated keys, any spacing, echoed members remembered from
+    the requests before): the forwarded bytes parse to what injecting into ``json.loads``' object
+    gives, and outside the changed values every byte the client sent is still there, in order."""
+    from polar_train.capture.json_members import SKIPPED, EchoCache
+    from polar_train.capture.request_walk import splice_injection, walk_request
+
+    echoes = {"tools": EchoCache(min_len=1), "instructions": EchoCache(min_len=1), "input": EchoCache(min_len=1)}
+    module = FORMATS[api][0]
+    for pairs in bodies:
+        raw = (ws + obj_text(pairs, not spaced) + ws).encode("utf-8", errors="surrogatepass")
+        try:
+            want_obj = json.loads(raw)
+        except ValueError:
+            assert walk_request(raw, echoes) is None
+            continue
+        walked = walk_request(raw, echoes)
+        assert walked is not None
+        assert {k: v for k, v in walked.obj.items() if v is not SKIPPED} == \
+            {k: v for k, v in want_obj.items() if walked.obj[k] is not SKIPPED}
+        want = module.inject(want_obj)
+        got = module.inject(walked.obj)
+        assert got.changed == want.changed and got.asked == want.asked
+        out = splice_injection(walked, got.body)
+        if out is None:
+            continue
+        assert json.loads(out) == want.body
+        kept = [m for m in walked.found if not (m.key in got.body and got.body[m.key] is not walked.obj[m.key]
+                                                 and got.body[m.key] != walked.obj[m.key])]
+        pos = 0
+        for m in kept:  # every unchanged value's bytes, in order, in what goes upstream
+            piece = walked.text[m.start:m.end].encode()
+            pos = out.index(piece, pos) + len(piece)
+
+
+def test_requests_only_json_loads_can_read_are_not_walked() -> None:
+    """Not UTF-8, a byte-order mark, UTF-16, a lone surrogate, not an object, text after it, invalid
+    JSON: the walk declines (the addon then parses with json.loads and re-encodes, as before)."""
+    from polar_train.capture.request_walk import walk_request
+
+    body = {"model": "m", "input": "hi \u00e9", "include": []}
+    for raw in (b"\xef\xbb\xbf" + json.dumps(body).encode(), json.dumps(body).encode("utf-16"),
+                b'{"input":"\xed\xa0\x80"}', b"[1]", b'{"a":1} x', b'{"a":1}}', b'{"a":01}', b"", b"\xff{}"):
+        assert walk_request(raw) is None, raw
+    walked = walk_request(b' \n{"a" : 1 , "a":2}\t')
+    assert walked is not None and walked.obj == {"a": 2} and walked.start == 2
+
+
 def test_injection_into_bodies_that_are_not_plain_utf8_json_is_re_encoded() -> None:
     from polar_train.capture.record import encode_injection
 

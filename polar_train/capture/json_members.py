@@ -42,6 +42,56 @@ class Member(NamedTuple):
     end: int
 
 
+class EchoCache:
+    """Values that come again and again (a harness's instructions and tool schemas, in every request
+    of a session and echoed by vLLM in three events per call), remembered as text once json's
+    scanner has parsed them, so that a later object holding the same text skips parsing it.
+
+    Why: Codex sends tens of KiB of them with every call; the scanner builds Python objects for all
+    of it only to find where it ends (most of a ~0.3 ms walk per event or request). Only strings,
+    arrays and objects are remembered: each ends at its own closing character, so text that starts
+    with a remembered one holds exactly that value there (a number could go on: ``12`` / ``123``).
+    Bounded: the ``size`` texts used last, each of ``min_len``..``max_len`` characters.
+    """
+
+    def __init__(self, size: int = 8, min_len: int = 256, max_len: int = 1 << 20) -> None:
+        self.size, self.min_len, self.max_len = size, min_len, max_len
+        self.texts: list[str] = []  # most recently used first
+
+    def skip(self, text: str, pos: int) -> int | None:
+        """A :data:`Skipper`: the end of a remembered value at ``pos``, else None."""
+        for i, known in enumerate(self.texts):
+            if text.startswith(known, pos):
+                if i:
+                    self.texts.insert(0, self.texts.pop(i))
+                return pos + len(known)
+        return None
+
+    def learn(self, text: str, member: Member) -> None:
+        """Remember a member's value that json's scanner parsed (not one that was skipped)."""
+        if member.value is SKIPPED or not self.min_len <= member.end - member.start <= self.max_len \
+                or text[member.start] not in '"[{':
+            return
+        self.texts.insert(0, text[member.start:member.end])
+        del self.texts[self.size:]
+
+    def clear(self) -> None:
+        self.texts.clear()
+
+
+def skippers(caches: dict[str, EchoCache]) -> dict[str, Skipper]:
+    """Each cache's skipper under its key (for :func:`members`)."""
+    return {key: cache.skip for key, cache in caches.items()}
+
+
+def remember(caches: dict[str, EchoCache], text: str, found: list[Member]) -> None:
+    """Each cache learns the values of its key that :func:`members` parsed in ``found``."""
+    for m in found:
+        cache = caches.get(m.key)
+        if cache is not None:
+            cache.learn(text, m)
+
+
 def members(text: str, start: int, skip: dict[str, Skipper] | None = None) -> tuple[list[Member], int]:
     """The members of the object at ``text[start]`` in the order written (duplicates kept) and the
     index after its closing brace. Raises ``ValueError`` unless a well-formed object starts there

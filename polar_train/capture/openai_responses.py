@@ -18,7 +18,8 @@ from typing import Any
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
-from .json_members import SKIPPED, Member, as_dict, members, objects, replacements, splice, unique
+from .json_members import (SKIPPED, EchoCache, Member, as_dict, members, objects, remember, replacements,
+                           skippers, splice, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import parse_event, serialize_event
 
@@ -130,47 +131,12 @@ def _skip_raw_messages(text: str, pos: int) -> int | None:
     return m.end() if m is not None else None
 
 
-class EchoCache:
-    """Request values the server echoes in every envelope event, remembered as text once json's
-    scanner has parsed them there, so that a later event holding the same text skips parsing it.
-
-    Why: a harness sends the same instructions and tool schemas with every call of a session (Codex:
-    tens of KiB) and vLLM echoes them in three events per call; the scanner builds Python objects
-    for all of it only to find where it ends (most of a ~0.3 ms walk per event). Only strings,
-    arrays and objects are remembered: each ends at its own closing character, so text that starts
-    with a remembered one holds exactly that value there (a number could go on: ``12`` / ``123``).
-    Bounded: the ``size`` texts used last, each of ``min_len``..``max_len`` characters.
-    """
-
-    def __init__(self, size: int = 8, min_len: int = 256, max_len: int = 1 << 20) -> None:
-        self.size, self.min_len, self.max_len = size, min_len, max_len
-        self.texts: list[str] = []  # most recently used first
-
-    def skip(self, text: str, pos: int) -> int | None:
-        """A :data:`~.json_members.Skipper`: the end of a remembered value at ``pos``, else None."""
-        for i, known in enumerate(self.texts):
-            if text.startswith(known, pos):
-                if i:
-                    self.texts.insert(0, self.texts.pop(i))
-                return pos + len(known)
-        return None
-
-    def learn(self, text: str, member: Member) -> None:
-        """Remember a member's value that json's scanner parsed (not one that was skipped)."""
-        if member.value is SKIPPED or not self.min_len <= member.end - member.start <= self.max_len \
-                or text[member.start] not in '"[{':
-            return
-        self.texts.insert(0, text[member.start:member.end])
-        del self.texts[self.size:]
-
-    def clear(self) -> None:
-        self.texts.clear()
-
-
 #: The request members vLLM echoes in every envelope event that a session repeats call after call.
 ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
+#: The same members in the requests themselves (as the harness writes them: other text than vLLM's).
+REQUEST_ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
 _ENVELOPE_SKIP = {"input_messages": _skip_raw_messages, "output_messages": _skip_raw_messages,
-                  **{key: cache.skip for key, cache in ECHOED.items()}}
+                  **skippers(ECHOED)}
 
 # The part and item events (response.content_part.done, response.output_item.done) and the final
 # response repeat the output text's logprobs, one entry per sampled token; a list of entries is
@@ -270,10 +236,11 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     tens of KiB), and ``response.completed`` adds every prompt token id. The response object is
     walked member by member with json's own scanner (:mod:`.json_members`), the raw message tokens
     proven by a strict grammar instead of parsed, the echoed instructions and tools skipped when an
-    earlier event held the same text (:class:`EchoCache`), and only what :func:`_response_changes` names is
-    replaced; the output's parts lose their logprobs by splices too (:class:`_PartWalk`). The
-    event's head and tail are checked exactly, so the JSON path changes the same object (the event
-    has no other member) and the result parses to what the JSON path gives.
+    earlier event held the same text (:class:`~.json_members.EchoCache`), and only what
+    :func:`_response_changes` names is replaced; the output's parts lose their logprobs by splices
+    too (:class:`_PartWalk`). The event's head and tail are checked exactly, so the JSON path
+    changes the same object (the event has no other member) and the result parses to what the JSON
+    path gives.
     """
     head = _one_data_line(raw, _ENVELOPE_EVENT)
     if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
@@ -285,9 +252,7 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
         found, end = members(text, len(_ENVELOPE_DATA), skip)
     except ValueError:  # UnicodeDecodeError included
         return None
-    for m in found:
-        if m.key in ECHOED:
-            ECHOED[m.key].learn(text, m)
+    remember(ECHOED, text, found)
     if _ENVELOPE_TAIL.fullmatch(text, end) is None:
         return None
     changes = _response_changes(as_dict(found), asked)  # a walked output is no list here: unchanged
