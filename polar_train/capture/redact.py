@@ -9,6 +9,7 @@ upstream error that quotes it).
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,8 @@ SECRET_KEYS = frozenset({
 SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
                   "x-goog-api-key", "openai-api-key", "anthropic-api-key")
 _MIN_SECRET_LEN = 4
-_QUOTED_SECRET_KEYS = tuple(f'"{k}":' for k in SECRET_KEYS)
+#: ``"key":`` for every secret key, in lower case, as bytes (one scan finds any of them).
+_QUOTED_SECRET_KEY = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')":')
 
 
 def redact_json(value: Any) -> Any:
@@ -40,15 +42,17 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
     Why: a harness's request (instructions, tool schemas, history) has thousands of nodes and
     rarely a secret-named key; the row worker writes every request and response. ``dumps`` must
     write keys unescaped, as ``json.dumps(..., ensure_ascii=False)`` does: a key whose lower case
-    is a secret key (ASCII letters, ``-``, ``_``) then shows as ``"key":`` in the lower-cased text
-    (lower-casing goes letter by letter), so not finding one there proves there is none."""
+    is a secret key then shows as ``"key":`` in the lower-cased text, so not finding one there
+    proves there is none. Lower-casing the UTF-8 bytes (ASCII letters only) is enough unless the
+    text has a Kelvin sign, the one other character whose lower case is an ASCII letter (``k``)."""
     text = dumps(value)
     if not isinstance(value, (dict, list)):
         return text
-    lowered = text.lower()
-    if any(q in lowered for q in _QUOTED_SECRET_KEYS):
-        return dumps(redact_json(value))
-    return text
+    if "\u212a" in text:
+        found = _QUOTED_SECRET_KEY.search(text.lower().encode("utf-8"))
+    else:
+        found = _QUOTED_SECRET_KEY.search(text.encode("utf-8").lower())
+    return dumps(redact_json(value)) if found else text
 
 
 def header_secrets(headers: Any) -> set[str]:
