@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import json
 import logging
 import sys
@@ -116,6 +117,10 @@ class PolarCapture:
         self._drop_headers = _model_call_drops(opts)
 
     def running(self) -> None:
+        # The proxy's startup heap (modules, classes, options: long-lived) leaves the cyclic GC's
+        # view: the addon allocates per event, and every full collection would walk all of it
+        # again (measured: proxy CPU 2-7 % lower under load; bench/README.md).
+        gc.freeze()
         log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
         if ctx.options.listen_host in ("", "0.0.0.0", "::"):
             log.warning("polar_capture: the proxy listens on all interfaces; prompts and keys of every "

@@ -521,6 +521,27 @@ def test_responses_request_changed_members_spliced_rest_as_sent(tmp_path):
         addon.done()
 
 
+def test_running_freezes_the_startup_heap(tmp_path):
+    """Once the proxy runs, what it allocated at startup is out of the cyclic GC's walks (the
+    addon's per-event allocations would otherwise make every full collection walk it again)."""
+    import gc
+
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    gc.unfreeze()
+    try:
+        with taddons.context(addon) as tctx:
+            tctx.configure(addon, polar_out=str(tmp_path))
+            assert gc.get_freeze_count() == 0
+            addon.running()
+            assert gc.get_freeze_count() > 1000
+            addon.done()
+    finally:
+        gc.unfreeze()
+
+
 def test_hooks_plain_http_proxy_auth_removed_and_non_model_untouched(tmp_path):
     from mitmproxy.test import taddons
 

@@ -22,6 +22,7 @@ If the child cannot start or keeps dying, the proxy falls back to an in-process 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -263,6 +264,7 @@ def main() -> int:
     attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
     if renderer is not None:
         writer.submit(lambda: (renderer.tokenizer, None)[1], block=True)  # load it before the first call
+    gc.freeze()  # what the imports left (pyarrow, the tokenizer): never walked again by the cyclic GC
     while (payload := read_frame(inp)) is not None:
         try:
             state = pickle.loads(payload)
