@@ -54,7 +54,7 @@ class EchoCache:
     Bounded: the ``size`` texts used last, each of ``min_len``..``max_len`` characters.
     """
 
-    def __init__(self, size: int = 8, min_len: int = 256, max_len: int = 1 << 20) -> None:
+    def __init__(self, size: int = 8, min_len: int = 256, max_len: int = 1 << 18) -> None:
         self.size, self.min_len, self.max_len = size, min_len, max_len
         self.texts: list[str] = []  # most recently used first
 
