@@ -499,6 +499,20 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pi
         cpu1 - cpu0, worker, up1 - up0, rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
 
 
+def pin(pids: dict[str, int | None], upstream_pid: int) -> None:
+    """Each proxy alone on the first CPU; this process (the client), the upstream and every proxy's
+    children (the row worker) on the others."""
+    cpus = sorted(os.sched_getaffinity(0))
+    proxy_cpu, others = {cpus[0]}, set(cpus[1:])
+    os.sched_setaffinity(0, others)
+    os.sched_setaffinity(upstream_pid, others)
+    for pid in pids.values():
+        if pid:
+            os.sched_setaffinity(pid, proxy_cpu)
+            for child in psutil.Process(pid).children(recursive=True):
+                os.sched_setaffinity(child.pid, others)
+
+
 def spread(values: list[float]) -> float:
     """(max - min) / median, in percent: how much the rounds disagree."""
     values = [v for v in values if v == v]
@@ -546,10 +560,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, metavar="PREFIX",
                     help="write py-spy profiles (collapsed stacks, flamegraph input) of the addon's and bare "
                          "mitmdump to PREFIX-addon.txt and PREFIX-bare.txt")
+    ap.add_argument("--pin", action="store_true",
+                    help="each mitmdump alone on CPU 0; the client, the upstream and the addon's row worker on "
+                         "the other CPUs (what the proxy costs without sharing its core with the load)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
         ap.error("--configs: start with direct and include bare and addon")
+    if args.pin and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2):
+        ap.error("--pin needs Linux and at least 2 CPUs")
     if args.profile and not (BIN / "py-spy").exists():
         ap.error("--profile needs py-spy (pip install py-spy; it is in the test extra)")
     if args.serve_fake:
@@ -613,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             bodies["bare-asked"] = json.dumps({**request, **asked}).encode()
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
             measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
+        if args.pin:  # after the warm-up: the row workers exist now
+            pin(pids, server.pid)
 
         profilers = []
         if args.profile:  # the addon's mitmdump and bare mitmdump, side by side
@@ -666,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]) -> None:
     print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.arrivals} arrivals, "
-          f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
+          + ("proxies pinned to CPU 0 (client, upstream, row worker on the others), " if args.pin else "")
+          + f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "
           + (f"{args.echo_kb} KiB instructions and tools echoed, " if args.api == "responses" and args.echo_kb else "")
           + f"{args.rounds} rounds per configuration (median; spread = (max-min)/median over rounds); "

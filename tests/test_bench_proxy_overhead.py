@@ -5,6 +5,7 @@ it saw as ``ok`` - for both wire formats it can drive."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -19,11 +20,13 @@ pytestmark = pytest.mark.timeout(300)
 def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str, arrivals: str) -> None:
     # Responses with Codex-like echoed instructions and tools: the envelope events take the member walk
     echo = ["--echo-kb", "4"] if api == "responses" else []
+    # chat with the proxies pinned to their own CPU (where the machine has two)
+    pin = ["--pin"] if api == "chat" and len(os.sched_getaffinity(0)) >= 2 else []
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--api", api, "--arrivals", arrivals,
          "--concurrency", "1", "4",
          "--rounds", "1", "--min-calls", "2", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1",
-         "--request-kb", "4", "--configs", "direct", "bare", "addon", "addon-noinject", "bare-asked", *echo],
+         "--request-kb", "4", "--configs", "direct", "bare", "addon", "addon-noinject", "bare-asked", *echo, *pin],
         capture_output=True, text=True, timeout=280)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -31,5 +34,6 @@ def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str, arri
     # one round: an interval of one value covers nothing, and the report says so instead of a verdict
     assert "| too few rounds |" in out and "| met |" not in out and "| missed |" not in out
     assert ("4 KiB instructions and tools echoed" in out) == bool(echo)
+    assert ("proxies pinned to CPU 0" in out) == bool(pin)
     # warm-up 4 + (2 at concurrency 1) + (4 at concurrency 4) through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
