@@ -21,7 +21,7 @@ from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
 from .json_members import (SKIPPED, EchoCache, Member, as_dict, members, objects, remember, replacements,
                            skippers, splice, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
-from .sse import parse_event, serialize_event
+from .sse import named_event_data
 
 API = "openai.responses"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -219,13 +219,9 @@ class _PartWalk:
 
 
 def _one_data_line(raw: bytes, prefix: bytes | tuple[bytes, ...]) -> int | None:
-    """Where the data of ``event: ...\\ndata: ...\\n\\n`` starts (None: any other shape)."""
-    if not raw.startswith(prefix) or not raw.endswith(b"\n\n") or b"\r" in raw:
-        return None
-    line_end = raw.find(b"\n")
-    if not raw.startswith(b"data: ", line_end + 1) or raw.find(b"\n", line_end + 1) != len(raw) - 2:
-        return None
-    return line_end + 7
+    """Where the data of ``event: ...\\ndata: ...\\n\\n`` starts, for an event that starts with
+    ``prefix`` (None: any other shape)."""
+    return named_event_data(raw) if raw.startswith(prefix) else None
 
 
 def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:

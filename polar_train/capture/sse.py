@@ -71,21 +71,31 @@ class SSEEvent:
     data: str | None  # data lines joined with "\n"; None when the event has no data field
 
 
+def named_event_data(raw: bytes) -> int | None:
+    """Where the data starts in ``event: NAME\ndata: DATA\n\n`` - one event line, one data line,
+    no carriage return (the shape of every Responses event) - or None for any other shape."""
+    if not raw.startswith(b"event: ") or not raw.endswith(b"\n\n") or b"\r" in raw:
+        return None
+    eol = raw.find(b"\n")
+    if not raw.startswith(b"data: ", eol + 1) or raw.find(b"\n", eol + 1) != len(raw) - 2:
+        return None
+    return eol + 7
+
+
 def parse_event(raw: bytes) -> SSEEvent:
     """Parse one raw event (as returned by :class:`SSESplitter`). Invalid UTF-8 is replaced.
 
     The two shapes servers send - one data line (chat, Anthropic), an ``event:`` line and one data
-    line (Responses) - are cut by position: what :func:`parse_event_lines` gives, without
-    splitting lines (the row worker parses every event of every call)."""
-    if raw.endswith(b"\n\n") and b"\r" not in raw:
-        if raw.startswith(b"data: "):
-            if raw.find(b"\n") == len(raw) - 2:
-                return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
-        elif raw.startswith(b"event: "):
-            eol = raw.find(b"\n")
-            if raw.startswith(b"data: ", eol + 1) and raw.find(b"\n", eol + 1) == len(raw) - 2:
-                return SSEEvent(raw[7:eol].decode("utf-8", errors="replace"),
-                                raw[eol + 7:-2].decode("utf-8", errors="replace"))
+    line (Responses, :func:`named_event_data`) - are cut by position: what
+    :func:`parse_event_lines` gives, without splitting lines (the row worker parses every event of
+    every call)."""
+    if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw.endswith(b"\n\n") \
+            and b"\r" not in raw:
+        return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
+    start = named_event_data(raw)
+    if start is not None:
+        return SSEEvent(raw[7:start - 7].decode("utf-8", errors="replace"),
+                        raw[start:-2].decode("utf-8", errors="replace"))
     return parse_event_lines(raw)
 
 
