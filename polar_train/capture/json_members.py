@@ -177,11 +177,20 @@ def unique(found: list[Member]) -> bool:
     return len({m.key for m in found}) == len(found)
 
 
+def compact(value: Any) -> str:
+    """``value`` as compact JSON, UTF-8 as is (how vLLM writes, and what every splice writes)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def skip_whitespace(text: str, i: int) -> int:
+    """The index of the first character at or after ``i`` that is not JSON whitespace."""
+    return _WS.match(text, i).end()
+
+
 def replacements(found: list[Member], new: dict[str, Any]) -> list[tuple[int, int, str]]:
     """Spans for :func:`splice` that give every member whose key is in ``new`` that value
-    (compact JSON, UTF-8 as is; a repeated key gets it everywhere)."""
-    return [(m.start, m.end, json.dumps(new[m.key], ensure_ascii=False, separators=(",", ":")))
-            for m in found if m.key in new]
+    (:func:`compact`; a repeated key gets it everywhere)."""
+    return [(m.start, m.end, compact(new[m.key])) for m in found if m.key in new]
 
 
 def splice(text: str, spans: list[tuple[int, int, str]]) -> str:

@@ -13,13 +13,10 @@ re-encodes as before.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
-from .json_members import SKIPPED, EchoCache, Member, as_dict, members, remember, skippers, splice
-
-_WS = re.compile(r"[ \t\n\r]*")
+from .json_members import (SKIPPED, EchoCache, Member, as_dict, compact, members, remember, replacements,
+                           skip_whitespace, skippers, splice)
 
 
 class WalkedRequest:
@@ -38,11 +35,11 @@ def walk_request(body: bytes, echoes: dict[str, EchoCache] | None = None) -> Wal
     ``echoes`` are skipped when their cache knows the text, and remembered when parsed."""
     try:
         text = body.decode("utf-8")
-        start = _WS.match(text).end()
+        start = skip_whitespace(text, 0)
         found, end = members(text, start, skippers(echoes) if echoes else None)
     except ValueError:  # UnicodeDecodeError included
         return None
-    if _WS.match(text, end).end() != len(text):
+    if skip_whitespace(text, end) != len(text):
         return None
     if echoes:
         remember(echoes, text, found)
@@ -59,9 +56,8 @@ def splice_injection(walked: WalkedRequest, injected: dict[str, Any]) -> bytes |
     changed = {k: v for k, v in injected.items() if k in obj and not (v is obj[k] or v == obj[k])}
     if any(obj[k] is SKIPPED for k in changed):
         return None
-    dumps = lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":"))  # noqa: E731
-    added = [f"{json.dumps(k, ensure_ascii=False)}:{dumps(v)}" for k, v in injected.items() if k not in obj]
-    cuts = [(m.start, m.end, dumps(changed[m.key])) for m in walked.found if m.key in changed]
+    added = [f"{compact(k)}:{compact(v)}" for k, v in injected.items() if k not in obj]
+    cuts = replacements(walked.found, changed)
     if added:
         at = walked.start + 1
         cuts.append((at, at, ",".join(added) + ("," if walked.found else "")))
