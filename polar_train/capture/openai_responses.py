@@ -234,9 +234,10 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     proven by a strict grammar instead of parsed, the echoed instructions and tools skipped when an
     earlier event held the same text (:class:`~.json_members.EchoCache`), and only what
     :func:`_response_changes` names is replaced; the output's parts lose their logprobs by splices
-    too (:class:`_PartWalk`). The event's head and tail are checked exactly, so the JSON path
-    changes the same object (the event has no other member) and the result parses to what the JSON
-    path gives.
+    too (:class:`_PartWalk`). The event's head and tail are checked exactly and no key of the
+    response object may repeat, so the JSON path changes the same object (the event has no other
+    member), the result parses to what the JSON path gives, and an event it leaves alone passes
+    byte for byte.
     """
     head = _one_data_line(raw, _ENVELOPE_EVENT)
     if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
@@ -249,8 +250,8 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     except ValueError:  # UnicodeDecodeError included
         return None
     remember(ECHOED, text, found)
-    if _ENVELOPE_TAIL.fullmatch(text, end) is None:
-        return None
+    if _ENVELOPE_TAIL.fullmatch(text, end) is None or not unique(found):
+        return None  # a repeated key: only the JSON path knows which value counts
     changes = _response_changes(as_dict(found), asked)  # a walked output is no list here: unchanged
     if not changes.keys() <= {m.key for m in found}:
         return None  # a member to add, not replace: the JSON path does that
