@@ -648,6 +648,34 @@ def test_responses_row_takes_sampling_values_from_the_echoed_response():
     assert stored["input_messages"] is None and stored["output"][0]["content"][0]["logprobs"] is None
 
 
+def test_responses_rows_are_the_same_with_opening_events_left_unparsed(monkeypatch):
+    """The row worker skips parsing response.created/.in_progress it can prove well-formed: the row
+    is what parsing every event gives, and a broken opening event is still counted as malformed."""
+    big = "Follow the rules. " * 200  # over the walk's threshold, as Codex's instructions are
+    raw = WIRE["resp_inj_sse"].encode().replace(b'"instructions":null', b'"instructions":' + json.dumps(big).encode())
+    assert raw.count(json.dumps(big).encode()) == 3  # vLLM echoes them in its three envelope events
+    request = {"model": "tiny", "input": "Hi", "instructions": big}
+
+    def row(stream: bytes) -> dict:
+        return record.build_row(_state("openai.responses", request=request, http_status=200, stream=True,
+                                       stream_raw=bytearray(stream), injected=True,
+                                       asked=openai_responses.inject(dict(request)).asked), None)
+
+    fast = row(raw)
+    assert fast["status"] == "ok" and fast["completion_token_ids"]
+    skipped = [e for e in split_all(raw)[0] if openai_responses.unused_event(e)]
+    assert [e.split(b"\n", 1)[0] for e in skipped] == [b"event: response.created", b"event: response.in_progress"]
+    monkeypatch.setattr(openai_responses, "unused_event", lambda raw: False)
+    slow = row(raw)
+    assert {k: v for k, v in fast.items() if k not in ("call_id", "started_at", "finished_at")} == \
+        {k: v for k, v in slow.items() if k not in ("call_id", "started_at", "finished_at")}
+    monkeypatch.undo()
+    broken = raw.replace(b'"type":"response.in_progress"}', b'"type":"response.in_progress"', 1)
+    assert broken != raw
+    bad = row(broken)
+    assert bad["status"] == "upstream_error" and bad["error"] == "1 malformed SSE event(s)"
+
+
 def test_hosted_apis_are_never_injected(tmp_path):
     """api.openai.com & co reject unknown request fields: their calls pass as sent."""
     from mitmproxy.test import taddons

@@ -537,6 +537,12 @@ def test_fuzz_envelope_fast_strip_equals_json_strip(extra, top, messages, parts,
     fast = checked_against_json_path(raw, asked)
     if compact and not extra and not outer:
         assert fast is not None
+    # the row worker leaves an opening event unparsed only where parsing it gives a well-formed
+    # event of that type (which parse_stream never reads); vLLM's shape always qualifies
+    if openai_responses.unused_event(raw, walk_from=0):
+        assert kind in ("response.created", "response.in_progress") and json.loads(data)["type"] == kind
+    elif compact and not extra and not outer:
+        assert kind == "response.completed"
 
 
 def test_envelope_with_a_repeated_key_goes_the_json_path() -> None:
@@ -552,6 +558,30 @@ def test_envelope_with_a_repeated_key_goes_the_json_path() -> None:
     asked = openai_responses.inject({"input": "x"}).asked
     assert openai_responses.event_stripper(asked, walk_from=0)(raw) is None
     assert checked_against_json_path(raw.replace(b'"output":null', b'"user":null'), asked) not in (None, raw)
+
+
+def test_opening_events_are_parsed_unless_proven_well_formed_and_unused() -> None:
+    """The row worker's skip (openai_responses.unused_event): an opening event whose echoed
+    instructions were seen before is skipped, but not when the text after them is broken, when its
+    data says it is another (final) event, or when it is not UTF-8 - those go the parsing path."""
+    instructions = "Follow the rules. " * 40
+    def event(name: str, kind: str, tail: str = "") -> bytes:
+        data = ('{"response":{"id":"r","instructions":' + json.dumps(instructions) + ',"output":[]' + tail
+                + '},"sequence_number":0,"type":"' + kind + '"}')
+        return f"event: {name}\ndata: {data}\n\n".encode()
+
+    openai_responses.PARSE_ECHOED["instructions"].clear()
+    good = event("response.created", "response.created")
+    assert openai_responses.unused_event(good, walk_from=0)
+    assert openai_responses.PARSE_ECHOED["instructions"].texts == [json.dumps(instructions)]
+    assert openai_responses.unused_event(event("response.in_progress", "response.in_progress"), walk_from=0)
+    assert not openai_responses.unused_event(good, walk_from=len(good) + 1)
+    for bad in (event("response.created", "response.created", ',"x":tru'),
+                event("response.created", "response.created", ',"x":1,'),
+                event("response.created", "response.completed"),
+                event("response.completed", "response.completed"),
+                good.replace(b"Follow", b"F\xffllow", 1)):
+        assert not openai_responses.unused_event(bad, walk_from=0), bad[-60:]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -120,7 +120,7 @@ _TEXT_DELTA = re.compile(
 _ENVELOPE_EVENT = b"event: response."
 _ENVELOPE_DATA = '{"response":'
 _ENVELOPE_DATA_LINE = b"data: " + _ENVELOPE_DATA.encode()
-_ENVELOPE_TAIL = re.compile(r',"sequence_number":\d+,"type":"response\.[a-z_]+"\}')
+_ENVELOPE_TAIL = re.compile(r',"sequence_number":\d+,"type":"(response\.[a-z_]+)"\}')
 # A list of raw message tokens (every prompt token id: tens of thousands) is proven well-formed by
 # a strict grammar instead of being parsed: the client gets it as sent, or as null.
 _RAW_MESSAGES = re.compile(TEXT_RAW_MESSAGES)
@@ -450,6 +450,39 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
     parsed = ParsedCall(complete=False, assistant={"role": "assistant", "content": "".join(text)})
     parsed.response = {"object": "response", "status": "truncated", "output_text": "".join(text)}
     return parsed
+
+
+#: The envelope events :func:`parse_stream` never reads (the final event repeats what they hold).
+_OPENING_EVENTS = ("response.created", "response.in_progress")
+_OPENING_PREFIXES = tuple(f"event: {name}\n".encode() for name in _OPENING_EVENTS)
+#: The row worker's own echo cache: it sees vLLM's text of the same members again and again.
+PARSE_ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
+_PARSE_SKIP = {"input_messages": _skip_raw_messages, "output_messages": _skip_raw_messages,
+               **skippers(PARSE_ECHOED)}
+
+
+def unused_event(raw: bytes, walk_from: int = WALK_FROM_BYTES) -> bool:
+    """Whether the row worker may leave this event unparsed: a ``response.created`` or
+    ``.in_progress`` event (named so and typed so) in vLLM's envelope shape whose data the member
+    walk proves to be well-formed JSON - what parsing it would have told, since
+    :func:`parse_stream` uses only the final event and text deltas.
+
+    Why: each of them echoes the request's instructions and tools (tens of KiB for Codex);
+    ``json.loads`` of both was about a third of the worker's time per Codex-sized call, the walk
+    skips the echoed text it has already seen (:data:`PARSE_ECHOED`). False sends the event the
+    usual way (parsed, or counted as malformed); so do events under ``walk_from`` bytes, where
+    parsing is as cheap."""
+    head = _one_data_line(raw, _OPENING_PREFIXES) if len(raw) >= walk_from else None
+    if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
+        return False
+    try:
+        text = raw[head:-2].decode("utf-8")
+        found, end = members(text, len(_ENVELOPE_DATA), _PARSE_SKIP)
+    except ValueError:  # UnicodeDecodeError included
+        return False
+    remember(PARSE_ECHOED, text, found)
+    tail = _ENVELOPE_TAIL.fullmatch(text, end)
+    return tail is not None and raw.startswith(f"event: {tail.group(1)}\n".encode())
 
 
 def is_done_event(name: str | None, data: str | None) -> bool:

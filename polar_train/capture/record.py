@@ -204,7 +204,10 @@ def _parse_stream(module, state: CallState) -> ParsedCall:
     done = False
     malformed = 0
     raw_events, pending = split_all(bytes(state.stream_raw or b""))
+    unused = getattr(module, "unused_event", None)  # proven well-formed, not needed: not parsed
     for raw in raw_events:
+        if unused is not None and unused(raw):
+            continue
         ev, obj = event_json(raw)
         if ev.data is None:
             continue
