@@ -537,6 +537,14 @@ def test_fuzz_envelope_fast_strip_equals_json_strip(extra, top, messages, parts,
     fast = checked_against_json_path(raw, asked)
     if compact and not extra and not outer:
         assert fast is not None
+    # the same response object again (as .in_progress repeats .created): the stripper that saw it
+    # answers as a fresh one does, and a changed event around the same object is not taken for it
+    stripper = openai_responses.event_stripper(asked, walk_from=0)
+    assert stripper(raw) == fast
+    again = raw.replace(b'"sequence_number"' + colon.encode() + b"3", b'"sequence_number"' + colon.encode() + b"4")
+    assert stripper(again) == openai_responses.event_stripper(asked, walk_from=0)(again)
+    moved = raw.replace(f'"type"{colon}"{kind}"}}'.encode(), f'"type"{colon}"{kind}","x":1}}'.encode())
+    assert moved != raw and stripper(moved) is None
     # the row worker leaves an opening event unparsed only where parsing it gives a well-formed
     # event of that type (which parse_stream never reads); vLLM's shape always qualifies
     if openai_responses.unused_event(raw, walk_from=0):

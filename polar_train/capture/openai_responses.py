@@ -121,6 +121,7 @@ _ENVELOPE_EVENT = b"event: response."
 _ENVELOPE_DATA = '{"response":'
 _ENVELOPE_DATA_LINE = b"data: " + _ENVELOPE_DATA.encode()
 _ENVELOPE_TAIL = re.compile(r',"sequence_number":\d+,"type":"(response\.[a-z_]+)"\}')
+_ENVELOPE_TAIL_BYTES = re.compile(_ENVELOPE_TAIL.pattern.encode())
 # A list of raw message tokens (every prompt token id: tens of thousands) is proven well-formed by
 # a strict grammar instead of being parsed: the client gets it as sent, or as null.
 _RAW_MESSAGES = re.compile(TEXT_RAW_MESSAGES)
@@ -224,7 +225,17 @@ def _one_data_line(raw: bytes, prefix: bytes | tuple[bytes, ...]) -> int | None:
     return named_event_data(raw) if raw.startswith(prefix) else None
 
 
-def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
+class _LastResponse:
+    """The response object of a stream's last walked envelope event, as sent and as stripped.
+
+    Why: vLLM writes ``response.created`` and ``response.in_progress`` with the same response
+    object, byte for byte (tens of KiB with Codex's echo); the second costs one comparison."""
+
+    def __init__(self) -> None:
+        self.sent = self.stripped = b""
+
+
+def _strip_envelope(raw: bytes, asked: dict[str, Any], last: _LastResponse | None = None) -> bytes | None:
     """An envelope event with only the changed members of its response object re-encoded (None:
     not this shape, use the JSON path).
 
@@ -242,6 +253,11 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     head = _one_data_line(raw, _ENVELOPE_EVENT)
     if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
         return None
+    start = head + len(_ENVELOPE_DATA)
+    if last is not None and last.sent and raw.startswith(last.sent, start):
+        end = start + len(last.sent)  # the same object: what follows it must be the tail
+        if _ENVELOPE_TAIL_BYTES.fullmatch(raw, end, len(raw) - 2) is not None:
+            return raw if last.stripped is last.sent else raw[:start] + last.stripped + raw[end:]
     walk = _PartWalk()
     skip = _ENVELOPE_SKIP if asked.get("logprobs") else {**_ENVELOPE_SKIP, "output": walk.output}
     try:
@@ -259,9 +275,12 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any]) -> bytes | None:
     if cuts is None:
         return None
     cuts += replacements(found, changes)
-    if not cuts:
-        return raw
-    return raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n"
+    out = raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n" if cuts else raw
+    if last is not None:
+        tail = len(text) - end + 2  # bytes after the object: the tail is ASCII
+        last.sent = raw[start:len(raw) - tail]
+        last.stripped = out[start:len(out) - tail] if cuts else last.sent
+    return out
 
 
 def _strip_part_event(raw: bytes) -> bytes | None:
@@ -307,10 +326,13 @@ def event_stripper(asked: dict[str, Any], walk_from: int = WALK_FROM_BYTES) -> C
     Text deltas (one per sampled token): the injected ``logprobs`` are emptied by a splice; the
     whole event must match :data:`_TEXT_DELTA`, a strict grammar of vLLM's shape, so the result
     equals :func:`strip` + re-serialisation while every other byte stays as sent. Envelope events
-    (:func:`_strip_envelope`) and part/item events (:func:`_strip_part_event`) of ``walk_from``
-    bytes or more are walked member by member. Other events go the JSON way.
+    (:func:`_strip_envelope`; an envelope whose response object is the previous one's, as
+    ``.in_progress`` repeats ``.created``, gets the same answer without a walk) and part/item
+    events (:func:`_strip_part_event`) of ``walk_from`` bytes or more are walked member by member.
+    Other events go the JSON way.
     """
     match = _TEXT_DELTA.fullmatch
+    last = _LastResponse()
 
     def strip_event(raw: bytes) -> bytes | None:
         m = match(raw)
@@ -319,7 +341,7 @@ def event_stripper(asked: dict[str, Any], walk_from: int = WALK_FROM_BYTES) -> C
                 return None
             if raw.startswith(_PART_EVENTS):
                 return None if asked.get("logprobs") else _strip_part_event(raw)
-            return _strip_envelope(raw, asked)
+            return _strip_envelope(raw, asked, last)
         if asked.get("logprobs"):
             return raw
         a, b = m.span(1)
