@@ -88,7 +88,9 @@ def test_a_killed_worker_is_replaced_and_later_calls_are_recorded(tmp_path: Path
 def test_sigkill_of_the_proxy_leaves_the_worker_to_write_what_it_holds(tmp_path: Path) -> None:
     """Rows already handed over are written although the proxy dies before any flush is due."""
     with fault_upstream() as (base, _):
-        m = start_mitm(tmp_path, options={"polar_flush_seconds": "3600", "polar_flush_rows": 100000})
+        # handed over at once (polar_handoff_ms=0), so each call reaches the worker as it ends
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "3600", "polar_flush_rows": 100000,
+                                          "polar_handoff_ms": 0})
         r = rid()
         try:
             _calls(m, base, r, 5)  # each call is queued for the worker before its response goes out
@@ -134,3 +136,26 @@ def test_a_worker_that_cannot_start_gives_way_to_a_thread(tmp_path: Path, monkey
     assert sorted(r["model"] for r in rows) == ["m0", "m1", "m2"]
     assert _part_pids(tmp_path) == {os.getpid()}  # written by the thread, in this process
     assert "row worker process cannot run" in caplog.text
+
+
+def test_closing_ends_the_hand_off_wait_and_writes_every_queued_call(tmp_path: Path) -> None:
+    """Calls wait ``polar_handoff_ms`` before they go to the worker; a shutdown does not wait that
+    long, and hands over everything queued (here the wait is ten minutes)."""
+    from polar_train.capture.options import CaptureOptions
+    from polar_train.capture.record import CallState, utcnow
+    from polar_train.capture.worker import RowWorker
+
+    worker = RowWorker(CaptureOptions(out=str(tmp_path), flush_seconds=3600.0, handoff_ms=600_000))
+    worker.start()
+    r = rid()
+    for i in range(3):
+        state = CallState("openai.chat", "POST", "h", "/v1/chat/completions", f"c{i}", None, utcnow(), "http://h")
+        state.header_fields = [(b"x-polar-rollout", r.encode())]
+        state.request_body = json.dumps(OK).encode()
+        state.http_status, state.response_body, state.finished_at = 500, b'{"error": "x"}', utcnow()
+        assert worker.submit(state)
+        if i == 0:  # the sender has taken the first call and waits for the window to end
+            poll(lambda: worker._queue.empty(), 30, "the sender taking the first call")
+    worker.close(timeout=60)
+    rows = rows_of(tmp_path, r)
+    assert len(rows) == 3 and worker.sent == 3 and all(row["status"] == "upstream_error" for row in rows)

@@ -24,6 +24,10 @@ OPTION_SPECS: list[tuple[str, type, Any, str]] = [
     ("polar_queue_size", int, 1024,
      "Finished calls waiting to be handed to the row worker process; when full, new calls are "
      "dropped (counted, logged), never blocking traffic."),
+    ("polar_handoff_ms", int, 20,
+     "Hand a finished call to the row worker this many milliseconds after it ends, with every call "
+     "that ended meanwhile, so that parsing it does not compete with the next call's first byte "
+     "(0: at once). A SIGKILLed proxy also loses the calls of this window."),
     ("polar_rollout_header", str, "x-polar-rollout",
      "Request header naming the rollout (removed before forwarding)."),
     ("polar_task_header", str, "x-polar-task", "Request header naming the task (removed before forwarding)."),
@@ -54,6 +58,7 @@ class CaptureOptions:
     flush_rows: int = 256
     flush_seconds: float = 10.0
     queue_size: int = 1024
+    handoff_ms: int = 20
     rollout_header: str = "x-polar-rollout"
     task_header: str = "x-polar-task"
     port_rollouts: dict[int, str] = field(default_factory=dict)
@@ -64,7 +69,7 @@ class CaptureOptions:
 
     def worker_settings(self) -> tuple:
         """What the row worker uses: a change of these needs a new worker, others do not."""
-        return (self.out, self.tokenizer, self.flush_rows, self.flush_seconds, self.queue_size,
+        return (self.out, self.tokenizer, self.flush_rows, self.flush_seconds, self.queue_size, self.handoff_ms,
                 self.tokenize_check, self.tokenize_url, self.prompt_delta, self.rollout_header,
                 self.task_header, self.port_rollouts)
 
@@ -77,6 +82,7 @@ class CaptureOptions:
             flush_rows=max(1, int(opts.polar_flush_rows)),
             flush_seconds=_seconds(opts.polar_flush_seconds),
             queue_size=max(1, int(opts.polar_queue_size)),
+            handoff_ms=max(0, int(getattr(opts, "polar_handoff_ms", 20))),
             rollout_header=opts.polar_rollout_header.strip().lower(),
             task_header=opts.polar_task_header.strip().lower(),
             port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
