@@ -138,24 +138,34 @@ def test_a_worker_that_cannot_start_gives_way_to_a_thread(tmp_path: Path, monkey
     assert "row worker process cannot run" in caplog.text
 
 
-def test_closing_ends_the_hand_off_wait_and_writes_every_queued_call(tmp_path: Path) -> None:
-    """Calls wait ``polar_handoff_ms`` before they go to the worker; a shutdown does not wait that
-    long, and hands over everything queued (here the wait is ten minutes)."""
+def test_calls_wait_for_the_hand_off_timer_and_closing_sends_them_at_once(tmp_path: Path) -> None:
+    """On the event loop, finished calls wait ``polar_handoff_ms`` before they are queued for the
+    worker; a shutdown does not wait for the timer and hands over every one (here the wait is ten
+    minutes). Off the event loop a call is queued at once."""
     from polar_train.capture.options import CaptureOptions
     from polar_train.capture.record import CallState, utcnow
     from polar_train.capture.worker import RowWorker
 
+    def state(r: str) -> CallState:
+        s = CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", None, utcnow(), "http://h")
+        s.header_fields = [(b"x-polar-rollout", r.encode())]
+        s.request_body = json.dumps(OK).encode()
+        s.http_status, s.response_body, s.finished_at = 500, b'{"error": "x"}', utcnow()
+        return s
+
     worker = RowWorker(CaptureOptions(out=str(tmp_path), flush_seconds=3600.0, handoff_ms=600_000))
     worker.start()
-    r = rid()
-    for i in range(3):
-        state = CallState("openai.chat", "POST", "h", "/v1/chat/completions", f"c{i}", None, utcnow(), "http://h")
-        state.header_fields = [(b"x-polar-rollout", r.encode())]
-        state.request_body = json.dumps(OK).encode()
-        state.http_status, state.response_body, state.finished_at = 500, b'{"error": "x"}', utcnow()
-        assert worker.submit(state)
-        if i == 0:  # the sender has taken the first call and waits for the window to end
-            poll(lambda: worker._queue.empty(), 30, "the sender taking the first call")
-    worker.close(timeout=60)
-    rows = rows_of(tmp_path, r)
-    assert len(rows) == 3 and worker.sent == 3 and all(row["status"] == "upstream_error" for row in rows)
+    direct, batched = rid(), rid()
+    assert worker.submit(state(direct))
+    poll(lambda: worker.sent == 1, 30, "the call submitted off the event loop to be sent")
+
+    async def proxy_side() -> None:
+        for _ in range(3):
+            assert worker.submit(state(batched))
+        assert worker.sent == 1 and worker._queue.empty()  # waiting for the timer
+        worker.close(timeout=60)
+
+    asyncio.run(proxy_side())
+    assert len(rows_of(tmp_path, direct)) == 1 and worker.sent == 4
+    rows = rows_of(tmp_path, batched)
+    assert len(rows) == 3 and all(row["status"] == "upstream_error" for row in rows)

@@ -22,6 +22,7 @@ If the child cannot start or keeps dying, the proxy falls back to an in-process 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -85,7 +86,8 @@ class RowWorker:
         self._fallback_renderer = None
         self._fallback_attempts = None
         self._thread: threading.Thread | None = None
-        self._closing = threading.Event()  # ends a hand-off wait early
+        self._pending: list[Any] = []  # finished calls waiting for the hand-off timer (event loop only)
+        self._closing = False
         self.sent = 0
 
     # -- proxy side (event loop) ----------------------------------------------------------------
@@ -97,8 +99,30 @@ class RowWorker:
         self._thread.start()
 
     def submit(self, state: Any) -> bool:
-        """Queue a finished call; never blocks. False (and a counted drop) when the queue is full."""
+        """Queue a finished call; never blocks. False (and a counted drop) when the queue is full.
+
+        On the event loop, calls are queued in batches ``handoff_ms`` after the first of them
+        ended (one timer per batch). Why: a call ends when its last byte went out, and a harness
+        (or a benchmark client) often sends its next request at once; waking the sender thread
+        right then - it takes the GIL to pickle, the child parses on the other core - delayed that
+        request's first byte (chat, concurrency 1: TTFB addon/bare 1.13 handing over at once, 1.06
+        with the hand-off moved 50 ms later; bench/README.md)."""
+        if self.opts.handoff_ms and not self._closing:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None  # not on an event loop: at once
+            if loop is not None:
+                self._pending.append(state)
+                if len(self._pending) == 1:
+                    loop.call_later(self.opts.handoff_ms / 1000, self._release)
+                return True
         return self._queue.put(state)
+
+    def _release(self) -> None:
+        pending, self._pending = self._pending, []
+        for state in pending:
+            self._queue.put(state)
 
     @property
     def dropped(self) -> int:
@@ -109,7 +133,8 @@ class RowWorker:
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout
-        self._closing.set()
+        self._closing = True
+        self._release()  # what waits for the timer goes now
         if not self._queue.finish(deadline, self._thread):
             return
         self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -198,16 +223,7 @@ class RowWorker:
             self._reap_child()
 
     def _send_loop(self) -> None:
-        """Hand calls over in batches: ``handoff_ms`` after the first of them ended, everything
-        queued by then.
-
-        Why wait: a call ends when its last byte went out, and a harness (or a benchmark client)
-        often sends its next request at once; handing over right then - this thread taking the GIL
-        to pickle, the child parsing on the other core - delayed that request's first byte by
-        ~0.5 ms (chat, concurrency 1: TTFB addon/bare 1.13 at once, 1.06 with the hand-off 50 ms
-        later; bench/README.md). Batches also wake this thread once per window under load.
-        """
-        delay = self.opts.handoff_ms / 1000
+        """Hand over everything queued each time this thread wakes (one flush per batch)."""
         stop = False
         while not stop:
             try:
@@ -220,8 +236,6 @@ class RowWorker:
                 continue
             if item is STOP:
                 break
-            if delay and not self._closing.is_set():
-                self._closing.wait(delay)
             while True:
                 try:
                     self._send(item)
