@@ -54,7 +54,7 @@ from paired_stats import LEVEL, median_ci, verdict  # noqa: E402
 TTFB_TARGET, CALLS_TARGET = 1.05, 0.95
 
 BIN = Path(sys.executable).parent
-CONFIGS = ("direct", "bare", "addon", "addon-noinject", "bare-asked")
+CONFIGS = ("direct", "bare", "addon", "addon-noinject", "addon-handoff0", "bare-asked")
 CALL_TIMEOUT_S = 120.0
 PROMPT_IDS = [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198]
 WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
@@ -528,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--configs", nargs="+", default=["direct", "bare", "addon"], choices=CONFIGS,
                     help="what to compare (direct must come first, addon must be included); "
-                         "addon-noinject = the addon with polar_inject=false; bare-asked = bare mitmdump "
+                         "addon-noinject = the addon with polar_inject=false; addon-handoff0 = the addon "
+                         "handing each call to its row worker the moment it ends (polar_handoff_ms=0); "
+                         "bare-asked = bare mitmdump "
                          "with a client that asks for token ids and logprobs itself (what receiving the "
                          "injected data costs mitmproxy without the addon)")
     ap.add_argument("--rounds", type=int, default=5, help="repetitions of every configuration (interleaved)")
@@ -611,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / name}"]
             if name == "addon-noinject":
                 cmd += ["--set", "polar_inject=false"]
+            if name == "addon-handoff0":
+                cmd += ["--set", "polar_handoff_ms=0"]
             log = tmp / f"mitmdump-{name}.log"
             p = spawn(cmd, log)
             procs.append(p)
@@ -744,7 +748,7 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
               f"{paired(runs, c, 'bare', 'direct', 'ttfb_ms').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'calls_per_s').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'gap_ms').median:.3f}")
-        for other in ("addon-noinject", "bare-asked"):
+        for other in ("addon-noinject", "addon-handoff0", "bare-asked"):
             if (c, other) in agg:
                 n = agg[(c, other)]
                 print(f"   {other}/bare at {c}: TTFB {paired(runs, c, other, 'bare', 'ttfb_ms')}, calls/s "
