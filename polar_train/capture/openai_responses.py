@@ -18,7 +18,7 @@ from typing import Any
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
-from .json_members import (SKIPPED, EchoCache, Member, as_dict, members, objects, remember, replacements,
+from .json_members import (SKIPPED, EchoCache, Member, Skipper, as_dict, members, objects, remember, replacements,
                            skippers, splice, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import named_event_data
@@ -225,6 +225,25 @@ def _one_data_line(raw: bytes, prefix: bytes | tuple[bytes, ...]) -> int | None:
     return named_event_data(raw) if raw.startswith(prefix) else None
 
 
+def _envelope_data(raw: bytes, prefix: bytes | tuple[bytes, ...]) -> int | None:
+    """Where the data of an envelope event (``{"response":...``, one data line) starts, else None."""
+    head = _one_data_line(raw, prefix)
+    return head if head is not None and raw.startswith(_ENVELOPE_DATA_LINE, head - 6) else None
+
+
+def _walk_envelope(raw: bytes, head: int, skip: dict[str, Skipper],
+                   echoes: dict[str, EchoCache]) -> tuple[str, list[Member], int] | None:
+    """The envelope's data as text, its response object's members and where the object ends (None:
+    not UTF-8 or not a well-formed object); the echoed members it parsed are remembered."""
+    try:
+        text = raw[head:-2].decode("utf-8")
+        found, end = members(text, len(_ENVELOPE_DATA), skip)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    remember(echoes, text, found)
+    return text, found, end
+
+
 class _LastResponse:
     """The response object of a stream's last walked envelope event, as sent and as stripped.
 
@@ -250,8 +269,8 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any], last: _LastResponse | Non
     member), the result parses to what the JSON path gives, and an event it leaves alone passes
     byte for byte.
     """
-    head = _one_data_line(raw, _ENVELOPE_EVENT)
-    if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
+    head = _envelope_data(raw, _ENVELOPE_EVENT)
+    if head is None:
         return None
     start = head + len(_ENVELOPE_DATA)
     if last is not None and last.sent and raw.startswith(last.sent, start):
@@ -259,13 +278,11 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any], last: _LastResponse | Non
         if _ENVELOPE_TAIL_BYTES.fullmatch(raw, end, len(raw) - 2) is not None:
             return raw if last.stripped is last.sent else raw[:start] + last.stripped + raw[end:]
     walk = _PartWalk()
-    skip = _ENVELOPE_SKIP if asked.get("logprobs") else {**_ENVELOPE_SKIP, "output": walk.output}
-    try:
-        text = raw[head:-2].decode("utf-8")
-        found, end = members(text, len(_ENVELOPE_DATA), skip)
-    except ValueError:  # UnicodeDecodeError included
+    walked = _walk_envelope(raw, head, _ENVELOPE_SKIP if asked.get("logprobs")
+                            else {**_ENVELOPE_SKIP, "output": walk.output}, ECHOED)
+    if walked is None:
         return None
-    remember(ECHOED, text, found)
+    text, found, end = walked
     if _ENVELOPE_TAIL.fullmatch(text, end) is None or not unique(found):
         return None  # a repeated key: only the JSON path knows which value counts
     changes = _response_changes(as_dict(found), asked)  # a walked output is no list here: unchanged
@@ -494,15 +511,11 @@ def unused_event(raw: bytes, walk_from: int = WALK_FROM_BYTES) -> bool:
     skips the echoed text it has already seen (:data:`PARSE_ECHOED`). False sends the event the
     usual way (parsed, or counted as malformed); so do events under ``walk_from`` bytes, where
     parsing is as cheap."""
-    head = _one_data_line(raw, _OPENING_PREFIXES) if len(raw) >= walk_from else None
-    if head is None or not raw.startswith(_ENVELOPE_DATA_LINE, head - 6):
+    head = _envelope_data(raw, _OPENING_PREFIXES) if len(raw) >= walk_from else None
+    walked = _walk_envelope(raw, head, _PARSE_SKIP, PARSE_ECHOED) if head is not None else None
+    if walked is None:
         return False
-    try:
-        text = raw[head:-2].decode("utf-8")
-        found, end = members(text, len(_ENVELOPE_DATA), _PARSE_SKIP)
-    except ValueError:  # UnicodeDecodeError included
-        return False
-    remember(PARSE_ECHOED, text, found)
+    text, _, end = walked
     tail = _ENVELOPE_TAIL.fullmatch(text, end)
     return tail is not None and raw.startswith(f"event: {tail.group(1)}\n".encode())
 
