@@ -99,7 +99,8 @@ class RowWorker:
         self._thread.start()
 
     def submit(self, state: Any) -> bool:
-        """Queue a finished call; never blocks. False (and a counted drop) when the queue is full.
+        """Queue a finished call; never blocks. False (and a counted drop) when the queue is full
+        (a call that waits for the timer is counted when it is queued).
 
         On the event loop, calls are queued in batches ``handoff_ms`` after the first of them
         ended (one timer per batch). Why: a call ends when its last byte went out, and a harness
@@ -223,9 +224,7 @@ class RowWorker:
             self._reap_child()
 
     def _send_loop(self) -> None:
-        """Hand over everything queued each time this thread wakes (one flush per batch)."""
-        stop = False
-        while not stop:
+        while True:
             try:
                 item = self._queue.get(timeout=1.0)
             except queue.Empty:
@@ -236,18 +235,10 @@ class RowWorker:
                 continue
             if item is STOP:
                 break
-            while True:
-                try:
-                    self._send(item)
-                except Exception:
-                    log.exception("polar_capture: handing a call to the row worker failed")
-                try:
-                    item = self._queue.get(timeout=0)
-                except queue.Empty:
-                    break
-                if item is STOP:
-                    stop = True
-                    break
+            try:
+                self._send(item)  # flushes the pipe once the queue is empty: once per batch
+            except Exception:
+                log.exception("polar_capture: handing a call to the row worker failed")
         if self._fallback is None and self._proc is not None:
             try:
                 self._proc.stdin.close()  # end of file: the child writes its last part and exits
