@@ -136,8 +136,14 @@ def _skip_raw_messages(text: str, pos: int) -> int | None:
 ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
 #: The same members in the requests themselves (as the harness writes them: other text than vLLM's).
 REQUEST_ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
-_ENVELOPE_SKIP = {"input_messages": _skip_raw_messages, "output_messages": _skip_raw_messages,
-                  **skippers(ECHOED)}
+
+
+def _envelope_skip(echoes: dict[str, EchoCache]) -> dict[str, Skipper]:
+    """What a walk of a response object skips: raw message tokens by grammar, echoes by cache."""
+    return {"input_messages": _skip_raw_messages, "output_messages": _skip_raw_messages, **skippers(echoes)}
+
+
+_ENVELOPE_SKIP = _envelope_skip(ECHOED)
 
 # The part and item events (response.content_part.done, response.output_item.done) and the final
 # response repeat the output text's logprobs, one entry per sampled token; a list of entries is
@@ -496,8 +502,7 @@ _OPENING_EVENTS = ("response.created", "response.in_progress")
 _OPENING_PREFIXES = tuple(f"event: {name}\n".encode() for name in _OPENING_EVENTS)
 #: The row worker's own echo cache: it sees vLLM's text of the same members again and again.
 PARSE_ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
-_PARSE_SKIP = {"input_messages": _skip_raw_messages, "output_messages": _skip_raw_messages,
-               **skippers(PARSE_ECHOED)}
+_PARSE_SKIP = _envelope_skip(PARSE_ECHOED)
 
 
 def unused_event(raw: bytes, walk_from: int = WALK_FROM_BYTES) -> bool:
