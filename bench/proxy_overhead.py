@@ -482,12 +482,23 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pi
                                              concurrency, tag, api, stagger_s))
     cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
+    return summarize(config, concurrency, calls, results, wall, cpu1 - cpu0, worker, up1 - up0, rss,
+                     staggered=stagger_s > 0)
+
+
+def summarize(config: str, concurrency: int, calls: int, results: list[CallResult], wall: float,
+              proxy_cpu: float, worker_cpu: float, upstream_cpu: float, rss: "PeakRSS", staggered: bool = False,
+              little: bool = False) -> RunStats:
+    """A run's medians. ``staggered``: each slot's first call (sent during the ramp) is left out.
+    ``staggered`` or ``little``: calls/s is concurrency / mean time per call; otherwise calls / wall
+    time."""
+    little = little or staggered
     ok = [r for r in results if r.ok]
-    steady = [r for r in ok if r.seq > 0] if stagger_s > 0 else ok
+    steady = [r for r in ok if r.seq > 0] if staggered else ok
     steady = steady or ok
     gaps = sorted(g for r in steady for g in r.gaps)
     med = lambda xs: statistics.median(xs) * 1000 if xs else float("nan")  # noqa: E731
-    if stagger_s > 0 and steady:
+    if little and steady:
         calls_per_s = concurrency / statistics.fmean(r.total for r in steady) if len(ok) == len(results) else 0.0
     else:
         calls_per_s = len(ok) / wall
@@ -496,7 +507,59 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pi
         med([r.ttfb for r in steady]), med([r.interval for r in steady if r.events > 1]),
         gaps[int(0.99 * (len(gaps) - 1))] * 1000 if gaps else float("nan"),
         med([r.total for r in steady]), calls_per_s, len(ok),
-        cpu1 - cpu0, worker, up1 - up0, rss.peak / 2**20, rss.children_peak / 2**20, [r.error for r in results if not r.ok][:3])
+        proxy_cpu, worker_cpu, upstream_cpu, rss.peak / 2**20, rss.children_peak / 2**20,
+        [r.error for r in results if not r.ok][:3])
+
+
+def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, int], pids: dict[str, int | None],
+                        upstream_pid: int, upstream_port: int, bodies: dict[str, bytes], tag: str, api: str,
+                        think_s: float) -> list[RunStats]:
+    """One round at concurrency 1 with the configurations' calls alternating one by one (call n goes
+    to each configuration in an order rotated by n), each call after a pause of ``think_s`` (a
+    harness running its tool) so that no call's after-work - the proxy closing its flow, the row
+    worker parsing it - lands in the next configuration's call.
+
+    Why: back-to-back runs of one configuration each are seconds apart, and this machine's speed
+    drifts by more than the 5 % under test between them; calls a few hundred ms apart see the same
+    machine. Each proxy is idle while the others' calls run, so its CPU over the round is its own;
+    the upstream's CPU is read around each call. calls/s is 1 / mean time per call."""
+    cpu0 = {c: cpu_seconds(pids[c]) for c in configs}
+    kids0 = {c: children_cpu_seconds(pids[c]) for c in configs}
+    results: dict[str, list[CallResult]] = {c: [] for c in configs}
+    upstream = dict.fromkeys(configs, 0.0)
+
+    async def alternate() -> None:
+        for n in range(calls):
+            k = n % len(configs)
+            for config in configs[k:] + configs[:k]:
+                await asyncio.sleep(think_s)
+                u0 = cpu_seconds(upstream_pid)
+                try:
+                    r = await asyncio.wait_for(
+                        one_call(ports[config], upstream_port, config != "direct", bodies[config],
+                                 f"{tag}-{config}-{n}", api), CALL_TIMEOUT_S)
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                    r = CallResult(False, error=repr(exc))
+                upstream[config] += cpu_seconds(upstream_pid) - u0
+                r.seq = n
+                results[config].append(r)
+
+    samplers = {c: PeakRSS(pids[c]) for c in configs}
+    for s in samplers.values():
+        s.__enter__()
+    try:
+        asyncio.run(alternate())
+    finally:
+        for s in samplers.values():
+            s.__exit__(None, None, None)
+    out = []
+    for c in configs:
+        kids1 = children_cpu_seconds(pids[c])
+        worker = sum(t - kids0[c].get(k, 0.0) for k, t in kids1.items())
+        wall = sum(r.total for r in results[c])
+        out.append(summarize(c, 1, calls, results[c], wall, cpu_seconds(pids[c]) - cpu0[c], worker,
+                             upstream[c], samplers[c], little=True))
+    return out
 
 
 def pin(pids: dict[str, int | None], upstream_pid: int) -> None:
@@ -546,6 +609,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="staggered: the concurrent slots start spread over one call's duration and stay "
                          "spread (independent rollouts); burst: all start at once and stay in lockstep "
                          "(every round opens `concurrency` connections in the same millisecond)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="concurrency 1 only: in each round the configurations' calls alternate one by one "
+                         "(instead of one run per configuration), each after a --think-ms pause: the "
+                         "machine's drift between runs cancels")
+    ap.add_argument("--think-ms", type=float, default=50.0,
+                    help="with --interleave: the pause before each call (a harness running its tool), long "
+                         "enough for the previous call's after-work (hand-off, row worker) to end first")
     ap.add_argument("--echo-kb", type=int, default=0,
                     help="Responses only: KiB of instructions and tool schemas per request, echoed by the server "
                          "in three events as vLLM does (Codex sends tens of KiB)")
@@ -569,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
         ap.error("--configs: start with direct and include bare and addon")
+    if args.interleave and (args.concurrency != [1] or args.arrivals != "burst"):
+        ap.error("--interleave: concurrency 1 only (--concurrency 1), without --arrivals")
     if args.pin and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2):
         ap.error("--pin needs Linux and at least 2 CPUs")
     if args.profile and not (BIN / "py-spy").exists():
@@ -653,14 +725,18 @@ def main(argv: list[str] | None = None) -> int:
             calls = max(args.min_calls, c * args.calls_per_slot)
             stagger_s = args.tokens * args.chunk_delay_ms / 1000 if args.arrivals == "staggered" else 0.0
             for r in range(args.rounds):
-                k = r % len(configs)
-                order = configs[k:] + configs[:k]  # rotate who goes first
-                for config in order:
-                    st = measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
-                                 f"{config}-c{c}-r{r}", args.api, stagger_s)
+                if args.interleave:
+                    round_runs = measure_interleaved(configs, calls, ports, pids, server.pid, up_port, bodies,
+                                                     f"c{c}-r{r}", args.api, args.think_ms / 1000)
+                else:
+                    k = r % len(configs)
+                    order = configs[k:] + configs[:k]  # rotate who goes first
+                    round_runs = (measure(config, c, calls, ports, pids, server.pid, up_port, bodies[config],
+                                          f"{config}-c{c}-r{r}", args.api, stagger_s) for config in order)
+                for st in round_runs:
                     st.round = r
                     runs.append(st)
-                    print(f"  c={c:<3} round {r + 1} {config:<6} {st.calls_per_s:6.2f} calls/s  "
+                    print(f"  c={c:<3} round {r + 1} {st.config:<6} {st.calls_per_s:6.2f} calls/s  "
                           f"ttfb {st.ttfb_ms:7.1f} ms  gap {st.gap_ms:5.2f} ms  failed {st.failed}"
                           + (f"  {st.errors}" if st.errors else ""), flush=True)
         for profiler in profilers:
@@ -690,7 +766,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]) -> None:
-    print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {args.arrivals} arrivals, "
+    arrivals = (f"calls interleaved one by one across configurations, {args.think_ms:g} ms pause before each"
+                if args.interleave else f"{args.arrivals} arrivals")
+    print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {arrivals}, "
           + ("proxies pinned to CPU 0 (client, upstream, row worker on the others), " if args.pin else "")
           + f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "

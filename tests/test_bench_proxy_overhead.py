@@ -37,3 +37,27 @@ def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str, arri
     assert ("proxies pinned to CPU 0" in out) == bool(pin)
     # warm-up 4 + (2 at concurrency 1) + (4 at concurrency 4) through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
+
+
+def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--concurrency", "1", "--interleave",
+         "--rounds", "2", "--min-calls", "3", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1", "--think-ms", "5",
+         "--configs", "direct", "bare", "addon", "addon-handoff0"],
+        capture_output=True, text=True, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "calls interleaved one by one across configurations, 5 ms pause before each" in out
+    for config in ("direct", "bare", "addon", "addon-handoff0"):
+        assert sum(line.split()[3] == config for line in out.splitlines()
+                   if line.startswith("  c=1   round ")) == 2, out[-3000:]
+    assert "addon-handoff0/bare at 1: TTFB" in out
+    # warm-up 4 + 2 rounds x 3 calls through the addon, all ok
+    assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
+
+
+def test_interleave_is_refused_above_concurrency_1() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--interleave",
+                           "--concurrency", "1", "16"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--interleave: concurrency 1 only" in proc.stderr
+    assert "Traceback" not in proc.stderr
