@@ -98,8 +98,8 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def spawn(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     with open(log, "wb") as fh:
         return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -635,6 +635,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", action="store_true",
                     help="each mitmdump alone on CPU 0; the client, the upstream and the addon's row worker on "
                          "the other CPUs (what the proxy costs without sharing its core with the load)")
+    ap.add_argument("--hook-times", action="store_true",
+                    help="run the addon with a clock around each hook and stream-tap call (bench/timed_addon.py) "
+                         "and print where its time on the event loop goes, per call (the clocks add ~0.3 us "
+                         "per hook to the addon's numbers)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
@@ -681,14 +685,19 @@ def main(argv: list[str] | None = None) -> int:
                    "--set", f"confdir={confdir}", "--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
             if name.startswith("bare"):  # without a script mitmproxy buffers whole bodies: stream them instead
                 cmd += ["--set", "stream_large_bodies=1"]
+            extra_env = None
             if name.startswith("addon"):
-                cmd += ["-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={tmp / name}"]
+                script = REPO / "addons" / "polar_capture.py"
+                if name == "addon" and args.hook_times:  # the same addon, a clock around each hook
+                    script = REPO / "bench" / "timed_addon.py"
+                    extra_env = {"POLAR_BENCH_HOOK_TIMES": str(tmp / "hook-times.json")}
+                cmd += ["-s", str(script), "--set", f"polar_out={tmp / name}"]
             if name == "addon-noinject":
                 cmd += ["--set", "polar_inject=false"]
             if name == "addon-handoff0":
                 cmd += ["--set", "polar_handoff_ms=0"]
             log = tmp / f"mitmdump-{name}.log"
-            p = spawn(cmd, log)
+            p = spawn(cmd, log, extra_env)
             procs.append(p)
             ports[name], pids[name] = port, p.pid
             wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
@@ -745,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
         stop(procs[configs.index("addon")])  # procs[0] is the upstream; the addon's last part is written on exit
+        if args.hook_times:
+            report_hook_times(tmp / "hook-times.json")
         import pyarrow.dataset as ds
 
         parts = sorted((tmp / "addon" / "calls").glob("*.parquet"))
@@ -832,6 +843,31 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
                 print(f"   {other}/bare at {c}: TTFB {paired(runs, c, other, 'bare', 'ttfb_ms')}, calls/s "
                       f"{paired(runs, c, other, 'bare', 'calls_per_s')}, proxy CPU "
                       f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
+
+
+def report_hook_times(path: Path) -> None:
+    """The addon's wall time per hook on the proxy's event loop (``bench/timed_addon.py``), warm-up
+    calls included: what runs before a call's first byte (request hooks, response headers, the
+    tap's first chunk) is what the addon adds to TTFB."""
+    try:
+        samples: dict[str, list[int]] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"\nno hook times ({path}: {exc})")
+        return
+    calls = max(1, len(samples.get("requestheaders", [])))
+    print(f"\naddon hooks, wall time on the proxy's event loop ({calls} calls; bench/timed_addon.py)\n")
+    print("hook | runs | median us | mean us | us per call")
+    print("---- | ---- | --------- | ------- | -----------")
+    before_first_byte = 0.0
+    for name, xs in samples.items():
+        if not xs:
+            continue
+        per_call = sum(xs) / 1000 / calls
+        if name in ("requestheaders", "request", "responseheaders", "tap first chunk"):
+            before_first_byte += per_call
+        print(f"{name} | {len(xs)} | {statistics.median(xs) / 1000:.1f} | {statistics.fmean(xs) / 1000:.1f} | "
+              f"{per_call:.1f}")
+    print(f"before the first byte (request hooks, response headers, first chunk): {before_first_byte:.0f} us per call")
 
 
 @dataclass

@@ -6,6 +6,7 @@ it saw as ``ok`` - for both wire formats it can drive."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -43,7 +44,7 @@ def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded()
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--concurrency", "1", "--interleave",
          "--rounds", "2", "--min-calls", "3", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1", "--think-ms", "5",
-         "--configs", "direct", "bare", "addon", "addon-handoff0"],
+         "--configs", "direct", "bare", "addon", "addon-handoff0", "--hook-times"],
         capture_output=True, text=True, timeout=280)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -54,6 +55,10 @@ def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded()
     assert "addon-handoff0/bare at 1: TTFB" in out
     # warm-up 4 + 2 rounds x 3 calls through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
+    # --hook-times: the addon ran with a clock around each hook, and every call went through each
+    for hook in ("requestheaders", "request", "responseheaders", "response", "tap first chunk"):
+        assert re.search(rf"^{hook} \| 10 \| \d+\.\d \|", out, re.M), out[-2000:]
+    assert re.search(r"^before the first byte .*: \d+ us per call$", out, re.M)
 
 
 def test_interleave_is_refused_above_concurrency_1() -> None:
