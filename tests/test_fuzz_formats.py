@@ -674,3 +674,23 @@ def test_echo_cache_skips_at_the_position_only_and_stays_bounded() -> None:
     assert cache.skip(text, text.index('"abc"')) == text.index('"abc"') + 5
     assert cache.skip(text, text.index('"xyz"')) is None  # "abc" stands later in the text, not here
     assert cache.skip('"abc"', 0) == 5 and cache.texts[0] == '"abc"'  # a hit moves to the front
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(max_size=60), head=st.binary(max_size=8), tail=st.binary(max_size=4), data=st.data())
+def test_fuzz_utf8_splice_equals_encoding_the_spliced_text(text, head, tail, data) -> None:
+    """Byte offsets of character indices (ASCII or not, near either end) give what re-encoding the
+    spliced text gives; the bytes around the text stay as they are."""
+    from polar_train.capture.json_members import splice_utf8
+
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=6)))  # distinct starts: one order
+    spans = [(a, a if data.draw(st.booleans()) else b, data.draw(st.text(max_size=5)))  # a span or an insertion
+             for a, b in zip(cuts[::2], cuts[1::2])]
+    reference, at = [], 0
+    for a, b, new in spans:
+        reference += [text[at:a], new]
+        at = b
+    reference.append(text[at:])
+    raw = head + text.encode("utf-8") + tail
+    got = splice_utf8(raw, text, list(reversed(spans)), len(head), len(raw) - len(tail))
+    assert got == head + "".join(reference).encode("utf-8") + tail

@@ -188,18 +188,33 @@ def skip_whitespace(text: str, i: int) -> int:
 
 
 def replacements(found: list[Member], new: dict[str, Any]) -> list[tuple[int, int, str]]:
-    """Spans for :func:`splice` that give every member whose key is in ``new`` that value
+    """Spans for :func:`splice_utf8` that give every member whose key is in ``new`` that value
     (:func:`compact`; a repeated key gets it everywhere)."""
     return [(m.start, m.end, compact(new[m.key])) for m in found if m.key in new]
 
 
-def splice(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """``text`` with each ``(start, end, new)`` span (not overlapping) replaced."""
-    pieces: list[str] = []
+def splice_utf8(data: bytes, text: str, spans: list[tuple[int, int, str]], base: int = 0,
+                end: int | None = None) -> bytes:
+    """``data`` with the text it holds at ``data[base:end]`` (``text``, UTF-8) spliced: each ``(start,
+    end, new)`` span of ``text`` (character indices, not overlapping) replaced by ``new``. The same
+    bytes as re-encoding ``text`` with the spans replaced, between ``data[:base]`` and ``data[end:]``.
+
+    Why: an envelope event or a Codex request is tens of KiB and a splice changes a few values;
+    encoding all of it again cost more than the walk's splice itself. Character indices become
+    byte offsets for free in ASCII text, else by encoding the shorter side of each span's ends
+    (the changed values sit near one end of the object: a short prefix or suffix)."""
+    encoded_len = (len(data) if end is None else end) - base
+    ordered = sorted(spans)
+    points = [i for start, stop, _ in ordered for i in (start, stop)]
+    if not text.isascii():
+        half = len(text) // 2
+        points = [len(text[:i].encode("utf-8")) if i <= half else encoded_len - len(text[i:].encode("utf-8"))
+                  for i in points]
+    pieces: list[bytes] = []
     at = 0
-    for start, end, new in sorted(spans):
-        pieces.append(text[at:start])
-        pieces.append(new)
-        at = end
-    pieces.append(text[at:])
-    return "".join(pieces)
+    for k, (_, _, new) in enumerate(ordered):
+        pieces.append(data[at:base + points[2 * k]])
+        pieces.append(new.encode("utf-8"))
+        at = base + points[2 * k + 1]
+    pieces.append(data[at:])
+    return b"".join(pieces)

@@ -19,7 +19,7 @@ from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
 from .json_members import (SKIPPED, EchoCache, Member, Skipper, as_dict, members, objects, remember, replacements,
-                           skippers, splice, unique)
+                           skippers, splice_utf8, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import named_event_data
 
@@ -298,7 +298,7 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any], last: _LastResponse | Non
     if cuts is None:
         return None
     cuts += replacements(found, changes)
-    out = raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n" if cuts else raw
+    out = splice_utf8(raw, text, cuts, head, len(raw) - 2) if cuts else raw
     if last is not None:
         tail = len(text) - end + 2  # bytes after the object: the tail is ASCII
         last.sent = raw[start:len(raw) - tail]
@@ -333,7 +333,7 @@ def _strip_part_event(raw: bytes) -> bytes | None:
         return None
     if not cuts:
         return raw
-    return raw[:head] + splice(text, cuts).encode("utf-8") + b"\n\n"
+    return splice_utf8(raw, text, cuts, head, len(raw) - 2)
 
 
 #: Events shorter than this go the JSON path: walking members costs ~1 us of Python per member,

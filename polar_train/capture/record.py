@@ -110,7 +110,7 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-@dataclass
+@dataclass(slots=True)
 class CallState:
     api: str
     method: str

@@ -16,17 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from .json_members import (SKIPPED, EchoCache, Member, as_dict, compact, members, remember, replacements,
-                           skip_whitespace, skippers, splice)
+                           skip_whitespace, skippers, splice_utf8)
 
 
 class WalkedRequest:
     """The request's top level: ``obj`` (what ``json.loads`` gives, except that members a skipper
-    proved well-formed hold :data:`~.json_members.SKIPPED`), its members with spans, its text."""
+    proved well-formed hold :data:`~.json_members.SKIPPED`), its members with spans, its text and
+    the body it was decoded from."""
 
-    __slots__ = ("obj", "found", "text", "start")
+    __slots__ = ("obj", "found", "text", "start", "body")
 
-    def __init__(self, obj: dict[str, Any], found: list[Member], text: str, start: int) -> None:
-        self.obj, self.found, self.text, self.start = obj, found, text, start
+    def __init__(self, obj: dict[str, Any], found: list[Member], text: str, start: int, body: bytes) -> None:
+        self.obj, self.found, self.text, self.start, self.body = obj, found, text, start, body
 
 
 def walk_request(body: bytes, echoes: dict[str, EchoCache] | None = None) -> WalkedRequest | None:
@@ -43,7 +44,7 @@ def walk_request(body: bytes, echoes: dict[str, EchoCache] | None = None) -> Wal
         return None
     if echoes:
         remember(echoes, text, found)
-    return WalkedRequest(as_dict(found), found, text, start)
+    return WalkedRequest(as_dict(found), found, text, start, body)
 
 
 def splice_injection(walked: WalkedRequest, injected: dict[str, Any]) -> bytes | None:
@@ -61,4 +62,4 @@ def splice_injection(walked: WalkedRequest, injected: dict[str, Any]) -> bytes |
     if added:
         at = walked.start + 1
         cuts.append((at, at, ",".join(added) + ("," if walked.found else "")))
-    return splice(walked.text, cuts).encode("utf-8")
+    return splice_utf8(walked.body, walked.text, cuts)
