@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -544,14 +545,9 @@ def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, i
                 r.seq = n
                 results[config].append(r)
 
-    samplers = {c: PeakRSS(pids[c]) for c in configs}
-    for s in samplers.values():
-        s.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        samplers = {c: stack.enter_context(PeakRSS(pids[c])) for c in configs}
         asyncio.run(alternate())
-    finally:
-        for s in samplers.values():
-            s.__exit__(None, None, None)
     out = []
     for c in configs:
         kids1 = children_cpu_seconds(pids[c])
