@@ -193,12 +193,15 @@ class PolarCapture:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
             return
         state.request_body = body  # parsed again, hashed and counted (attempt) by the row worker
+        inject = self.opts.inject and not _is_hosted(flow.request.host)
+        if not inject:  # nothing to change: the row worker alone reads it, off the event loop
+            state.request_unread = True
+            return
         big = len(body) > _INLINE_PARSE_LIMIT
         module = record.FORMATS[state.api]
-        inject = self.opts.inject and not _is_hosted(flow.request.host)
         echoes = getattr(module, "REQUEST_ECHOED", None)
         # a format whose injection changes a member the client sent: read it member by member
-        walked = walk_request(body, echoes) if inject and echoes is not None and not big else None
+        walked = walk_request(body, echoes) if echoes is not None and not big else None
         if walked is not None:
             obj = walked.obj
         else:
@@ -211,23 +214,22 @@ class PolarCapture:
             state.request_error = state.request_error or "request body is not a JSON object"
             return
         state.stream = obj.get("stream") is True
-        if inject:
-            inj = module.inject(obj)
-            if inj.changed:
-                new = splice_injection(walked, inj.body) if walked is not None else None
-                if new is None and walked is not None:  # not a splice (a skipped member changed): the old way
-                    obj = json.loads(body)
-                    inj = module.inject(obj)
-                if new is None:
-                    new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
-                           else record.encode_injection(body, obj, inj.body))
-                if encoding is None:
-                    req.raw_content = new
-                    req.headers.fields = raw_headers.with_body_length(req.headers.fields, len(new))
-                else:
-                    req.content = new  # re-encoded as the client sent it
-                state.injected = True
-                state.asked = inj.asked
+        inj = module.inject(obj)
+        if inj.changed:
+            new = splice_injection(walked, inj.body) if walked is not None else None
+            if new is None and walked is not None:  # not a splice (a skipped member changed): the old way
+                obj = json.loads(body)
+                inj = module.inject(obj)
+            if new is None:
+                new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
+                       else record.encode_injection(body, obj, inj.body))
+            if encoding is None:
+                req.raw_content = new
+                req.headers.fields = raw_headers.with_body_length(req.headers.fields, len(new))
+            else:
+                req.content = new  # re-encoded as the client sent it
+            state.injected = True
+            state.asked = inj.asked
 
     # -- responses ---------------------------------------------------------------------------
     def responseheaders(self, flow: http.HTTPFlow) -> None:

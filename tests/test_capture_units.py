@@ -706,3 +706,43 @@ def test_responses_end_of_turn_token_gets_nan_logprob():
     n = len(parsed.completion_ids)
     assert len(parsed.completion_logprobs) == n and parsed.completion_logprobs[-1] != parsed.completion_logprobs[-1]
     assert parsed.completion_logprobs[:-1] == [lp["logprob"] for lp in resp["output"][0]["content"][0]["logprobs"]]
+
+
+@pytest.mark.parametrize("body", [
+    json.dumps({"model": "m", "messages": [], "stream": True}).encode(),
+    json.dumps({"model": "m", "messages": []}).encode(),
+    b"{not json", b"\xff\xfe{}", b"[1, 2]", b"",
+])
+def test_uninjected_requests_are_read_by_the_row_worker_with_the_same_verdict(tmp_path, body):
+    """With nothing to inject, the proxy leaves the request unparsed (no JSON walk on the event
+    loop); the row worker then finds what the proxy finds when it injects: the stream flag, or
+    why the body is no request."""
+    from mitmproxy.http import Response
+    from mitmproxy.test import taddons
+
+    rows = {}
+    for inject in (True, False):
+        mod = _load_addon()
+        addon = mod.PolarCapture()
+        out = tmp_path / f"inject-{inject}"
+        with taddons.context(addon) as tctx:
+            tctx.configure(addon, polar_out=str(out), polar_inject=inject)
+            f = _chat_flow({})
+            f.request.content = body
+            addon.requestheaders(f)
+            asyncio.run(addon.request(f))
+            state = addon.calls[f.id]
+            if not inject:
+                assert state.request_unread and state.request is None and state.request_error is None
+                assert f.request.content == body  # as sent
+            answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                   "finish_reason": "stop"}]}
+            f.response = Response.make(200, json.dumps(answer).encode(), {"content-type": "application/json"})
+            addon.responseheaders(f)
+            asyncio.run(addon.response(f))
+            addon.done()
+        (rows[inject],) = pq.read_table(next((out / "calls").glob("part-*.parquet"))).to_pylist()
+    assert (rows[False]["stream"], rows[False]["error"]) == (rows[True]["stream"], rows[True]["error"])
+    assert rows[False]["stream"] is (b'"stream": true' in body)
+    assert (rows[False]["error"] is None) is body.startswith(b'{"model"')
+    assert rows[False]["request_json"] is None or json.loads(rows[False]["request_json"])["model"] == "m"

@@ -134,6 +134,9 @@ class CallState:
     #: The parsed body: never set by the proxy (the raw body is cheaper to hand over than a pickled
     #: object tree); :meth:`request_object` parses it in the row worker.
     request: dict[str, Any] | None = None
+    #: The proxy had nothing to change in the request (injection off, a hosted API) and left it
+    #: unparsed: :meth:`request_object` sets ``stream`` and ``request_error`` from it.
+    request_unread: bool = False
     request_error: str | None = None
     injected: bool = False
     asked: dict[str, Any] = field(default_factory=dict)
@@ -160,13 +163,22 @@ class CallState:
             self.error = error
 
     def request_object(self) -> dict[str, Any] | None:
-        """The parsed request: kept, or parsed again from the raw body (in the row worker)."""
-        if self.request is None and self.request_body and self.request_error is None:
+        """The parsed request: kept, or parsed again from the raw body (in the row worker); for a
+        request the proxy left unread, also what the proxy would have found: ``stream``, or why the
+        body is no request."""
+        unread, self.request_unread = self.request_unread, False
+        if self.request is None and (self.request_body or unread) and self.request_error is None:
             try:
                 obj = json.loads(self.request_body)
-            except ValueError:
+            except ValueError as exc:
+                if unread:
+                    self.request_error = f"request body is not JSON: {exc}"[:500]
                 return None
             self.request = obj if isinstance(obj, dict) else None
+            if unread and self.request is None:
+                self.request_error = "request body is not a JSON object"
+            elif unread:
+                self.stream = obj.get("stream") is True
         return self.request
 
 
