@@ -209,9 +209,9 @@ class PolarCapture:
                 obj = await asyncio.to_thread(json.loads, body) if big else json.loads(body)
             except ValueError as exc:
                 obj = None
-                state.request_error = f"request body is not JSON: {exc}"[:500]
+                state.request_error = record.not_json(exc)
         if not isinstance(obj, dict):
-            state.request_error = state.request_error or "request body is not a JSON object"
+            state.request_error = state.request_error or record.NOT_AN_OBJECT
             return
         state.stream = obj.get("stream") is True
         inj = module.inject(obj)

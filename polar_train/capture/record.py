@@ -106,6 +106,14 @@ def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, A
     return json.dumps(injected, ensure_ascii=False).encode("utf-8")
 
 
+#: Why a request body is no request (the row's error), found by the proxy or the row worker.
+NOT_AN_OBJECT = "request body is not a JSON object"
+
+
+def not_json(exc: ValueError) -> str:
+    return f"request body is not JSON: {exc}"[:500]
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -167,18 +175,20 @@ class CallState:
         request the proxy left unread, also what the proxy would have found: ``stream``, or why the
         body is no request."""
         unread, self.request_unread = self.request_unread, False
-        if self.request is None and (self.request_body or unread) and self.request_error is None:
-            try:
-                obj = json.loads(self.request_body)
-            except ValueError as exc:
-                if unread:
-                    self.request_error = f"request body is not JSON: {exc}"[:500]
-                return None
-            self.request = obj if isinstance(obj, dict) else None
-            if unread and self.request is None:
-                self.request_error = "request body is not a JSON object"
-            elif unread:
+        if self.request is not None or self.request_error is not None or not (self.request_body or unread):
+            return self.request
+        try:
+            obj = json.loads(self.request_body)
+        except ValueError as exc:
+            if unread:
+                self.request_error = not_json(exc)
+            return None
+        if isinstance(obj, dict):
+            self.request = obj
+            if unread:
                 self.stream = obj.get("stream") is True
+        elif unread:
+            self.request_error = NOT_AN_OBJECT
         return self.request
 
 
