@@ -1,0 +1,30 @@
+"""``bench/cold_cache.py`` runs and prints its table (no speed asserted: numbers live in the
+benchmark); bad arguments get a usage error, not a traceback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.support.procs import REPO
+
+SCRIPT = str(REPO / "bench" / "cold_cache.py")
+
+
+def test_cold_cache_benchmark_prints_a_row_per_work_with_a_ratio_per_pause() -> None:
+    proc = subprocess.run([sys.executable, SCRIPT, "--repeats", "3", "--pauses", "0", "1", "2", "--echo-kb", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "work | 0 ms | 1 ms | 2 ms | 1 ms / loop | 2 ms / loop" in proc.stdout
+    for work in ("request", "response.created", "mitmproxy head"):
+        row = re.search(rf"^{re.escape(work)} \| (.+)$", proc.stdout, re.M)
+        assert row is not None, proc.stdout
+        cells = [float(c) for c in row.group(1).split(" | ")]
+        assert len(cells) == 5 and all(c > 0 for c in cells)
+
+
+def test_cold_cache_benchmark_refuses_pauses_without_the_loop() -> None:
+    proc = subprocess.run([sys.executable, SCRIPT, "--pauses", "5", "50"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--pauses: start with 0" in proc.stderr and "Traceback" not in proc.stderr
