@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=40, help="runs per work and pause (default 40)")
     ap.add_argument("--pauses", type=float, nargs="+", default=[0, 1, 5, 50], metavar="MS",
                     help="pauses before each run, ms; the first must be 0 (default 0 1 5 50)")
-    ap.add_argument("--echo-kb", type=int, default=32, help="KiB of echoed instructions and tools (default 32)")
+    ap.add_argument("--echo-kb", type=int, default=32, help="KiB of echoed instructions and tools, 1 or more (default 32)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats: at least 3")
+    if args.echo_kb < 1:  # below that response.created is short enough for the JSON path: not this work
+        ap.error("--echo-kb: at least 1 (the Codex-sized call whose walks are timed)")
     if args.pauses[0] != 0 or any(p < 0 for p in args.pauses):
         ap.error("--pauses: start with 0 (the loop every ratio is taken against), none negative")
 

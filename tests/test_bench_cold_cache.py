@@ -24,7 +24,9 @@ def test_cold_cache_benchmark_prints_a_row_per_work_with_a_ratio_per_pause() -> 
         assert len(cells) == 5 and all(c > 0 for c in cells)
 
 
-def test_cold_cache_benchmark_refuses_pauses_without_the_loop() -> None:
-    proc = subprocess.run([sys.executable, SCRIPT, "--pauses", "5", "50"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "--pauses: start with 0" in proc.stderr and "Traceback" not in proc.stderr
+def test_cold_cache_benchmark_refuses_bad_arguments_with_a_usage_error() -> None:
+    for args, message in ((["--pauses", "5", "50"], "--pauses: start with 0"),
+                          (["--echo-kb", "0"], "--echo-kb: at least 1"), (["--repeats", "2"], "--repeats: at least 3")):
+        proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
