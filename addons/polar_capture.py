@@ -29,6 +29,7 @@ except ModuleNotFoundError:  # run from a checkout without installing the packag
 from polar_train.capture import record
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
+from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
@@ -72,7 +73,7 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
         return None
     if not isinstance(obj, dict) or not module.strip(obj, asked):
         return None
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return compact(obj).encode("utf-8")
 
 
 class PolarCapture:

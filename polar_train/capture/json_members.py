@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 _SCAN = json.JSONDecoder().scan_once
 _WS = re.compile(r"[ \t\n\r]*")
 _COMPACT_KEY = re.compile(r'"([^"\\\x00-\x1f]*+)":(?![ \t\n\r])')
-#: One encoder for every splice: ``json.dumps`` with non-default arguments builds a new one per call
+#: One encoder for all of it: ``json.dumps`` with non-default arguments builds a new one per call
 #: (~3 us, half of a short value's encoding; the request hook encodes five per call).
 _ENCODE_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -182,7 +182,9 @@ def unique(found: list[Member]) -> bool:
 
 
 def compact(value: Any) -> str:
-    """``value`` as compact JSON, UTF-8 as is (how vLLM writes, and what every splice writes)."""
+    """``value`` as compact JSON, UTF-8 as is: how vLLM writes, and how the capture writes every
+    splice, re-encoded event, stripped body and row JSON (keys unescaped, which
+    :func:`~.redact.redacted_dumps` relies on)."""
     return _ENCODE_COMPACT(value)
 
 

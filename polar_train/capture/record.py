@@ -20,6 +20,7 @@ from typing import Any
 
 from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
+from .json_members import compact
 from .parsed import ParsedCall
 from .redact import header_secrets, redacted_dumps, scrub, value_secrets
 from .render import Renderer, server_tokenize
@@ -98,8 +99,7 @@ def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, A
     if unchanged and len(injected) == len(original):
         return raw  # nothing added
     if unchanged and start >= 0 and not raw[:start].strip(b" \t\r\n") and b"\x00" not in raw:
-        added = json.dumps({k: v for k, v in injected.items() if k not in original},
-                           ensure_ascii=False, separators=(",", ":"))[1:-1]
+        added = compact({k: v for k, v in injected.items() if k not in original})[1:-1]
         rest = raw[start + 1:]
         sep = b"" if rest.lstrip(b" \t\r\n")[:1] == b"}" else b","
         return raw[:start + 1] + added.encode("utf-8") + sep + rest
@@ -217,8 +217,6 @@ def resolve_head(state: CallState, rollout_header: str, task_header: str,
     return state
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _parse_stream(module, state: CallState) -> ParsedCall:
@@ -382,8 +380,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "http_status": state.http_status,
         "status": status,
         "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secrets),
-        "request_json": scrub(redacted_dumps(request, _dumps), secrets) if request is not None else None,
-        "response_json": scrub(redacted_dumps(response, _dumps), secrets) if response is not None else None,
+        "request_json": scrub(redacted_dumps(request, compact), secrets) if request is not None else None,
+        "response_json": scrub(redacted_dumps(response, compact), secrets) if response is not None else None,
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,
         "finish_reason": parsed.finish_reason if isinstance(parsed.finish_reason, str) else None,

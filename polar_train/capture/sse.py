@@ -12,6 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from .json_members import compact
+
 _TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -155,7 +157,7 @@ def serialize_event(raw: bytes, ev: SSEEvent, obj: object) -> bytes:
     """Re-serialise ``obj`` as the data of event ``raw``: its other lines (``event:``, ``id:``,
     comments) and its line endings stay as they were; the data lines become one."""
     nl = _line_ending(raw)
-    data = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    data = b"data: " + compact(obj).encode("utf-8")
     out: list[bytes] = []
     placed = False
     for line in raw.splitlines():
