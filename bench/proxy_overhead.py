@@ -360,6 +360,15 @@ async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
         writer.close()
 
 
+async def guarded_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, rollout: str,
+                       api: str) -> CallResult:
+    """:func:`one_call` within ``CALL_TIMEOUT_S``; a failure is a failed result, never an exception."""
+    try:
+        return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, rollout, api), CALL_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        return CallResult(False, error=repr(exc))
+
+
 async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, calls: int,
                    concurrency: int, tag: str, api: str = "chat", stagger_s: float = 0.0,
                    ) -> tuple[list[CallResult], float]:
@@ -371,11 +380,7 @@ async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
     per_slot = [calls // concurrency + (1 if i < calls % concurrency else 0) for i in range(concurrency)]
 
     async def call(i: int, n: int) -> CallResult:
-        try:
-            return await asyncio.wait_for(one_call(port, upstream_port, via_proxy, body, f"{tag}-{i}-{n}", api),
-                                          CALL_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-            return CallResult(False, error=repr(exc))
+        return await guarded_call(port, upstream_port, via_proxy, body, f"{tag}-{i}-{n}", api)
 
     async def slot(i: int) -> list[CallResult]:
         if stagger_s > 0:
@@ -535,12 +540,8 @@ def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, i
             for config in configs[k:] + configs[:k]:
                 await asyncio.sleep(think_s)
                 u0 = cpu_seconds(upstream_pid)
-                try:
-                    r = await asyncio.wait_for(
-                        one_call(ports[config], upstream_port, config != "direct", bodies[config],
-                                 f"{tag}-{config}-{n}", api), CALL_TIMEOUT_S)
-                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
-                    r = CallResult(False, error=repr(exc))
+                r = await guarded_call(ports[config], upstream_port, config != "direct", bodies[config],
+                                       f"{tag}-{config}-{n}", api)
                 upstream[config] += cpu_seconds(upstream_pid) - u0
                 r.seq = n
                 results[config].append(r)
