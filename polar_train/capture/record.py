@@ -24,6 +24,8 @@ from .json_members import compact
 from .parsed import ParsedCall
 from .redact import header_secrets, redacted_dumps, scrub, value_secrets
 from .render import Renderer, server_tokenize
+from .request_row import hash_as_sent, request_hash, text_as_sent
+from .request_walk import WalkedRequest, walk_request
 from .sse import event_json, parse_event, split_all
 
 log = logging.getLogger("polar_capture")
@@ -32,8 +34,6 @@ FORMATS = {m.API: m for m in (openai_chat, openai_responses, anthropic_messages)
 _PATHS = re.compile(r"/v1/(chat/completions|responses|messages)/?$")
 _API_BY_TAIL = {"chat/completions": openai_chat.API, "responses": openai_responses.API,
                 "messages": anthropic_messages.API}
-#: Request fields left out of ``request_hash`` (they may change between retries of one request).
-VOLATILE_FIELDS = frozenset({"metadata", "user", "prompt_cache_key", "stream_options", "store"})
 ERROR_TEXT_LIMIT = 2000
 
 
@@ -43,12 +43,6 @@ def detect_api(method: str, path: str) -> str | None:
         return None
     m = _PATHS.search(path.split("?", 1)[0])
     return _API_BY_TAIL[m.group(1)] if m else None
-
-
-def request_hash(body: dict[str, Any]) -> str:
-    canonical = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
-    data = json.dumps(canonical, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class AttemptCounter:
@@ -78,7 +72,8 @@ def count_attempt(state: "CallState", attempts: AttemptCounter) -> None:
     over ``polar_max_body_mb`` (not kept) gets no hash and attempt 1."""
     request = state.request_object()
     if request is not None:
-        state.request_hash = request_hash(request)
+        walked = state.request_walked
+        state.request_hash = hash_as_sent(walked) if walked is not None else request_hash(request)
     elif state.request_body:
         state.request_hash = hashlib.sha256(state.request_body).hexdigest()[:32]
     if state.request_hash is not None:
@@ -142,6 +137,9 @@ class CallState:
     #: The parsed body: never set by the proxy (the raw body is cheaper to hand over than a pickled
     #: object tree); :meth:`request_object` parses it in the row worker.
     request: dict[str, Any] | None = None
+    #: The body read member by member where it could be (row worker only): what the row's
+    #: ``request_hash`` and ``request_json`` are taken from (:mod:`.request_row`).
+    request_walked: WalkedRequest | None = None
     #: The proxy had nothing to change in the request (injection off, a hosted API) and left it
     #: unparsed: :meth:`request_object` sets ``stream`` and ``request_error`` from it.
     request_unread: bool = False
@@ -177,14 +175,15 @@ class CallState:
         unread, self.request_unread = self.request_unread, False
         if self.request is not None or self.request_error is not None or not (self.request_body or unread):
             return self.request
+        walked = walk_request(self.request_body)  # None where only json.loads can say
         try:
-            obj = json.loads(self.request_body)
+            obj = walked.obj if walked is not None else json.loads(self.request_body)
         except ValueError as exc:
             if unread:
                 self.request_error = not_json(exc)
             return None
         if isinstance(obj, dict):
-            self.request = obj
+            self.request, self.request_walked = obj, walked
             if unread:
                 self.stream = obj.get("stream") is True
         elif unread:
@@ -290,6 +289,14 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
     return out
 
 
+def _request_text(state: CallState, request: dict[str, Any]) -> str:
+    """The request's JSON for its row, redacted: the body as sent where that is provably the same
+    (:func:`~.request_row.text_as_sent`), else the object re-encoded."""
+    walked = state.request_walked
+    text = text_as_sent(walked) if walked is not None and walked.obj is request else None
+    return text if text is not None else redacted_dumps(request, compact)
+
+
 def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
               tokenize_url: str = "", attempts: AttemptCounter | None = None) -> dict[str, Any]:
     """The call-log row of a finished call (runs in the row worker; never raises for bad input).
@@ -380,7 +387,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "http_status": state.http_status,
         "status": status,
         "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secrets),
-        "request_json": scrub(redacted_dumps(request, compact), secrets) if request is not None else None,
+        "request_json": scrub(_request_text(state, request), secrets) if request is not None else None,
         "response_json": scrub(redacted_dumps(response, compact), secrets) if response is not None else None,
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,
