@@ -44,7 +44,7 @@ def workloads(echo_kb: int) -> dict[str, Callable[[], object]]:
     request = {"model": "tiny", "stream": True, "max_output_tokens": 64,
                "input": proxy_overhead.history(0) + [{"role": "user", "content": "Tell me about the fox."}],
                "include": ["reasoning.encrypted_content"], "store": False, **proxy_overhead.codex_echo(echo_kb)}
-    body = json.dumps(request).encode()
+    body = proxy_overhead._compact(request).encode()  # as Codex writes it (serde_json: compact UTF-8)
 
     def inject() -> tuple[bytes, dict]:
         walked = walk_request(body, module.REQUEST_ECHOED)

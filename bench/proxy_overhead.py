@@ -709,9 +709,10 @@ def main(argv: list[str] | None = None) -> int:
                        "include": ["reasoning.encrypted_content"], "store": False, **codex_echo(args.echo_kb)}
             asked = {"enable_response_messages": True, "top_logprobs": 0,
                      "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
-        bodies = {c: json.dumps(request).encode() for c in configs}
+        # compact UTF-8, as the harnesses write it (Codex: serde_json; Claude Code, Pi: JSON.stringify)
+        bodies = {c: _compact(request).encode() for c in configs}
         if "bare-asked" in bodies:  # the client asks for what the addon injects: the upstream sends it
-            bodies["bare-asked"] = json.dumps({**request, **asked}).encode()
+            bodies["bare-asked"] = _compact({**request, **asked}).encode()
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
             measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
         if args.pin:  # after the warm-up: the row workers exist now
