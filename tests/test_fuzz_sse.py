@@ -12,7 +12,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar_train.capture.sse import SSESplitter, loads_text, parse_event, parse_event_lines, split_all
+from polar_train.capture.sse import SSESplitter, loads_text, one_event, parse_event, parse_event_lines, split_all
 from polar_train.capture.tap import StreamTap
 
 
@@ -26,6 +26,20 @@ def vllm_streams() -> dict[str, bytes]:
 
 STREAMS = vllm_streams()
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.lists(st.sampled_from([b"\n", b"\r", b"\n\n", b"data: x", b"event: e", b"{}", b"\xe2\x80\xa8"]), max_size=8)
+       | st.binary(max_size=40))
+def test_one_event_is_what_the_splitter_says_of_a_read(data) -> None:
+    """The tap's shortcut for a read that is one whole event agrees with the splitter: it yields
+    exactly that read as its one event and keeps nothing (reads with a CR take the splitter)."""
+    if isinstance(data, list):
+        data = b"".join(data)
+    for read in (data, data + b"\n\n"):
+        s = SSESplitter()
+        splitter_says = s.feed(read) == [read] and not s.has_pending and b"\r" not in read
+        assert one_event(read) == splitter_says, read
 
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:

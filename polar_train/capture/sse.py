@@ -55,11 +55,31 @@ class SSESplitter:
         return bytes(self._buf)
 
 
+#: Line feed and carriage return as ints: ``CR in data`` is one ``memchr``, where ``b"\r" in data``
+#: takes the general substring search (~8x slower on a 300-byte event; the tap asks per event).
+LF, CR = 0x0A, 0x0D
+
+
+def one_event(data: bytes) -> bool:
+    """Whether ``data`` is exactly one whole event, lines ended by LF alone (what one upstream read
+    of a token stream usually is): it ends with the blank line and holds no other."""
+    if not data.endswith(b"\n\n") or CR in data:
+        return False
+    end = len(data) - 2
+    i = data.find(LF)
+    while i != end:
+        after = data.find(LF, i + 1)
+        if after == i + 1:
+            return False
+        i = after
+    return True
+
+
 def split_all(data: bytes) -> tuple[list[bytes], bytes]:
     """Split a whole stream; returns (events, trailing unterminated bytes). A stream without
     carriage returns (what servers send) is cut by ``bytes.split`` - the same events as the
     splitter gives, ~8x faster for the row worker."""
-    if b"\r" not in data:
+    if CR not in data:
         parts = data.split(b"\n\n")
         return [p + b"\n\n" for p in parts[:-1]], parts[-1]
     s = SSESplitter()
@@ -76,7 +96,7 @@ class SSEEvent:
 def named_event_data(raw: bytes) -> int | None:
     """Where the data starts in ``event: NAME\ndata: DATA\n\n`` - one event line, one data line,
     no carriage return (the shape of every Responses event) - or None for any other shape."""
-    if not raw.startswith(b"event: ") or not raw.endswith(b"\n\n") or b"\r" in raw:
+    if not raw.startswith(b"event: ") or not raw.endswith(b"\n\n") or CR in raw:
         return None
     eol = raw.find(b"\n")
     if not raw.startswith(b"data: ", eol + 1) or raw.find(b"\n", eol + 1) != len(raw) - 2:
@@ -92,7 +112,7 @@ def parse_event(raw: bytes) -> SSEEvent:
     :func:`parse_event_lines` gives, without splitting lines (the row worker parses every event of
     every call)."""
     if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw.endswith(b"\n\n") \
-            and b"\r" not in raw:
+            and CR not in raw:
         return SSEEvent(None, raw[6:-2].decode("utf-8", errors="replace"))
     start = named_event_data(raw)
     if start is not None:

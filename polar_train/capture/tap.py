@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .sse import SSESplitter, parse_event, serialize_event
+from .sse import SSESplitter, one_event, parse_event, serialize_event
 
 log = logging.getLogger("polar_capture")
 
@@ -101,8 +101,7 @@ class StreamTap:
             self.raw += data
             if self.strip is None:
                 return data if self.deliver_decoded else chunk
-            if (not self.splitter.has_pending and data.endswith(b"\n\n") and data.find(b"\n\n") == len(data) - 2
-                    and b"\r" not in data):
+            if not self.splitter.has_pending and one_event(data):
                 out = self._rewrite(data)  # the usual read: exactly one whole event (what feed() would give)
             else:
                 held = self.splitter.pending
