@@ -1,4 +1,4 @@
-"""The request as its row stores it: the JSON text the client sent, and a hash of its members as written.
+"""The request as its row stores it: the JSON text the client sent, and a hash of the bytes as sent.
 
 Why: the row worker used to parse every request, then encode it twice more - key-sorted for
 ``request_hash``, compact for ``request_json`` - ~0.4 ms per 33 KiB Codex request and ~1.3 ms per
