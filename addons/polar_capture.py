@@ -194,12 +194,12 @@ class PolarCapture:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
             return
         state.request_body = body  # parsed again, hashed and counted (attempt) by the row worker
-        inject = self.opts.inject and not _is_hosted(flow.request.host)
+        module = record.FORMATS[state.api]
+        inject = self.opts.inject and module.INJECTS and not _is_hosted(flow.request.host)
         if not inject:  # nothing to change: the row worker alone reads it, off the event loop
             state.request_unread = True
             return
         big = len(body) > _INLINE_PARSE_LIMIT
-        module = record.FORMATS[state.api]
         echoes = getattr(module, "REQUEST_ECHOED", None)
         # a format whose injection changes a member the client sent: read it member by member
         walked = walk_request(body, echoes) if echoes is not None and not big else None

@@ -664,6 +664,75 @@ def test_fuzz_echo_cache_skips_only_what_it_parsed_before(key, first, later, oth
         cache.clear()
 
 
+_TAILS = st.sampled_from(["]", " ]", ",{}]", ", 1]", ",]", "1]", ",1 2]", ', "x"]', ',"unterminated]', ",[1,{}] ]",
+                          ',{"a":[1,2]},null]', "", ",", "] ", "]]"])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=st.lists(json_values, max_size=5), turns=st.lists(st.lists(json_values, max_size=3) | _TAILS,
+                                                                   min_size=1, max_size=4),
+       spaced=st.booleans())
+def test_fuzz_conversation_prefix_is_read_only_where_it_grew(history, turns, spaced) -> None:
+    """Requests whose array starts with the one remembered before (a conversation, one turn longer,
+    or broken right after the remembered part): the walk reads what ``json.loads`` reads - a
+    skipped array is exactly the array ``json.loads`` finds there, and a text it rejects is
+    rejected - and the conversation's newest text is what the cache keeps."""
+    from polar_train.capture.json_members import SKIPPED, PrefixCache
+    from polar_train.capture.request_walk import walk_request
+
+    sep = (", ", ": ") if spaced else (",", ":")
+    cache = PrefixCache(size=3, min_len=1)
+    echoes = {"messages": cache}
+    text = json.dumps(history, separators=sep)
+    for turn in turns:
+        if isinstance(turn, list):  # the next call: the same conversation, more turns
+            grown = json.dumps(json.loads(text) + turn, separators=sep) if _loads_or_none(text) is not None else text
+        else:  # whatever follows the remembered head: valid or not
+            grown = (cache.texts[0] if cache.texts else text[:-1]) + turn
+        raw = ('{"model":"m","messages":' + grown + ',"stream":true}').encode()
+        want = _loads_or_none(raw)
+        walked = walk_request(raw, echoes)
+        if not isinstance(want, dict):
+            assert walked is None, raw
+            continue
+        assert walked is not None, raw
+        (m,) = [m for m in walked.found if m.key == "messages"]
+        assert json.loads(walked.text[m.start:m.end]) == want["messages"]
+        assert walked.obj["messages"] is SKIPPED or walked.obj["messages"] == want["messages"]
+        if want["messages"]:  # an empty array has no element to go on from: never remembered
+            assert cache.texts[0] == walked.text[m.start:m.end - 1]  # the newest text, without its "]"
+        assert not any(cache.texts[0].startswith(h) for h in cache.texts[1:])  # its own older heads made way
+        text = grown
+
+
+def _loads_or_none(raw: bytes | str) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def test_prefix_cache_skips_a_grown_conversation_and_parses_only_the_new_turns() -> None:
+    from polar_train.capture.json_members import SKIPPED, PrefixCache, members
+
+    cache = PrefixCache(size=2, min_len=5)
+    one = '[{"role":"user","content":"fix the bug"}]'
+    found, _ = members('{"messages":' + one + "}", 0, {"messages": cache.skip})
+    assert found[0].value != SKIPPED
+    cache.learn('{"messages":' + one + "}", found[0])
+    two = one[:-1] + ',{"role":"assistant","content":"done"}]'
+    text = '{"messages":' + two + ',"stream":true}'
+    found, _ = members(text, 0, {"messages": cache.skip})
+    assert found[0].value is SKIPPED and text[found[0].start:found[0].end] == two
+    assert found[1].key == "stream" and found[1].value is True
+    cache.learn(text, found[0])
+    assert cache.texts == [two[:-1]]  # the longer text replaced its own head
+    other = '[{"role":"user","content":"fix the bug"},{"role":"assistant","content":"no"}]'
+    cache.learn('{"m":' + other + "}", members('{"m":' + other + "}", 0)[0][0])
+    assert cache.skip(two, 0) == len(two)  # the longest matching head wins, wherever it stands
+    assert cache.texts[0] == two[:-1] and len(cache.texts) == 2
+
+
 def test_echo_cache_skips_at_the_position_only_and_stays_bounded() -> None:
     cache = openai_responses.EchoCache(size=2, min_len=5)
     text = '{"a":"xyz","b":"abc","c":[1,2],"d":123,"e":"ab"}'

@@ -16,6 +16,8 @@ from ..wire.errors import ApiError
 from .parsed import Injection, ParsedCall, as_float, as_int
 
 API = "anthropic.messages"
+#: vLLM's Messages API has no token ids to ask for: the proxy leaves these requests unread.
+INJECTS = False
 
 
 def inject(body: dict[str, Any]) -> Injection:

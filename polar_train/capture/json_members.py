@@ -82,6 +82,62 @@ class EchoCache:
         self.texts.clear()
 
 
+class PrefixCache(EchoCache):
+    """Arrays that come again one element longer: a harness resends its whole conversation with
+    every call (chat ``messages``, Responses ``input``), the last one plus the new turns.
+
+    Why: parsing tens to hundreds of KiB of history on mitmproxy's event loop, only to inject two
+    top-level flags, was the largest piece of a chat call's request hook (~270 us per 100 KiB in
+    the proxy). An array whose text starts with a remembered array's text up to its closing
+    bracket holds those elements exactly (the same characters parse the same way); only what
+    follows - ``,`` and the new elements, each parsed by json's scanner, then ``]`` - is read.
+    The longest remembered head wins; a conversation's newer, longer text replaces its older one.
+    """
+
+    def __init__(self, size: int = 8, min_len: int = 256, max_len: int = 1 << 20) -> None:
+        super().__init__(size, min_len, max_len)  # ``texts`` holds each array without its "]"
+
+    def skip(self, text: str, pos: int) -> int | None:
+        best = -1
+        for i, head in enumerate(self.texts):
+            if (best < 0 or len(head) > len(self.texts[best])) and text.startswith(head, pos):
+                best = i
+        if best < 0:
+            return None
+        end = _array_tail(text, pos + len(self.texts[best]))
+        if end is not None and best:
+            self.texts.insert(0, self.texts.pop(best))
+        return end
+
+    def learn(self, text: str, member: Member) -> None:
+        """Remember an array's text, parsed or proven by :meth:`skip` (its own heads make way)."""
+        if (not self.min_len <= member.end - member.start <= self.max_len or text[member.start] != "["
+                or _WS.match(text, member.start + 1).end() == member.end - 1):  # "[]": no element to go on from
+            return
+        head = text[member.start:member.end - 1]
+        self.texts = [known for known in self.texts if not head.startswith(known)]
+        self.texts.insert(0, head)
+        del self.texts[self.size:]
+
+
+def _array_tail(text: str, i: int) -> int | None:
+    """The end of an array whose text up to ``i`` is a proven array's without its ``]``: what
+    follows must be ``]`` or ``,`` + values, each read by json's scanner (None: it is not)."""
+    ws, scan = _WS.match, _SCAN
+    i = ws(text, i).end()
+    while True:
+        c = text[i:i + 1]
+        if c == "]":
+            return i + 1
+        if c != ",":
+            return None
+        try:
+            _, i = scan(text, ws(text, i + 1).end())
+        except (StopIteration, ValueError):  # no value there, or a broken one: the caller parses it
+            return None
+        i = ws(text, i).end()
+
+
 def skippers(caches: dict[str, EchoCache]) -> dict[str, Skipper]:
     """Each cache's skipper under its key (for :func:`members`)."""
     return {key: cache.skip for key, cache in caches.items()}

@@ -19,9 +19,14 @@ from typing import Any
 from ..wire.errors import ApiError
 from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR
+from .json_members import EchoCache, PrefixCache
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 
 API = "openai.chat"
+INJECTS = True
+#: Request members a session sends again with every call: the proxy reads them only where they
+#: differ from the call before (the injection changes neither).
+REQUEST_ECHOED = {"messages": PrefixCache(), "tools": EchoCache()}
 
 
 def inject(body: dict[str, Any]) -> Injection:

@@ -18,12 +18,13 @@ from typing import Any
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, TEXT_RAW_MESSAGES
-from .json_members import (SKIPPED, EchoCache, Member, Skipper, as_dict, members, objects, remember, replacements,
-                           skippers, splice_utf8, unique)
+from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
+                           replacements, skippers, splice_utf8, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import named_event_data
 
 API = "openai.responses"
+INJECTS = True
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
@@ -134,8 +135,9 @@ def _skip_raw_messages(text: str, pos: int) -> int | None:
 
 #: The request members vLLM echoes in every envelope event that a session repeats call after call.
 ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
-#: The same members in the requests themselves (as the harness writes them: other text than vLLM's).
-REQUEST_ECHOED = {"instructions": EchoCache(), "tools": EchoCache()}
+#: The same members in the requests themselves (as the harness writes them: other text than vLLM's),
+#: and the conversation, resent one turn longer with every call.
+REQUEST_ECHOED = {"instructions": EchoCache(), "tools": EchoCache(), "input": PrefixCache()}
 
 
 def _envelope_skip(echoes: dict[str, EchoCache]) -> dict[str, Skipper]:
