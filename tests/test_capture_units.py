@@ -498,13 +498,14 @@ def test_hooks_connect_identity_injection_and_stream(tmp_path):
 
 def test_responses_request_changed_members_spliced_rest_as_sent(tmp_path):
     """Codex's request: ``include`` changed, the rest (instructions, tools, input) goes upstream as
-    the client wrote it, for the first request and for one whose tools the proxy remembers."""
+    the client wrote it, for the first request and for one whose tools the proxy remembers (a body
+    of 4 KiB or more: smaller ones are parsed whole)."""
     from mitmproxy.test import taddons
 
     mod = _load_addon()
     addon = mod.PolarCapture()
     tools = json.dumps([{"type": "function", "name": f"t{i}", "description": "d\u00e9 " * 40,
-                         "parameters": {"type": "object", "properties": {}}} for i in range(4)])
+                         "parameters": {"type": "object", "properties": {}}} for i in range(12)])
     with taddons.context(addon) as tctx:
         tctx.configure(addon, polar_out=str(tmp_path))
         for turn in range(2):
@@ -520,6 +521,46 @@ def test_responses_request_changed_members_spliced_rest_as_sent(tmp_path):
             assert tools.encode() in sent and b'"input":[{"role":"user","content":"hi %d"}]' % turn in sent
         assert openai_responses.REQUEST_ECHOED["tools"].texts[0] == tools
         addon.done()
+
+
+def test_chat_conversation_resent_longer_is_read_only_where_it_grew(tmp_path):
+    """A chat session through the hooks: each request resends the conversation one turn longer;
+    the injected flags go in after "{", every other byte as sent, and the proxy remembers the
+    conversation so that the next request's old turns are not parsed again. A small body (under
+    4 KiB) is parsed whole and injected the same way."""
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    cache = openai_chat.REQUEST_ECHOED["messages"]
+    cache.clear()
+    messages = [{"role": "system", "content": "You are a coding agent. \u00e9 " * 200}]
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path))
+        for turn in range(3):
+            messages += [{"role": "user", "content": f"step {turn}: run the tests"}]
+            conversation = json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+            raw = ('{"model":"m","messages":%s,"stream":true}' % conversation).encode()
+            if turn:  # what the proxy will find: the old turns remembered, only the new ones read
+                assert cache.skip(raw.decode(), raw.decode().index("[")) == raw.decode().index(',"stream"')
+            f = _chat_flow({})
+            f.request.content = raw
+            addon.requestheaders(f)
+            asyncio.run(addon.request(f))
+            sent = f.request.raw_content
+            assert json.loads(sent) == openai_chat.inject(json.loads(raw)).body
+            assert sent == b'{"return_token_ids":true,"logprobs":true,' + raw[1:]
+            assert cache.texts[0] == conversation[:-1] and len(cache.texts) == 1  # the longer one replaced it
+            messages.append({"role": "assistant", "content": f"done {turn}"})
+        small = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":false}'
+        f = _chat_flow({})
+        f.request.content = small
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        assert json.loads(f.request.raw_content) == openai_chat.inject(json.loads(small)).body
+        assert len(cache.texts) == 1  # not walked: nothing learned
+        addon.done()
+    cache.clear()
 
 
 def test_running_freezes_the_startup_heap(tmp_path):
