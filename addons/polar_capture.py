@@ -204,7 +204,7 @@ class PolarCapture:
             return
         big = len(body) > _INLINE_PARSE_LIMIT
         echoes = getattr(module, "REQUEST_ECHOED", None)
-        # a format whose injection changes a member the client sent: read it member by member
+        # a format whose requests repeat members call after call: read member by member, repeats skipped
         walkable = echoes is not None and _WALK_MIN_BYTES <= len(body) and not big
         walked = walk_request(body, echoes) if walkable else None
         if walked is not None:

@@ -41,9 +41,7 @@ from polar_train.capture.request_walk import splice_injection, walk_request  # n
 def workloads(echo_kb: int) -> dict[str, Callable[[], object]]:
     """The three pieces of per-call work, each a function of no arguments, warmed once."""
     module = record.FORMATS["openai.responses"]
-    request = {"model": "tiny", "stream": True, "max_output_tokens": 64,
-               "input": proxy_overhead.history(0) + [{"role": "user", "content": "Tell me about the fox."}],
-               "include": ["reasoning.encrypted_content"], "store": False, **proxy_overhead.codex_echo(echo_kb)}
+    request = proxy_overhead.harness_request("responses", 0, echo_kb, 64)
     body = proxy_overhead._compact(request).encode()  # as Codex writes it (serde_json: compact UTF-8)
 
     def inject() -> tuple[bytes, dict]:

@@ -143,6 +143,17 @@ def codex_echo(kb: int) -> dict:
     return {"instructions": text, "tools": tools}
 
 
+def harness_request(api: str, request_kb: int, echo_kb: int, max_tokens: int) -> dict:
+    """One call's request as a harness sends it: ``request_kb`` KiB of history and a new question;
+    Responses in Codex's shape (input items, its own include list, ``echo_kb`` KiB of instructions
+    and tools)."""
+    turns = history(request_kb) + [{"role": "user", "content": "Tell me about the fox."}]
+    if api == "chat":
+        return {"model": "tiny", "stream": True, "max_tokens": max_tokens, "messages": turns}
+    return {"model": "tiny", "stream": True, "max_output_tokens": max_tokens, "input": turns,
+            "include": ["reasoning.encrypted_content"], "store": False, **codex_echo(echo_kb)}
+
+
 def scenario(tokens_hint: int) -> dict:
     text = " ".join(WORDS[i % len(WORDS)] for i in range(tokens_hint))
     return {"scenarios": [{"name": "bench", "match": {}, "turns": [{"content": text}],
@@ -700,13 +711,10 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
         wait_for(health, 180, f"upstream ({args.upstream})", server, up_log)
 
-        turns = history(args.request_kb) + [{"role": "user", "content": "Tell me about the fox."}]
+        request = harness_request(args.api, args.request_kb, args.echo_kb, 4 * args.tokens)
         if args.api == "chat":
-            request = {"model": "tiny", "stream": True, "max_tokens": 4 * args.tokens, "messages": turns}
             asked = {"return_token_ids": True, "logprobs": True}
-        else:  # Codex's shape: input items, and its own include list
-            request = {"model": "tiny", "stream": True, "max_output_tokens": 4 * args.tokens, "input": turns,
-                       "include": ["reasoning.encrypted_content"], "store": False, **codex_echo(args.echo_kb)}
+        else:
             asked = {"enable_response_messages": True, "top_logprobs": 0,
                      "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}
         # compact UTF-8, as the harnesses write it (Codex: serde_json; Claude Code, Pi: JSON.stringify)

@@ -40,12 +40,7 @@ _APIS = {"responses": ("openai.responses", "/v1/responses", proxy_overhead._resp
 def call_maker(api: str, request_kb: int, echo_kb: int, tokens: int) -> Callable[[], record.CallState]:
     """A function that returns a fresh copy of one finished call, as the proxy hands it over."""
     name, path, events = _APIS[api]
-    messages = proxy_overhead.history(request_kb) + [{"role": "user", "content": "Tell me about the fox."}]
-    if api == "responses":
-        request = {"model": "tiny", "stream": True, "input": messages, "include": ["reasoning.encrypted_content"],
-                   "store": False, **proxy_overhead.codex_echo(echo_kb)}
-    else:
-        request = {"model": "tiny", "stream": True, "messages": messages}
+    request = proxy_overhead.harness_request(api, request_kb, echo_kb, 4 * tokens)
     body = proxy_overhead._compact(request).encode()
     injection = record.FORMATS[name].inject(dict(request))
     stream = b"".join(text.encode() for text, _ in events(injection.body, tokens))
