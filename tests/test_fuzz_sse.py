@@ -8,6 +8,7 @@ chunk, lose no byte, and the tap must hand the client the same bytes.
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,6 +101,26 @@ def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int])
     assert (events, pending) == (whole_events, whole_pending)
     for ev in events:
         parse_event(ev)  # never raises on arbitrary bytes
+
+
+def terminator_split(data: bytes) -> tuple[list[bytes], bytes]:
+    """The reference: events end at each leftmost blank line of any line ending, scanned once."""
+    events, start = [], 0
+    for m in re.finditer(rb"\r\n\r\n|\n\n|\r\r", data):
+        events.append(data[start:m.end()])
+        start = m.end()
+    return events, data[start:]
+
+
+line_soup = st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\n", b"data: x", b"{}"]), max_size=30).map(b"".join)
+
+
+@FUZZ
+@given(data=line_soup, points=st.lists(st.integers(0, 200), max_size=30))
+def test_fuzz_splitter_is_the_terminator_scan(data: bytes, points: list[int]) -> None:
+    """Any line endings, carriage returns arriving in any read (the splitter switches between its
+    line-feed walk and the terminator regex as they come and go): the events of one scan."""
+    assert feed_all(cut(data, points)) == terminator_split(data)
 
 
 json_values = st.recursive(
