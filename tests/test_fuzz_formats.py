@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from polar_train.capture import anthropic_messages, openai_chat, openai_responses
@@ -763,3 +763,85 @@ def test_fuzz_utf8_splice_equals_encoding_the_spliced_text(text, head, tail, dat
     raw = head + text.encode("utf-8") + tail
     got = splice_utf8(raw, text, list(reversed(spans)), len(head), len(raw) - len(tail))
     assert got == head + "".join(reference).encode("utf-8") + tail
+
+
+def json_ids(text: str) -> bool:
+    """What a list of token ids must be: compact JSON (ASCII, no spaces) of non-negative integers
+    (no ``-0``)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (text.isascii() and " " not in text and "-" not in text and isinstance(value, list)
+            and all(type(v) is int and v >= 0 for v in value))
+
+
+id_soup = st.lists(st.sampled_from(["0", "7", "10", "09", "248045", ",", ",,", " ", "-", "\u0661", "1.5", "]", "["]),
+                   max_size=14).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inner=id_soup)
+@example(inner="7,09")
+@example(inner="09")
+@example(inner="10,0,7")
+@example(inner="0,\u0661")
+def test_fuzz_token_ids_proof_is_json_loads(inner: str) -> None:
+    """The C-speed proof of a prompt's ids (grammar.ids_end, text_ids_end) takes exactly the lists
+    that json.loads reads as non-negative integers written compactly, and ends where they end."""
+    from polar_train.capture.grammar import ids_end, text_ids_end
+
+    text = "[" + inner + "]"
+    close = text.index("]") + 1
+    want = close if json_ids(text[:close]) else None
+    assert text_ids_end(text, 0) == want
+    assert ids_end(text.encode(), 0) == (len(text[:close].encode()) if want else None)
+
+
+raw_message_pieces = st.lists(st.sampled_from([
+    '{"message":"<|im_start|>user\\nhi \\u2028 \\"x\\"","tokens":[248045,846,0,198],"type":"raw_message_tokens"}',
+    '{"message":"","tokens":[],"type":"raw_message_tokens"}', ",", ",,", "]", "[", " ", "\u0661",
+    '{"message":"a\tb","tokens":[1],"type":"raw_message_tokens"}',  # a raw tab: not JSON
+    '{"message":"a\\qb","tokens":[1],"type":"raw_message_tokens"}',  # no such escape
+    '{"message":"a","tokens":[01],"type":"raw_message_tokens"}', '{"message":"a","tokens":[1],"type":"x"}',
+    '{"message":"a","tokens":[1,2]}', '"message"', '"\\ud800"']), max_size=6).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inner=raw_message_pieces, before=st.sampled_from(["", '"x":']))
+def test_fuzz_raw_message_tokens_proof_is_json_loads(inner: str, before: str) -> None:
+    """Responses' raw message tokens are proven well-formed, not parsed: whatever the proof takes
+    json.loads reads as a list of {message, tokens, type} objects; vLLM's compact list is taken."""
+    from polar_train.capture.openai_responses import _skip_raw_messages
+
+    text = before + "[" + inner + "]"
+    end = _skip_raw_messages(text, len(before))
+    if end is not None:
+        value = json.loads(text[len(before):end])
+        assert all(m.keys() == {"message", "tokens", "type"} and m["type"] == "raw_message_tokens"
+                   and json_ids(json.dumps(m["tokens"], separators=(",", ":"))) for m in value)
+    messages = [{"message": "a\u2028\n\"é", "tokens": [248045, 0, 10], "type": "raw_message_tokens"}] * 2
+    compact = json.dumps(messages, ensure_ascii=False, separators=(",", ":"))
+    assert _skip_raw_messages(before + compact, len(before)) == len(before + compact)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inner=id_soup, ask_lps=st.booleans())
+def test_fuzz_chat_first_chunk_with_broken_ids_goes_the_json_path(inner: str, ask_lps: bool) -> None:
+    """A first chunk whose prompt ids are anything but a JSON list of ids is not spliced (the JSON
+    path leaves an event it cannot read as it is); a proper one is, to what the JSON path gives."""
+    raw = ('data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":'
+           '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+           '"prompt_token_ids":[' + inner + '],"prompt_text":null}\n\n').encode()
+    asked = {"return_token_ids": False, "logprobs": ask_lps}
+    fast = openai_chat.event_stripper(asked)(raw)
+    try:
+        obj = json.loads(raw[6:-2])
+    except ValueError:
+        obj = None
+    if obj is None or not json_ids("[" + inner + "]"):
+        assert fast is None
+    else:
+        assert fast is not None
+        openai_chat.strip(obj, asked)
+        assert json.loads(fast[6:-2]) == obj

@@ -23,17 +23,58 @@ LOGPROB_ENTRY = (rb'\{"token":' + STR + rb',"logprob":' + NUM + _BYTES
 LOGPROB_LIST = rb'\[(?:' + LOGPROB_ENTRY + rb'(?:,' + LOGPROB_ENTRY + rb')*)?\]'
 
 # The same pieces for decoded text (str patterns), strict as ``json.loads``: no raw control
-# characters, only JSON's escapes, no leading zeros. Used where a value is skipped instead of
-# parsed (``json_members`` skippers), so what they accept json.loads accepts.
+# characters, only JSON's escapes, no leading zeros, ASCII digits only (``\d`` in a str pattern
+# is any Unicode digit). Used where a value is skipped instead of parsed (``json_members``
+# skippers), so what they accept json.loads accepts.
 TEXT_STR = r'"[^"\\\x00-\x1f]*+(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\\x00-\x1f]*+)*+"'
-TEXT_NUM = r'(?:-?(?:(?:0|[1-9]\d*+)(?:\.\d++)?(?:[eE][-+]?\d++)?|Infinity)|NaN)'
-TEXT_IDS = r'\[(?:(?:0|[1-9]\d*+)(?:,(?:0|[1-9]\d*+))*+)?\]'
-_TEXT_RAW_MESSAGE = r'\{"message":' + TEXT_STR + r',"tokens":' + TEXT_IDS + r',"type":"raw_message_tokens"\}'
-#: A list of vLLM's raw message tokens (Responses ``input_messages`` / ``output_messages``).
-TEXT_RAW_MESSAGES = r'\[(?:' + _TEXT_RAW_MESSAGE + r'(?:,' + _TEXT_RAW_MESSAGE + r')*+)?\]'
+TEXT_NUM = r'(?:-?(?:(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?|Infinity)|NaN)'
+TEXT_IDS = r'\[(?:(?:0|[1-9][0-9]*+)(?:,(?:0|[1-9][0-9]*+))*+)?\]'
 _TEXT_BYTES = r'(?:,"bytes":(?:' + TEXT_IDS + r'|null))?'
 _TEXT_TOP = r'\{"token":' + TEXT_STR + _TEXT_BYTES + r',"logprob":' + TEXT_NUM + r'\}'
 _TEXT_ENTRY = (r'\{"token":' + TEXT_STR + _TEXT_BYTES + r',"logprob":' + TEXT_NUM
                + r',"top_logprobs":\[(?:' + _TEXT_TOP + r'(?:,' + _TEXT_TOP + r')*+)?\]\}')
 #: A non-empty list of Responses logprob entries in vLLM's key order (``bytes`` after ``token``).
 TEXT_LOGPROB_ENTRIES = r'\[' + _TEXT_ENTRY + r'(?:,' + _TEXT_ENTRY + r')*+\]'
+
+
+# A prompt's token ids (tens of thousands: 70 KiB and more of digits) in the first chat chunk and
+# in Responses' raw message tokens. The regex engine takes ~12 ns per byte over them (its loop per
+# element); C string methods prove the same list in ~2-3 ns per byte.
+_ID_CHARACTERS = b"0123456789,"
+
+
+def _proper_ids(ids: bytes) -> bool:
+    """Whether ``ids`` (between the brackets) is a compact list of non-negative integers that
+    ``json.loads`` accepts: digits and single commas, no empty element, no leading zero."""
+    if not ids:
+        return True
+    if ids.translate(None, _ID_CHARACTERS) or ids[:1] == b"," or ids[-1:] == b"," or b",," in ids:
+        return False
+    if ids[:1] == b"0" and ids[1:2].isdigit():
+        return False
+    at = ids.find(b",0")
+    while at >= 0:  # an element that starts with 0 (token 0 itself is one): only 0 alone is JSON
+        if ids[at + 2:at + 3].isdigit():
+            return False
+        at = ids.find(b",0", at + 2)
+    return True
+
+
+def ids_end(data: bytes, pos: int) -> int | None:
+    """The end of the compact list of token ids at ``data[pos]`` (``[1,20,3]``; None: not one):
+    the list :data:`INTS` matches, proven at C speed and without leading zeros (what JSON allows)."""
+    if data[pos:pos + 1] != b"[":
+        return None
+    end = data.find(b"]", pos + 1)
+    return end + 1 if end >= 0 and _proper_ids(data[pos + 1:end]) else None
+
+
+def text_ids_end(text: str, pos: int) -> int | None:
+    """:func:`ids_end` for decoded text (ASCII digits only: ``json.loads`` takes no other)."""
+    if text[pos:pos + 1] != "[":
+        return None
+    end = text.find("]", pos + 1)
+    if end < 0:
+        return None
+    ids = text[pos + 1:end]
+    return end + 1 if ids.isascii() and _proper_ids(ids.encode("ascii")) else None
