@@ -263,15 +263,22 @@ def splice_utf8(data: bytes, text: str, spans: list[tuple[int, int, str]], base:
 
     Why: an envelope event or a Codex request is tens of KiB and a splice changes a few values;
     encoding all of it again cost more than the walk's splice itself. Character indices become
-    byte offsets for free in ASCII text, else by encoding the shorter side of each span's ends
-    (the changed values sit near one end of the object: a short prefix or suffix)."""
+    byte offsets for free in ASCII text, else by encoding the text from the point before or to the
+    end, whichever is shorter (a final event's cuts - the parts' logprobs, top_logprobs, the raw
+    message tokens - are far from both ends but near each other)."""
     encoded_len = (len(data) if end is None else end) - base
     ordered = sorted(spans)
     points = [i for start, stop, _ in ordered for i in (start, stop)]
     if not text.isascii():
-        half = len(text) // 2
-        points = [len(text[:i].encode("utf-8")) if i <= half else encoded_len - len(text[i:].encode("utf-8"))
-                  for i in points]
+        offsets, before, before_at = [], 0, 0
+        for i in points:  # from the point before or from the end, whichever is nearer
+            if i - before <= len(text) - i:
+                at = before_at + len(text[before:i].encode("utf-8"))
+            else:
+                at = encoded_len - len(text[i:].encode("utf-8"))
+            offsets.append(at)
+            before, before_at = i, at
+        points = offsets
     pieces: list[bytes] = []
     at = 0
     for k, (_, _, new) in enumerate(ordered):
