@@ -162,12 +162,33 @@ def scenario(tokens_hint: int) -> dict:
 
 # -- the fast upstream ----------------------------------------------------------------------
 
-def _chat_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
-    """vLLM 0.32's chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM)."""
+def prompt_tokens(request_bytes: int) -> int:
+    """How long the fake upstream says a request's prompt is: a token per 4 bytes (about what a BPE
+    tokenizer makes of English and code: a Codex call's 32 KiB are ~8,000 tokens)."""
+    return max(len(PROMPT_IDS), request_bytes // 4)
+
+
+def prompt_ids(tokens: int) -> list[int]:
+    """A prompt's ids as vLLM sends them to a call that asks (all of them, every call): a short
+    chat's first, then spread over the vocabulary as real ids are."""
+    return (PROMPT_IDS + [(i * 7919) % 248_000 for i in range(tokens)])[:tokens]
+
+
+def _rendered(ids: list[int]) -> str:
+    """A rendered prompt about as long as its ids' text (vLLM's raw message ``message``)."""
+    words = " ".join(WORDS[i % len(WORDS)] for i in range(len(ids) * 4 // 5))
+    lines = "\n".join(words[i:i + 80] for i in range(0, len(words), 80))
+    return f"<|im_start|>user\n{lines}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _chat_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) -> Iterator[tuple[str, bool]]:
+    """vLLM 0.32's chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM);
+    the prompt's ``prompt_len`` ids in the first chunk."""
     ids, lps = req.get("return_token_ids") is True, req.get("logprobs") is True
+    prompt = prompt_ids(prompt_len)
     base = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"tiny",'
     yield ("data: " + base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-           '"finish_reason":null}],"prompt_token_ids":' + (_compact(PROMPT_IDS) if ids else "null")
+           '"finish_reason":null}],"prompt_token_ids":' + (_compact(prompt) if ids else "null")
            + ',"prompt_text":null}\n\n', False)
     for i in range(words):
         word = WORDS[i % len(WORDS)]
@@ -177,15 +198,16 @@ def _chat_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
         yield ("data: " + base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
                f'"finish_reason":{json.dumps("stop" if last else None)},"stop_reason":null,'
                f'"token_ids":{f"[{1000 + i}]" if ids else "null"}}}]}}\n\n', True)
-    yield ("data: " + base + f'"choices":[],"usage":{{"prompt_tokens":9,"total_tokens":{9 + words},'
+    yield ("data: " + base + f'"choices":[],"usage":{{"prompt_tokens":{len(prompt)},"total_tokens":{len(prompt) + words},'
            f'"completion_tokens":{words}}}}}\n\n', False)
     yield "data: [DONE]\n\n", False
 
 
-def _responses_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
+def _responses_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) -> Iterator[tuple[str, bool]]:
     """vLLM 0.32's Responses stream (keys in its order): logprobs only with ``include``, raw message
-    tokens only with ``enable_response_messages``."""
+    tokens only with ``enable_response_messages`` (the prompt's ``prompt_len`` ids and its text)."""
     lps = "message.output_text.logprobs" in (req.get("include") or [])
+    prompt = prompt_ids(prompt_len)
     raw = req.get("enable_response_messages") is True
     seq = iter(range(10**9))
     text = "".join(" " + WORDS[i % len(WORDS)] for i in range(words))
@@ -200,8 +222,10 @@ def _responses_events(req: dict, words: int) -> Iterator[tuple[str, bool]]:
                 "background": False, "max_output_tokens": req.get("max_output_tokens"), "max_tool_calls": None,
                 "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
                 "status": status, "text": None, "top_logprobs": req.get("top_logprobs"), "truncation": "disabled",
-                "usage": {"input_tokens": 9, "output_tokens": words, "total_tokens": 9 + words} if done else None,
-                "user": None, "input_messages": [{"message": "...", "tokens": PROMPT_IDS, "type": "raw_message_tokens"}]
+                "usage": {"input_tokens": len(prompt), "output_tokens": words, "total_tokens": len(prompt) + words}
+                if done else None,
+                "user": None, "input_messages": [{"message": _rendered(prompt), "tokens": prompt,
+                                                  "type": "raw_message_tokens"}]
                 if done and raw else None,
                 "output_messages": [{"message": text, "tokens": list(range(1000, 1000 + words)),
                                      "type": "raw_message_tokens"}] if done and raw else None}
@@ -248,7 +272,7 @@ async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         events = _responses_events if b"/v1/responses" in request_line else _chat_events
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
-        for text, paced in events(req, words):
+        for text, paced in events(req, words, prompt_tokens(length)):
             payload = text.encode()
             writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             await writer.drain()

@@ -4,13 +4,13 @@ vs re-encoded, side by side in one run.
 Run: ``.venv/bin/python bench/row_worker.py [--request-kb 0 100] [--echo-kb 32] [--repeats 100]``
 
 Each call is what the proxy hands the row worker (the request body as the client sent it, compact
-UTF-8 as harnesses write it; the injected stream as vLLM 0.32 sends it, from
-``bench/proxy_overhead.py``'s fake upstream; the header fields with a bearer token), and is turned
-into its row by :func:`polar_train.capture.worker.build_call_row`, as the worker does. "as sent"
-is the worker as it is: the request read member by member, ``request_hash`` from its bytes and
-``request_json`` its own text. "re-encoded" is the path it takes for a body it cannot read that
-way (and took for every body before): ``json.loads``, a key-sorted dump for the hash, a redacted
-compact dump for the row. The two alternate call by call: the machine's drift cancels.
+UTF-8 as harnesses write it; the injected stream as vLLM 0.32 sends it, the prompt's token ids
+included, from ``bench/proxy_overhead.py``'s fake upstream; the header fields with a bearer token),
+and is turned into its row by :func:`polar_train.capture.worker.build_call_row`, as the worker
+does. "as sent" is the worker as it is: the request read member by member, ``request_hash`` from
+its bytes and ``request_json`` its own text. "re-encoded" is the path it takes for a body it
+cannot read that way (and took for every body before): ``json.loads``, a key-sorted dump for the
+hash, a redacted compact dump for the row. The two alternate call by call: the machine's drift cancels.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def call_maker(api: str, request_kb: int, echo_kb: int, tokens: int) -> Callable
     request = proxy_overhead.harness_request(api, request_kb, echo_kb, 4 * tokens)
     body = proxy_overhead._compact(request).encode()
     injection = record.FORMATS[name].inject(dict(request))
-    stream = b"".join(text.encode() for text, _ in events(injection.body, tokens))
+    prompt_len = proxy_overhead.prompt_tokens(len(body))  # vLLM sends every prompt id to a call that asks
+    stream = b"".join(text.encode() for text, _ in events(injection.body, tokens, prompt_len))
     fields = ((b"host", b"127.0.0.1:8000"), (b"authorization", b"Bearer sk-bench-not-a-secret"),
               (b"content-type", b"application/json"))
 
