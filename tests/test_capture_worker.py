@@ -169,3 +169,45 @@ def test_calls_wait_for_the_hand_off_timer_and_closing_sends_them_at_once(tmp_pa
     assert len(rows_of(tmp_path, direct)) == 1 and worker.sent == 4
     rows = rows_of(tmp_path, batched)
     assert len(rows) == 3 and all(row["status"] == "upstream_error" for row in rows)
+
+
+def test_a_call_crosses_the_pipe_with_its_byte_strings_out_of_band() -> None:
+    """The pickle frame stays small whatever a call holds (its body and stream follow it as they
+    are); the child gets every field back, the proxy's own state is left as it was, and a call cut
+    short by a dying parent is no call."""
+    import dataclasses
+    import io
+    import pickle
+    from datetime import datetime, timezone
+
+    from polar_train.capture.record import CallState
+    from polar_train.capture.worker import call_frames, read_call, write_frame
+
+    def call(body: bytes, stream: bytearray | None) -> CallState:
+        state = CallState(api="openai.responses", method="POST", host="127.0.0.1", path="/v1/responses",
+                          client_conn_id="c1", identity=None, started_at=datetime.now(timezone.utc),
+                          upstream_base="http://127.0.0.1:8000", request_body=body, asked={"logprobs": False})
+        state.stream_raw, state.streamed = stream, stream is not None
+        return state
+
+    big = call(b'{"input":"' + b"x" * 200_000 + b'"}', bytearray(b"event: e\ndata: {}\n\n" * 10_000))
+    small = call(b"", None)
+    frames = call_frames(big)
+    assert len(frames) == 3 and len(frames[0]) < 2048
+    assert isinstance(big.stream_raw, bytearray) and big.request_body.startswith(b'{"input"')
+    pipe = io.BytesIO()
+    for frame in [*frames, *call_frames(small)]:
+        write_frame(pipe, frame)
+    data = pipe.getvalue()
+
+    pipe = io.BytesIO(data)
+    for sent in (big, small):
+        head, buffers = read_call(pipe)
+        got = pickle.loads(head, buffers=buffers)
+        for f in dataclasses.fields(CallState):
+            want, have = getattr(sent, f.name), getattr(got, f.name)
+            assert (bytes(have) if isinstance(have, (bytes, bytearray)) else have) == \
+                (bytes(want) if isinstance(want, (bytes, bytearray)) else want), f.name
+    assert read_call(pipe) is None
+    cut = io.BytesIO(data[:len(data) - len(data) // 3])  # inside the first call's stream
+    assert read_call(cut) is None
