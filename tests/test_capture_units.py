@@ -788,3 +788,13 @@ def test_uninjected_requests_are_read_by_the_row_worker_with_the_same_verdict(tm
     assert rows[False]["stream"] is (b'"stream": true' in body)
     assert (rows[False]["error"] is None) is body.startswith(b'{"model"')
     assert rows[False]["request_json"] is None or json.loads(rows[False]["request_json"])["model"] == "m"
+
+
+def test_int_list_takes_lists_of_ints_only():
+    """Token ids are JSON integers: a bool, a float, a null or a nested list anywhere makes it no id list."""
+    from polar_train.capture.parsed import int_list
+
+    ids = [248045, 0, 9419]
+    assert int_list(ids) == ids and int_list(ids) is not ids and int_list([]) == []
+    for bad in ([1, True], [False], [1, 2.0], [1, None], [[1]], (1, 2), "12", None):
+        assert int_list(bad) is None, bad

@@ -54,6 +54,11 @@ def as_float(value: Any) -> float | None:
 
 
 def int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    """A copy of a list of ints (no bools), else None. Types are collected in C (a prompt's ids
+    run to tens of thousands: a generator of isinstance checks took ~85 ns per id, this ~20)."""
+    if isinstance(value, list) and set(map(type, value)) <= _INT_ONLY:
         return list(value)
     return None
+
+
+_INT_ONLY = {int}
