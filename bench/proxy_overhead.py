@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -174,21 +175,34 @@ def prompt_ids(tokens: int) -> list[int]:
     return (PROMPT_IDS + [(i * 7919) % 248_000 for i in range(tokens)])[:tokens]
 
 
-def _rendered(ids: list[int]) -> str:
-    """A rendered prompt about as long as its ids' text (vLLM's raw message ``message``)."""
-    words = " ".join(WORDS[i % len(WORDS)] for i in range(len(ids) * 4 // 5))
+@functools.lru_cache(maxsize=16)
+def prompt_ids_json(tokens: int) -> str:
+    """:func:`prompt_ids` as vLLM writes them, encoded once per prompt length (the fake upstream
+    must cost next to nothing: encoding 8,000 ids took it ~0.5 ms per call, before the first byte)."""
+    return _compact(prompt_ids(tokens))
+
+
+@functools.lru_cache(maxsize=16)
+def raw_messages_json(tokens: int) -> str:
+    """Responses' ``input_messages`` for a prompt of ``tokens`` ids (the ids and a rendered prompt
+    about as long as their text), encoded once per prompt length."""
+    words = " ".join(WORDS[i % len(WORDS)] for i in range(tokens * 4 // 5))
     lines = "\n".join(words[i:i + 80] for i in range(0, len(words), 80))
-    return f"<|im_start|>user\n{lines}<|im_end|>\n<|im_start|>assistant\n"
+    rendered = f"<|im_start|>user\n{lines}<|im_end|>\n<|im_start|>assistant\n"
+    return _compact([{"message": rendered, "tokens": prompt_ids(tokens), "type": "raw_message_tokens"}])
+
+
+#: Where the encoded ``input_messages`` go in a response object (replaced in its JSON text).
+_RAW_MESSAGES_SLOT = "@@input_messages@@"
 
 
 def _chat_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) -> Iterator[tuple[str, bool]]:
     """vLLM 0.32's chat stream: ids and logprobs only when asked, ``null`` otherwise (as vLLM);
     the prompt's ``prompt_len`` ids in the first chunk."""
     ids, lps = req.get("return_token_ids") is True, req.get("logprobs") is True
-    prompt = prompt_ids(prompt_len)
     base = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1,"model":"tiny",'
     yield ("data: " + base + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-           '"finish_reason":null}],"prompt_token_ids":' + (_compact(prompt) if ids else "null")
+           '"finish_reason":null}],"prompt_token_ids":' + (prompt_ids_json(prompt_len) if ids else "null")
            + ',"prompt_text":null}\n\n', False)
     for i in range(words):
         word = WORDS[i % len(WORDS)]
@@ -198,7 +212,7 @@ def _chat_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) -> It
         yield ("data: " + base + f'"choices":[{{"index":0,"delta":{{"content":" {word}"}},"logprobs":{lp},'
                f'"finish_reason":{json.dumps("stop" if last else None)},"stop_reason":null,'
                f'"token_ids":{f"[{1000 + i}]" if ids else "null"}}}]}}\n\n', True)
-    yield ("data: " + base + f'"choices":[],"usage":{{"prompt_tokens":{len(prompt)},"total_tokens":{len(prompt) + words},'
+    yield ("data: " + base + f'"choices":[],"usage":{{"prompt_tokens":{prompt_len},"total_tokens":{prompt_len + words},'
            f'"completion_tokens":{words}}}}}\n\n', False)
     yield "data: [DONE]\n\n", False
 
@@ -207,7 +221,6 @@ def _responses_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) 
     """vLLM 0.32's Responses stream (keys in its order): logprobs only with ``include``, raw message
     tokens only with ``enable_response_messages`` (the prompt's ``prompt_len`` ids and its text)."""
     lps = "message.output_text.logprobs" in (req.get("include") or [])
-    prompt = prompt_ids(prompt_len)
     raw = req.get("enable_response_messages") is True
     seq = iter(range(10**9))
     text = "".join(" " + WORDS[i % len(WORDS)] for i in range(words))
@@ -222,16 +235,16 @@ def _responses_events(req: dict, words: int, prompt_len: int = len(PROMPT_IDS)) 
                 "background": False, "max_output_tokens": req.get("max_output_tokens"), "max_tool_calls": None,
                 "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
                 "status": status, "text": None, "top_logprobs": req.get("top_logprobs"), "truncation": "disabled",
-                "usage": {"input_tokens": len(prompt), "output_tokens": words, "total_tokens": len(prompt) + words}
+                "usage": {"input_tokens": prompt_len, "output_tokens": words, "total_tokens": prompt_len + words}
                 if done else None,
-                "user": None, "input_messages": [{"message": _rendered(prompt), "tokens": prompt,
-                                                  "type": "raw_message_tokens"}]
-                if done and raw else None,
+                "user": None, "input_messages": _RAW_MESSAGES_SLOT if done and raw else None,
                 "output_messages": [{"message": text, "tokens": list(range(1000, 1000 + words)),
                                      "type": "raw_message_tokens"}] if done and raw else None}
 
     def event(kind: str, payload: dict) -> tuple[str, bool]:
         data = _compact({**payload, "sequence_number": next(seq), "type": kind})
+        if kind == "response.completed" and raw:
+            data = data.replace(f'"{_RAW_MESSAGES_SLOT}"', raw_messages_json(prompt_len), 1)
         return f"event: {kind}\ndata: {data}\n\n", kind == "response.output_text.delta"
 
     part = {"annotations": [], "text": text, "type": "output_text", "logprobs": entries if lps else None}
