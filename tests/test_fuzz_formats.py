@@ -622,6 +622,44 @@ def test_fuzz_part_events_fast_strip_equals_json_strip(parts, item, extra, compa
         assert fast is not None
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lists=st.lists(st.lists(entry, min_size=8, max_size=10), min_size=1, max_size=3),
+       events=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["part", "item", "final"]),
+                                 st.sampled_from(["as sent", "cut", "longer", "spaced"])), min_size=1, max_size=6))
+def test_fuzz_a_streams_proven_logprob_lists_are_recognised_only_as_they_were(lists, events) -> None:
+    """One stripper per stream remembers the logprob lists it has proven (a part's list comes again
+    in output_item.done and the final response): each event gets what a fresh stripper gives it,
+    and a list that merely starts like a remembered one - cut short, or going on past it - is
+    proven afresh, never taken for it."""
+    texts = [json.dumps(lps, ensure_ascii=False, separators=(",", ":")) for lps in lists]
+    variants = {"as sent": lambda t: t, "cut": lambda t: t[:-2] + "]",
+                "longer": lambda t: t[:-1] + ',{"token":"x","logprob":-1.0,"top_logprobs":[],"y":1}]',
+                "spaced": lambda t: t[:-1] + " ]"}
+    asked = {"logprobs": False, "response_messages": False, "has_top_logprobs": False, "top_logprobs": None}
+    shared = openai_responses.event_stripper(asked, walk_from=0)
+    for which, kind, variant in events:
+        lps = Raw(variants[variant](texts[which % len(texts)]))
+        part = Raw(obj_text([("annotations", []), ("text", "x"), ("type", "output_text"), ("logprobs", lps)], True))
+        item = Raw(obj_text([("id", "msg_1"), ("content", Raw(f"[{part}]")), ("role", "assistant"),
+                             ("type", "message")], True))
+        if kind == "part":
+            data = obj_text([("content_index", 0), ("item_id", "msg_1"), ("output_index", 0), ("part", part),
+                             ("sequence_number", 8), ("type", "response.content_part.done")], True)
+            raw = f"event: response.content_part.done\ndata: {data}\n\n".encode()
+        elif kind == "item":
+            data = obj_text([("item", item), ("output_index", 0), ("sequence_number", 9),
+                             ("type", "response.output_item.done")], True)
+            raw = f"event: response.output_item.done\ndata: {data}\n\n".encode()
+        else:
+            raw = _envelope([("output", Raw(f"[{item}]")), ("status", "completed")], "response.completed")
+        fresh = openai_responses.event_stripper(asked, walk_from=0)(raw)
+        assert shared(raw) == fresh
+        if variant == "cut":
+            assert fresh is None  # not JSON: the JSON path passes it as it is
+        else:  # outside the grammar ("longer": an entry with another key) the list is parsed instead
+            assert fresh is not None and checked_against_json_path(raw, asked) == fresh
+
+
 def _envelope(pairs: list[tuple[str, object]], kind: str = "response.created") -> bytes:
     data = '{"response":' + obj_text([("id", "resp_1"), ("object", "response"), *pairs, ("top_logprobs", 0)],
                                      True) + f',"sequence_number":1,"type":"{kind}"}}'
