@@ -211,3 +211,7 @@ def test_a_call_crosses_the_pipe_with_its_byte_strings_out_of_band() -> None:
     assert read_call(pipe) is None
     cut = io.BytesIO(data[:len(data) - len(data) // 3])  # inside the first call's stream
     assert read_call(cut) is None
+    growing = call(b"{}", bytearray(b"data: {}\n\n"))
+    frames = call_frames(growing)  # still held by the sender while the proxy's stream may grow
+    growing.stream_raw += b"data: {}\n\n"  # no view pins its size (BufferError otherwise)
+    assert bytes(frames[-1]) == b"data: {}\n\n"

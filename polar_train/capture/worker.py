@@ -56,8 +56,9 @@ def write_frame(out: BinaryIO, payload: bytes | memoryview) -> None:
 
 
 #: A call's byte strings that travel beside its pickle (out of band) rather than in it: pickling a
-#: Codex-sized call's ~250 KB in band held the proxy's GIL ~140 us (the pickler grows its output
-#: by copying); out of band it takes ~1 us and the pipe write reads them where they lie.
+#: Codex-sized call's ~250 KB in band held the proxy's GIL 28-195 us (the pickler grows its output
+#: by copying, and the allocator may hand it fresh pages); out of band it takes ~1 us and the pipe
+#: write reads them where they lie.
 _OUT_OF_BAND = ("request_body", "stream_raw")
 
 
@@ -66,8 +67,9 @@ def call_frames(state: Any) -> list[bytes | memoryview]:
     number of out-of-band byte strings that follow it, then those."""
     light = copy.copy(state)  # the proxy's own state is not touched from this thread
     for name in _OUT_OF_BAND:
-        if getattr(light, name, None):
-            setattr(light, name, pickle.PickleBuffer(getattr(light, name)))
+        value = getattr(light, name, None)
+        if value:  # a bytearray is frozen first (one memcpy): a view of it would pin its size
+            setattr(light, name, pickle.PickleBuffer(bytes(value) if isinstance(value, bytearray) else value))
     buffers: list[pickle.PickleBuffer] = []
     payload = pickle.dumps(light, protocol=5, buffer_callback=buffers.append)
     return [bytes((len(buffers),)) + payload, *(b.raw() for b in buffers)]
