@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from polar_train.capture.sse import SSESplitter, loads_text, one_event, parse_event, parse_event_lines, split_all
@@ -117,6 +117,7 @@ line_soup = st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\n", b"data: x"
 
 @FUZZ
 @given(data=line_soup, points=st.lists(st.integers(0, 200), max_size=30))
+@example(data=b"data: x\r\n\r\n", points=[10])  # the CR came in an earlier read than the end
 def test_fuzz_splitter_is_the_terminator_scan(data: bytes, points: list[int]) -> None:
     """Any line endings, carriage returns arriving in any read (the splitter switches between its
     line-feed walk and the terminator regex as they come and go): the events of one scan."""

@@ -72,11 +72,15 @@ class EchoCache:
 
     def learn(self, text: str, member: Member) -> None:
         """Remember a member's value that json's scanner parsed (not one that was skipped)."""
-        if member.value is SKIPPED or not self.min_len <= member.end - member.start <= self.max_len \
-                or text[member.start] not in '"[{':
-            return
-        self.texts.insert(0, text[member.start:member.end])
-        del self.texts[self.size:]
+        if member.value is not SKIPPED and text[member.start] in '"[{':
+            self.remember(text, member.start, member.end)
+
+    def remember(self, text: str, start: int, end: int) -> None:
+        """Remember ``text[start:end]``, a well-formed string, array or object, if its length is
+        within bounds (used first; the least recently used beyond ``size`` is forgotten)."""
+        if self.min_len <= end - start <= self.max_len:
+            self.texts.insert(0, text[start:end])
+            del self.texts[self.size:]
 
     def clear(self) -> None:
         self.texts.clear()
@@ -114,6 +118,9 @@ class PrefixCache(EchoCache):
         if (not self.min_len <= member.end - member.start <= self.max_len or text[member.start] != "["
                 or _WS.match(text, member.start + 1).end() == member.end - 1):  # "[]": no element to go on from
             return
+        if (self.texts and len(self.texts[0]) == member.end - 1 - member.start
+                and text.startswith(self.texts[0], member.start)):
+            return  # the conversation skip() just matched, unchanged: remembered already, used last
         head = text[member.start:member.end - 1]
         self.texts = [known for known in self.texts if not head.startswith(known)]
         self.texts.insert(0, head)

@@ -189,7 +189,7 @@ def _skip_logprobs(text: str, pos: int) -> int | None:
     return m.end() if m is not None else None
 
 
-class _ProvenLogprobs:
+class _ProvenLogprobs(EchoCache):
     """The logprob lists one stream has proven well-formed: a part's list comes again in
     ``response.output_item.done`` and in the final response, the same text each time.
 
@@ -198,19 +198,16 @@ class _ProvenLogprobs:
     ``]``: text that starts with it at a position holds exactly that value there (as in
     :class:`~.json_members.EchoCache`)."""
 
-    def __init__(self, size: int = 4, min_len: int = 256) -> None:
-        self.size, self.min_len = size, min_len
-        self.texts: list[str] = []
+    def __init__(self) -> None:
+        super().__init__(size=4)
 
     def skip(self, text: str, pos: int) -> int | None:
         """A :data:`~.json_members.Skipper` for ``logprobs``: a remembered list, else the grammar."""
-        for known in self.texts:
-            if text.startswith(known, pos):
-                return pos + len(known)
-        end = _skip_logprobs(text, pos)
-        if end is not None and end - pos >= self.min_len:
-            self.texts.insert(0, text[pos:end])
-            del self.texts[self.size:]
+        end = super().skip(text, pos)
+        if end is None:
+            end = _skip_logprobs(text, pos)
+            if end is not None:
+                self.remember(text, pos, end)
         return end
 
 
