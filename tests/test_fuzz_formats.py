@@ -685,7 +685,8 @@ def test_fuzz_echo_cache_skips_only_what_it_parsed_before(key, first, later, oth
         text = json.dumps(first, ensure_ascii=False, separators=(",", ":") if compact else (", ", ": "))
         checked_against_json_path(_envelope([(key, Raw(text))]), asked)
         if text[0] in '"[{':
-            assert cache.texts[:1] == [text]  # parsed by the scanner: remembered
+            # parsed by the scanner: remembered, as the walk reads events (a character per byte)
+            assert cache.texts[:1] == [text.encode().decode("latin-1")]
         else:
             assert cache.texts == []  # a number or literal could go on: never remembered
         for how in later:
@@ -829,11 +830,32 @@ def test_fuzz_token_ids_proof_is_json_loads(inner: str) -> None:
     that json.loads reads as non-negative integers written compactly, and ends where they end."""
     from polar_train.capture.grammar import ids_end, text_ids_end
 
+    from polar_train.capture.grammar import _proper_ids_vectorised
+
     text = "[" + inner + "]"
     close = text.index("]") + 1
     want = close if json_ids(text[:close]) else None
     assert text_ids_end(text, 0) == want
     assert ids_end(text.encode(), 0) == (len(text[:close].encode()) if want else None)
+    assert _proper_ids_vectorised(text[1:close - 1].encode()) == (want is not None)  # long lists' path
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ids=st.lists(st.integers(0, 248_100), max_size=40), at=st.floats(0, 1),
+       flaw=st.sampled_from(["", ",", "0", ",0", "00", " ", "-", "\u0661", "x", "1.5", ",,"]))
+def test_fuzz_long_token_ids_proof_is_json_loads(ids: list[int], at: float, flaw: str) -> None:
+    """A prompt's worth of ids (past grammar.VECTOR_FROM_BYTES: the vectorised proof) with one
+    flaw anywhere (an empty element, a leading zero, a foreign character...) is taken exactly when
+    json.loads reads non-negative integers written compactly."""
+    from polar_train.capture.grammar import VECTOR_FROM_BYTES, ids_end, text_ids_end
+
+    inner = ",".join(map(str, [248_000 + i % 100 for i in range(600)] + ids))
+    assert len(inner) >= VECTOR_FROM_BYTES
+    cut = round(at * len(inner))
+    text = "[" + inner[:cut] + flaw + inner[cut:] + "]"
+    want = len(text) if json_ids(text) else None
+    assert text_ids_end(text, 0) == want
+    assert ids_end(text.encode(), 0) == (len(text.encode()) if want else None)
 
 
 raw_message_pieces = st.lists(st.sampled_from([
@@ -883,3 +905,61 @@ def test_fuzz_chat_first_chunk_with_broken_ids_goes_the_json_path(inner: str, as
         assert fast is not None
         openai_chat.strip(obj, asked)
         assert json.loads(fast[6:-2]) == obj
+
+
+# -- events read one character per byte (polar_train.capture.byte_text) ---------------------------
+_UTF8_PIECES = st.one_of(
+    st.text(max_size=6).map(str.encode),  # valid characters, 1-4 bytes each
+    st.lists(st.sampled_from([0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0,
+                              0xF4, 0xF5, 0xFF, 0x41]), min_size=1, max_size=4).map(bytes),  # edges of the table
+    st.sampled_from([b"\xed\xa0\x80", b"\xe0\x80\x80", b"\xf0\x80\x80\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf",
+                     b"\xf0\x9f\x98", b"\xe2\x82"]))  # a surrogate, overlong forms, past U+10FFFF, cut short
+
+
+@settings(max_examples=600, deadline=None)
+@given(pieces=st.lists(_UTF8_PIECES, max_size=8), padding=st.sampled_from([0, 40, 3000]))
+@example(pieces=[b"\xe2\x80\x94"], padding=3000)
+@example(pieces=[b"\xe2\x80", b"x", b"\x94"], padding=3000)
+def test_fuzz_is_utf8_is_pythons_decoder(pieces: list[bytes], padding: int) -> None:
+    """byte_text.is_utf8 answers what bytes.decode("utf-8") does, for sparse non-ASCII bytes (each
+    run checked alone) and dense ones (decoded whole), and byte_text reads one character per byte."""
+    from polar_train.capture.byte_text import byte_text, is_utf8
+
+    data = (b"a" * padding).join([b"", *pieces, b""]) if padding else b"".join(pieces)
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    assert is_utf8(data) is valid
+    assert byte_text(data) == (data.decode("latin-1") if valid else None)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bad=st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xe0\x80\x80", b"\x80"]),
+       where=st.sampled_from(["instructions", "text", "token"]),
+       kind=st.sampled_from(["response.completed", "response.content_part.done"]))
+def test_invalid_utf8_in_a_walked_event_goes_the_json_path(bad: bytes, where: str, kind: str) -> None:
+    """An envelope or part event with invalid UTF-8 in a string is not read one character per byte:
+    the fast path declines (the JSON path decides, as before: it reads U+FFFD there), and the same
+    event with valid non-ASCII text in that place takes the fast path and parses to the JSON path's
+    answer."""
+    if kind != "response.completed" and where == "instructions":
+        where = "text"  # a part event has no instructions
+    lps = [{"token": "\u00e9" if where == "token" else "t", "logprob": -0.5, "top_logprobs": []}]
+    part = {"annotations": [], "text": "\u2014" if where == "text" else "x", "type": "output_text", "logprobs": lps}
+    if kind == "response.completed":
+        resp = [("id", "resp_1"), ("instructions", "\u00e9 \u2014 ok" if where == "instructions" else "ok"),
+                ("object", "response"), ("output", [{"id": "m", "content": [part], "type": "message"}]),
+                ("top_logprobs", 0)]
+        data = '{"response":' + obj_text(resp, True) + f',"sequence_number":9,"type":"{kind}"}}'
+    else:
+        data = obj_text([("content_index", 0), ("item_id", "m"), ("output_index", 0), ("part", part),
+                         ("sequence_number", 8), ("type", kind)], True)
+    good = f"event: {kind}\ndata: {data}\n\n".encode()
+    asked = openai_responses.inject({"input": "x"}).asked
+    assert checked_against_json_path(good, asked) not in (None, good)  # valid: the fast path strips
+    mark = {"instructions": "\u00e9", "text": "\u2014", "token": "\u00e9"}[where].encode()
+    broken = good.replace(mark, bad, 1)
+    assert broken != good
+    assert openai_responses.event_stripper(asked, walk_from=0)(broken) is None

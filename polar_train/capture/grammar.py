@@ -9,6 +9,8 @@ line break is never part of a match: in SSE it would end the data line.
 
 from __future__ import annotations
 
+import numpy as np
+
 # Possessive quantifiers (*+, ++): these pieces never need to give characters back, and a prompt's
 # ids run to tens of thousands (the possessive INTS matches 200 KB of ids ~25 % faster).
 STR = rb'"[^"\\\r\n]*+(?:\\[^\r\n][^"\\\r\n]*+)*+"'
@@ -39,13 +41,18 @@ TEXT_LOGPROB_ENTRIES = r'\[' + _TEXT_ENTRY + r'(?:,' + _TEXT_ENTRY + r')*+\]'
 
 # A prompt's token ids (tens of thousands: 70 KiB and more of digits) in the first chat chunk and
 # in Responses' raw message tokens. The regex engine takes ~12 ns per byte over them (its loop per
-# element); C string methods prove the same list in ~2-3 ns per byte.
+# element); C string methods prove the same list in ~2.7 ns per byte, numpy's vector compares in
+# ~0.5 (plus ~8 us of calls: below :data:`VECTOR_FROM_BYTES` the string methods are faster).
 _ID_CHARACTERS = b"0123456789,"
+VECTOR_FROM_BYTES = 4096
+_COMMA, _ZERO = ord(","), ord("0")
 
 
 def _proper_ids(ids: bytes) -> bool:
     """Whether ``ids`` (between the brackets) is a compact list of non-negative integers that
     ``json.loads`` accepts: digits and single commas, no empty element, no leading zero."""
+    if len(ids) >= VECTOR_FROM_BYTES:
+        return _proper_ids_vectorised(ids)
     if not ids:
         return True
     if ids.translate(None, _ID_CHARACTERS) or ids[:1] == b"," or ids[-1:] == b"," or b",," in ids:
@@ -58,6 +65,23 @@ def _proper_ids(ids: bytes) -> bool:
             return False
         at = ids.find(b",0", at + 2)
     return True
+
+
+def _proper_ids_vectorised(ids: bytes) -> bool:
+    """:func:`_proper_ids` by byte-wise array compares (the same rules; ``ids`` is not copied)."""
+    a = np.frombuffer(ids, np.uint8)
+    if a.size == 0:
+        return True
+    comma = a == _COMMA
+    digit = (a - _ZERO) < 10  # uint8 wraps around below "0"
+    if np.count_nonzero(comma) + np.count_nonzero(digit) != a.size or comma[0] or comma[-1]:
+        return False  # another character, or an empty first or last element
+    if a.size == 1:
+        return True
+    if np.count_nonzero(comma[1:] & comma[:-1]):
+        return False  # ",,": an empty element
+    zero_then_digit = (a[:-1] == _ZERO) & digit[1:]  # at i: a "0" followed by a digit
+    return not (zero_then_digit[0] or np.count_nonzero(zero_then_digit[1:] & comma[:-2]))
 
 
 def ids_end(data: bytes, pos: int) -> int | None:

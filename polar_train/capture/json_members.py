@@ -294,3 +294,20 @@ def splice_utf8(data: bytes, text: str, spans: list[tuple[int, int, str]], base:
         at = base + points[2 * k + 1]
     pieces.append(data[at:])
     return b"".join(pieces)
+
+
+def splice_bytes(data: bytes, spans: list[tuple[int, int, str]], base: int = 0) -> bytes | None:
+    """``data`` with each ``(start, end, new)`` span of the text at ``data[base:]`` replaced by
+    ``new``, for text read one character per byte (:mod:`~.byte_text`: indices are byte offsets).
+    None when a replacement is not ASCII: from such text it may hold misread characters (the
+    caller takes its JSON path)."""
+    pieces: list[bytes] = []
+    at = 0
+    for start, stop, new in sorted(spans):
+        if not new.isascii():
+            return None
+        pieces.append(data[at:base + start])
+        pieces.append(new.encode("ascii"))
+        at = base + stop
+    pieces.append(data[at:])
+    return b"".join(pieces)

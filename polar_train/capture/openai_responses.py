@@ -17,9 +17,10 @@ from typing import Any
 
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
+from .byte_text import byte_text
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
 from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
-                           replacements, skippers, splice_utf8, unique)
+                           replacements, skippers, splice_bytes, unique)
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import named_event_data
 
@@ -290,12 +291,15 @@ def _envelope_data(raw: bytes, prefix: bytes | tuple[bytes, ...]) -> int | None:
 
 def _walk_envelope(raw: bytes, head: int, skip: dict[str, Skipper],
                    echoes: dict[str, EchoCache]) -> tuple[str, list[Member], int] | None:
-    """The envelope's data as text, its response object's members and where the object ends (None:
-    not UTF-8 or not a well-formed object); the echoed members it parsed are remembered."""
+    """The envelope's data as text of one character per byte (:func:`~.byte_text.byte_text`), its
+    response object's members and where the object ends (None: not UTF-8 or not a well-formed
+    object); the echoed members it parsed are remembered."""
+    text = byte_text(raw[head:-2])
+    if text is None:
+        return None
     try:
-        text = raw[head:-2].decode("utf-8")
         found, end = members(text, len(_ENVELOPE_DATA), skip)
-    except ValueError:  # UnicodeDecodeError included
+    except ValueError:
         return None
     remember(echoes, text, found)
     return text, found, end
@@ -350,7 +354,9 @@ def _strip_envelope(raw: bytes, asked: dict[str, Any], last: _LastResponse | Non
     if cuts is None:
         return None
     cuts += replacements(found, changes)
-    out = splice_utf8(raw, text, cuts, head, len(raw) - 2) if cuts else raw
+    out = splice_bytes(raw, cuts, head) if cuts else raw
+    if out is None:
+        return None
     if last is not None:
         tail = len(text) - end + 2  # bytes after the object: the tail is ASCII
         last.sent = raw[start:len(raw) - tail]
@@ -371,8 +377,10 @@ def _strip_part_event(raw: bytes, proven: _ProvenLogprobs | None = None) -> byte
     if head is None:
         return None
     walk = _PartWalk(proven)
+    text = byte_text(raw[head:-2])  # one character per byte, as the envelopes: their logprob lists compare
+    if text is None:
+        return None
     try:
-        text = raw[head:-2].decode("utf-8")
         found, end = members(text, 0, {"part": walk.part, "item": walk.item})
     except ValueError:  # also a content list with something other than objects in it
         return None
@@ -385,7 +393,7 @@ def _strip_part_event(raw: bytes, proven: _ProvenLogprobs | None = None) -> byte
         return None
     if not cuts:
         return raw
-    return splice_utf8(raw, text, cuts, head, len(raw) - 2)
+    return splice_bytes(raw, cuts, head)
 
 
 #: Events shorter than this go the JSON path: walking members costs ~1 us of Python per member,
