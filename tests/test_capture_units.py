@@ -372,6 +372,35 @@ def test_writer_survives_a_failing_job(tmp_path):
     assert w.failed_jobs == 1 and w.written_rows == 1
 
 
+def test_a_row_arrow_cannot_store_costs_no_other_row_of_its_part(tmp_path, caplog):
+    """A server that reports a number past the column's type (a token id or a usage count beyond
+    int32) made the whole part fail to convert: every call flushed with it was lost. Now the other
+    rows are written as they are and that call keeps its row, as a proxy_error that says why, with
+    its identity, timing, request and response but without the numbers."""
+    body = json.loads(WIRE["resp_inj"])
+    body["usage"]["input_tokens"] = 2**40
+    body["input_messages"][0]["tokens"][0] = 2**33
+    bad = record.build_row(_state("openai.responses", request={"model": "tiny", "input": "Hi"}, http_status=200,
+                                  response_body=json.dumps(body).encode(), injected=True,
+                                  asked=openai_responses.inject({"input": "Hi"}).asked), None)
+    assert bad["status"] == "ok" and bad["prompt_token_ids"][0] == 2**33  # what the server said
+    w = PartWriter(tmp_path, flush_rows=5, flush_seconds=3600)
+    w.start()
+    for i in range(5):
+        w.submit(lambda i=i: bad if i == 2 else {**_row(i), "prompt_token_ids": [1, 2], "usage_prompt_tokens": 2})
+    w.close()
+    table = pq.read_table(tmp_path / "calls")
+    rows = {r["call_id"]: r for r in table.to_pylist()}
+    assert len(rows) == 5 and w.written_rows == 5
+    assert all(rows[f"c{i}"]["prompt_token_ids"] == [1, 2] and rows[f"c{i}"]["status"] == "ok" for i in (0, 1, 3, 4))
+    kept = rows[bad["call_id"]]
+    assert kept["status"] == "proxy_error" and "could not be stored" in kept["error"] and "does not fit its column" in kept["error"]
+    assert kept["prompt_token_ids"] is None and kept["usage_prompt_tokens"] is None
+    assert kept["rollout_id"] == "r" and kept["response_json"] == bad["response_json"]
+    assert kept["started_at"] is not None and kept["api"] == "openai.responses"
+    assert "could not be stored" in caplog.text
+
+
 # -- row building for bad input --------------------------------------------------------------
 def _state(api="openai.chat", **kw) -> record.CallState:
     from polar_train.capture.identity import Identity

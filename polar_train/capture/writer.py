@@ -34,6 +34,45 @@ log = logging.getLogger("polar_capture")
 
 Job = Callable[[], dict[str, Any] | None]
 
+#: What a row keeps when Arrow cannot store it as built: who, when, what was sent and answered.
+_KEPT_WHEN_UNSTORABLE = ("call_id", "rollout_id", "rollout_source", "task_id", "api", "method", "host", "path",
+                         "model", "request_hash", "client_conn_id", "started_at", "first_byte_at", "finished_at",
+                         "stream", "request_json", "response_json", "token_source", "finish_reason", "injected")
+
+
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The part's table. A row Arrow cannot convert (a server reported a token id or a count past
+    its column's type: 2**33 in an int32 list) no longer fails the whole part, which lost every
+    call flushed with it: that row is kept as a ``proxy_error`` saying why, with its identity,
+    timing, request and response but none of its numbers, and the others are stored as built."""
+    try:
+        return pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        pass
+    tables = []
+    for row in rows:
+        try:
+            tables.append(pa.Table.from_pylist([row], schema=CALL_LOG_SCHEMA))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+            log.error("polar_capture: the row of call %s could not be stored as built (%s); it is kept as a "
+                      "proxy_error without its token ids and numbers", row.get("call_id"), exc)
+            tables.append(pa.Table.from_pylist([_unstorable(row, exc)], schema=CALL_LOG_SCHEMA))
+    return pa.concat_tables(tables)
+
+
+def _unstorable(row: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    kept = {key: row.get(key) for key in _KEPT_WHEN_UNSTORABLE}
+    note = (f"the row could not be stored as built, a value does not fit its column ({exc}); token ids, "
+            "logprobs and numbers left out")
+    before = row.get("error")
+    kept.update(status="proxy_error", error=f"{note}; before that: {before}" if before else note)
+    try:
+        pa.Table.from_pylist([kept], schema=CALL_LOG_SCHEMA)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):  # not even those: the bare call
+        kept = {"call_id": str(row.get("call_id")), "api": str(row.get("api")), "status": "proxy_error",
+                "error": kept["error"]}
+    return kept
+
 
 def _fsync_dir(path: Path) -> None:
     try:
@@ -165,7 +204,7 @@ class PartWriter:
                 self._delta.forget()
 
     def _write_part(self, rows: list[dict[str, Any]]) -> Path:
-        table = pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA)
+        table = rows_table(rows)
         self._seq += 1
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
