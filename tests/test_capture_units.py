@@ -401,6 +401,25 @@ def test_a_row_arrow_cannot_store_costs_no_other_row_of_its_part(tmp_path, caplo
     assert "could not be stored" in caplog.text
 
 
+def test_compact_prompts_survive_a_row_with_ids_past_int64(tmp_path):
+    """With polar_prompt_delta on, a prompt id too large for the prefix comparison (a server's
+    2**70) raised on the writer's thread, which then died: every later call was lost. The row is
+    now stored uncompacted (here: as the proxy_error above), and the calls after it as usual."""
+    w = PartWriter(tmp_path, flush_rows=100, flush_seconds=3600, prompt_delta=True)
+    w.start()
+    base = list(range(1, 100))
+    rows = [{**_row(0), "rollout_id": "r", "prompt_token_ids": base, "completion_token_ids": [7]},
+            {**_row(1), "rollout_id": "r", "prompt_token_ids": base + [2**70], "completion_token_ids": [7]},
+            {**_row(2), "rollout_id": "r", "prompt_token_ids": base + [7, 8], "completion_token_ids": [9]}]
+    for row in rows:
+        w.submit(lambda row=row: dict(row))
+    w.close()
+    got = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    assert set(got) == {"c0", "c1", "c2"}
+    assert got["c1"]["status"] == "proxy_error" and got["c1"]["prompt_token_ids"] is None
+    assert got["c2"]["status"] == "ok" and got["c2"]["prompt_prefix_call_id"] == "c0"
+
+
 # -- row building for bad input --------------------------------------------------------------
 def _state(api="openai.chat", **kw) -> record.CallState:
     from polar_train.capture.identity import Identity

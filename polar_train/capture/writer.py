@@ -163,7 +163,11 @@ class PartWriter:
                 row = None
             if row is not None:
                 if self._delta is not None:
-                    row = self._delta.encode(row)
+                    try:
+                        row = self._delta.encode(row)
+                    except Exception:  # stored with its full prompt: this thread must not die
+                        log.exception("polar_capture: compacting the prompt of call %s failed; stored in full",
+                                      row.get("call_id"))
                 self._rows.append(row)
                 if self._first_row_at is None:
                     self._first_row_at = time.monotonic()
