@@ -420,6 +420,56 @@ def test_compact_prompts_survive_a_row_with_ids_past_int64(tmp_path):
     assert got["c2"]["status"] == "ok" and got["c2"]["prompt_prefix_call_id"] == "c0"
 
 
+@pytest.mark.parametrize("api,wire,asked_itself", [("openai.chat", "chat_inj_sse", False),
+                                                    ("openai.responses", "resp_inj_sse", False),
+                                                    ("openai.responses", "resp_inj_sse", True)])
+def test_a_prompts_ids_read_as_an_array_make_the_same_row(api, wire, asked_itself, tmp_path):
+    """The row worker reads a long prompt's ids with numpy (chat's first chunk, Responses' final
+    event): the row - and the part written from it - is what parsing every event as JSON gives. A
+    client that asked for Responses' raw messages itself keeps them in response_json: read as JSON."""
+    import numpy as np
+
+    from polar_train.capture.id_arrays import as_list
+
+    prompt = [248045, *range(1000, 4000), 0, 248046]  # ~17 KiB of ids, token 0 included
+    short = "[248045,846,198,12675,248046,198,248045,74455,198]"
+    raw = WIRE[wire].encode().replace(short.encode(), json.dumps(prompt, separators=(",", ":")).encode(), 1)
+    module = record.FORMATS[api]
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]} if api == "openai.chat" \
+        else {"model": "tiny", "input": "Hi", **({"enable_response_messages": True} if asked_itself else {})}
+    injection = module.inject(dict(request))
+
+    def row(**kw):
+        state = _state(api, request=request, http_status=200, stream=True, stream_raw=bytearray(raw),
+                       streamed=True, injected=True, asked=injection.asked)
+        state.call_id, state.started_at, state.finished_at = "same", at, at
+        return record.build_row(state, None)
+
+    at = record.utcnow()
+
+    fast = row()
+    reader = module.ids_reader
+    module.ids_reader = lambda state: None
+    try:
+        slow = row()
+    finally:
+        module.ids_reader = reader
+    assert fast["status"] == "ok" and fast["token_source"] == "server" and as_list(fast["prompt_token_ids"]) == prompt
+    assert isinstance(fast["prompt_token_ids"], np.ndarray) is not asked_itself
+    assert isinstance(slow["prompt_token_ids"], list)
+    assert {k: as_list(v) for k, v in fast.items()} == {k: v for k, v in slow.items()}
+    from polar_train.calllog import read_calls
+
+    w = PartWriter(tmp_path, flush_rows=10, flush_seconds=3600, prompt_delta=True)  # compact prompts too
+    w.start()
+    w.submit(lambda: fast)
+    w.submit(lambda: {**fast, "call_id": "again"})  # the same prompt again: stored as a reference
+    w.close()
+    stored = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    assert stored["same"]["prompt_token_ids"] == prompt and stored["again"]["prompt_prefix_call_id"] == "same"
+    assert [r["prompt_token_ids"] for r in read_calls(tmp_path).to_pylist()] == [prompt, prompt]
+
+
 # -- row building for bad input --------------------------------------------------------------
 def _state(api="openai.chat", **kw) -> record.CallState:
     from polar_train.capture.identity import Identity
@@ -624,6 +674,7 @@ def test_running_freezes_the_startup_heap(tmp_path):
     try:
         with taddons.context(addon) as tctx:
             tctx.configure(addon, polar_out=str(tmp_path))
+            gc.unfreeze()  # (once, in a full run, 375 objects stood frozen here: whatever froze them, not this)
             assert gc.get_freeze_count() == 0
             addon.running()
             assert gc.get_freeze_count() > 1000

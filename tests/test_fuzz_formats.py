@@ -963,3 +963,96 @@ def test_invalid_utf8_in_a_walked_event_goes_the_json_path(bad: bytes, where: st
     broken = good.replace(mark, bad, 1)
     assert broken != good
     assert openai_responses.event_stripper(asked, walk_from=0)(broken) is None
+
+
+# -- the row worker's id arrays (polar_train.capture.id_arrays) -------------------------------------
+def _plain(value):
+    """``value`` with every numpy array as a list (what json.loads would have made of it)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+_PAD = "x" * 9000  # past IDS_ARRAY_FROM_BYTES
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inner=raw_message_pieces, out=raw_message_pieces, extra=st.lists(st.tuples(
+           st.sampled_from(["input_messages", "output_messages", "usage", "instructions"]), json_values), max_size=2),
+       seq=st.sampled_from(["7", "07", "-1", "\u0661"]), end=st.sampled_from(["}", ',"x":1}', "} ", "}}"]),
+       kind=st.sampled_from(["response.completed", "response.incomplete", "response.created"]))
+@example(inner='{"message":"a","tokens":[2147483648],"type":"raw_message_tokens"}', out="", extra=[], seq="7",
+         end="}", kind="response.completed")
+@example(inner='{"message":"<|im_start|>user\\nhi \\u2028 \\"x\\"","tokens":[248045,846,0,198],"type":"raw_message_tokens"}',
+         out='{"message":"","tokens":[],"type":"raw_message_tokens"}', extra=[], seq="7", end="}",
+         kind="response.completed")
+def test_fuzz_final_event_read_with_id_arrays_is_json_loads(inner, out, extra, seq, end, kind) -> None:
+    """The row worker's reading of a final event (ids as arrays) answers only for a final event, and
+    then what json.loads gives (arrays as lists), for any raw message tokens, repeated keys and tails;
+    vLLM's exact shape is always read so."""
+    from polar_train.capture.openai_responses import final_event_json
+    from polar_train.capture.sse import parse_event
+
+    pairs = [("id", "resp_1"), ("instructions", _PAD), ("input_messages", Raw("[" + inner + "]")),
+             ("output_messages", Raw("[" + out + "]")), *extra]
+    data = '{"response":' + obj_text(pairs, True) + f',"sequence_number":{seq},"type":"{kind}"' + end
+    raw = f"event: {kind}\ndata: {data}\n\n".encode()
+    got = final_event_json(raw)
+    try:
+        want = json.loads(data)
+    except ValueError:
+        want = None
+    if got is not None:
+        assert kind != "response.created" and got[0] == parse_event(raw).event == kind
+        assert _plain(got[1]) == want
+    exact = want is not None and not extra and kind != "response.created" and seq == "7" and end == "}" and all(
+        json_ids(json.dumps(m["tokens"], separators=(",", ":"))) and max(m["tokens"], default=0) < 2**31
+        and m.keys() == {"message", "tokens", "type"} and list(m) == ["message", "tokens", "type"]
+        for key in ("input_messages", "output_messages") for m in want["response"][key]
+        if isinstance(m, dict)) and all(isinstance(m, dict) for key in ("input_messages", "output_messages")
+                                        for m in want["response"][key])
+    if exact and _skip_both(raw):
+        assert got is not None
+
+
+def _skip_both(raw: bytes) -> bool:
+    """Whether the proxy's proof takes both raw message lists (vLLM's exact compact shape)."""
+    from polar_train.capture.openai_responses import _skip_raw_messages
+
+    text = raw.decode("utf-8")
+    for key in ("input_messages", "output_messages"):
+        at = text.find(f'"{key}":') + len(key) + 3
+        if _skip_raw_messages(text, at) is None:
+            return False
+    return True
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inner=id_soup, big=st.booleans())
+def test_fuzz_chat_first_chunk_read_with_id_arrays_is_json_loads(inner: str, big: bool) -> None:
+    """The row worker's reading of chat's first chunk (prompt ids as an array) answers exactly when
+    the ids are a proper list within int32 (and the chunk is long enough to bother), with what
+    json.loads gives."""
+    from polar_train.capture.openai_chat import first_chunk_json
+
+    ids = inner + ("," if inner else "") + ",".join(["248045"] * 1500) if big else inner
+    raw = ('data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":'
+           '[{"index":0,"delta":{"role":"assistant","content":"\u00e9"},"logprobs":null,"finish_reason":null}],'
+           '"prompt_token_ids":[' + ids + '],"prompt_text":null}\n\n').encode()
+    got = first_chunk_json(raw)
+    null = raw.replace(b"[" + ids.encode() + b"]", b"null").replace(b'"content":"', b'"content":"' + _PAD.encode())
+    assert first_chunk_json(null) is None or _plain(first_chunk_json(null)[1]) == json.loads(null[6:-2])
+    try:
+        want = json.loads(raw[6:-2])
+    except ValueError:
+        want = None
+    proper = want is not None and json_ids("[" + ids + "]") and max(want["prompt_token_ids"], default=0) < 2**31
+    assert (got is not None) == (proper and len(raw) >= 8192)
+    if got is not None:
+        assert got[0] is None and _plain(got[1]) == want

@@ -15,11 +15,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..wire.errors import ApiError
 from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
+from .id_arrays import parse_ids
 from .json_members import EchoCache, PrefixCache
 from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .sse import loads_text
 
 API = "openai.chat"
 INJECTS = True
@@ -97,6 +101,42 @@ def _first_chunk(raw: bytes) -> tuple[int, int, int, int] | None:
     b = a + 4 if raw.startswith(b"null", a) else ids_end(raw, a)
     tail = _FIRST_TAIL.fullmatch(raw, b) if b is not None else None
     return (a, b, *tail.span(1)) if tail is not None else None
+
+
+#: A first chunk smaller than this is parsed as JSON: it holds too few ids to matter.
+IDS_ARRAY_FROM_BYTES = 8192
+
+
+def first_chunk_json(raw: bytes) -> tuple[None, dict[str, Any]] | None:
+    """The row worker's reading of vLLM's first chunk: what ``json.loads`` makes of it, except that
+    ``prompt_token_ids`` is an ``int32`` array (:mod:`~.id_arrays`); None for any other event.
+
+    The ids are proven by :func:`_first_chunk` (which puts them at the top level) and parsed by
+    numpy; everything else is parsed as JSON with ``null`` in their place, then they are set.
+    The reassembled response never holds them, so the row's ``response_json`` is unchanged."""
+    if len(raw) < IDS_ARRAY_FROM_BYTES or not raw.endswith(_FIRST_END):
+        return None
+    found = _first_chunk(raw)
+    if found is None or raw[found[0]] != ord("["):
+        return None
+    a, b = found[0], found[1]
+    ids = parse_ids(raw[a + 1:b - 1])
+    if ids is None:
+        return None
+    try:
+        obj = loads_text(b"".join((raw[6:a], b"null", raw[b:-2])).decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included: the JSON path decides
+        return None
+    if not isinstance(obj, dict) or "prompt_token_ids" not in obj:
+        return None
+    obj["prompt_token_ids"] = ids
+    return None, obj
+
+
+def ids_reader(state: Any) -> Callable[[bytes], tuple[None, dict[str, Any]] | None]:
+    """How the row worker reads events that carry a prompt's ids (the reassembled response never
+    holds them: any call)."""
+    return first_chunk_json
 
 
 def _nulled(raw: bytes, a: int, b: int, c: int = -1, d: int = -1) -> bytes:
@@ -228,7 +268,8 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
         if not base:
             base = {k: obj.get(k) for k in ("id", "created", "model", "system_fingerprint")}
         if obj.get("prompt_token_ids") is not None:
-            parsed.prompt_ids = int_list(obj.get("prompt_token_ids"))
+            prompt = obj["prompt_token_ids"]
+            parsed.prompt_ids = prompt if isinstance(prompt, np.ndarray) else int_list(prompt)
         if obj.get("usage"):
             _usage(parsed, obj["usage"])
         if obj.get("system_fingerprint"):

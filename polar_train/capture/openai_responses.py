@@ -15,9 +15,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..wire.errors import ApiError
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .byte_text import byte_text
+from .id_arrays import as_list, parse_ids
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
 from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
                            replacements, skippers, splice_bytes, unique)
@@ -122,7 +125,7 @@ _TEXT_DELTA = re.compile(
 _ENVELOPE_EVENT = b"event: response."
 _ENVELOPE_DATA = '{"response":'
 _ENVELOPE_DATA_LINE = b"data: " + _ENVELOPE_DATA.encode()
-_ENVELOPE_TAIL = re.compile(r',"sequence_number":\d+,"type":"(response\.[a-z_]+)"\}')
+_ENVELOPE_TAIL = re.compile(r',"sequence_number":(?:0|[1-9][0-9]*+),"type":"(response\.[a-z_]+)"\}')
 _ENVELOPE_TAIL_BYTES = re.compile(_ENVELOPE_TAIL.pattern.encode())
 # A list of raw message tokens (every prompt token id: tens of thousands, and the rendered prompt's
 # text) is proven well-formed instead of parsed: the client gets it as sent, or as null. By pieces:
@@ -438,16 +441,21 @@ def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
     return as_float(request.get("temperature")), as_float(request.get("top_p"))
 
 
-def _concat_tokens(messages: Any) -> list[int] | None:
+def _concat_tokens(messages: Any) -> list[int] | np.ndarray | None:
+    """The ids of a list of raw message tokens, one after the other (an array where the row worker
+    read them as arrays: :func:`final_event_json`)."""
     if not isinstance(messages, list) or not messages:
         return None
-    out: list[int] = []
+    parts: list[Any] = []
     for m in messages:
-        ids = int_list(m.get("tokens")) if isinstance(m, dict) else None
+        ids = m.get("tokens") if isinstance(m, dict) else None
+        ids = ids if isinstance(ids, np.ndarray) else int_list(ids)
         if ids is None:
             return None
-        out.extend(ids)
-    return out
+        parts.append(ids)
+    if len(parts) == 1 or not all(isinstance(p, np.ndarray) for p in parts):
+        return parts[0] if len(parts) == 1 else [i for p in parts for i in as_list(p)]
+    return np.concatenate(parts)
 
 
 def parse_response(resp: dict[str, Any]) -> ParsedCall:
@@ -584,6 +592,93 @@ def unused_event(raw: bytes, walk_from: int = WALK_FROM_BYTES) -> bool:
     text, _, end = walked
     tail = _ENVELOPE_TAIL.fullmatch(text, end)
     return tail is not None and raw.startswith(f"event: {tail.group(1)}\n".encode())
+
+
+_FINAL_PREFIXES = {f"event: {name}\n".encode(): name for name in FINAL_EVENTS}
+_FINAL_TAIL = re.compile(r',"sequence_number":(0|[1-9][0-9]*+),"type":"(response\.[a-z_]+)"\}')
+#: A final event smaller than this is parsed as JSON: it holds too few ids to matter.
+IDS_ARRAY_FROM_BYTES = 8192
+
+
+def _read_raw_messages(text: str, pos: int) -> tuple[list[dict[str, Any]], int] | None:
+    """What ``json.loads`` reads from a list of raw message tokens in vLLM's exact compact shape at
+    ``pos`` (:func:`_skip_raw_messages`' grammar), each message's ids as an array, and where the
+    list ends; None for any other shape, or ids past int32."""
+    if not text.startswith("[", pos):
+        return None
+    out: list[dict[str, Any]] = []
+    i = pos + 1
+    if text.startswith("]", i):
+        return out, i + 1
+    while text.startswith(_RAW_MESSAGE_HEAD, i):
+        try:
+            message, i = _scan_string(text, i + len(_RAW_MESSAGE_HEAD))
+        except ValueError:
+            return None
+        if not text.startswith(_RAW_MESSAGE_TOKENS, i):
+            return None
+        start = i + len(_RAW_MESSAGE_TOKENS)
+        i = text_ids_end(text, start)
+        if i is None or not text.startswith(_RAW_MESSAGE_TAIL, i):
+            return None
+        ids = parse_ids(text[start + 1:i - 1])
+        if ids is None:
+            return None
+        out.append({"message": message, "tokens": ids, "type": "raw_message_tokens"})
+        i += len(_RAW_MESSAGE_TAIL)
+        if text.startswith("]", i):
+            return out, i + 1
+        if not text.startswith(",", i):
+            return None
+        i += 1
+    return None
+
+
+def final_event_json(raw: bytes) -> tuple[str, dict[str, Any]] | None:
+    """The row worker's reading of a final event (``response.completed`` ...): its name and what
+    ``json.loads`` makes of its data, except that the raw message tokens' ids are ``int32`` arrays
+    (:mod:`~.id_arrays`); None for any other event or shape (then it is parsed as JSON).
+
+    The response object is read member by member with json's own scanner (so every value but the
+    ids is exactly json.loads'), the raw message tokens by their grammar, the tail exactly; a
+    repeated key keeps its last value, as json.loads does. Only for a call whose raw message tokens
+    the client did not ask for: they are stripped before the row's ``response_json`` is written."""
+    if len(raw) < IDS_ARRAY_FROM_BYTES:
+        return None
+    eol = raw.find(b"\n") + 1
+    name = _FINAL_PREFIXES.get(raw[:eol])
+    head = _envelope_data(raw, raw[:eol]) if name is not None else None
+    if head is None:
+        return None
+    try:
+        text = raw[head:-2].decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # the JSON path reads it with U+FFFD
+    read: dict[int, list[dict[str, Any]]] = {}
+
+    def messages(text: str, pos: int) -> int | None:
+        got = _read_raw_messages(text, pos)
+        if got is None:
+            return None
+        read[pos], end = got
+        return end
+
+    try:
+        found, end = members(text, len(_ENVELOPE_DATA), {"input_messages": messages, "output_messages": messages})
+    except ValueError:
+        return None
+    tail = _FINAL_TAIL.fullmatch(text, end)
+    if tail is None:
+        return None
+    response = {m.key: read[m.start] if m.value is SKIPPED else m.value for m in found}
+    return name, {"response": response, "sequence_number": int(tail[1]), "type": tail[2]}
+
+
+def ids_reader(state: Any) -> Callable[[bytes], tuple[str, dict[str, Any]] | None] | None:
+    """How the row worker reads the final event: ids as arrays where the row will not keep them
+    (injected and not asked for by the client: stripped before ``response_json``), else as JSON."""
+    asked = getattr(state, "asked", None) or {}
+    return final_event_json if getattr(state, "injected", False) and not asked.get("response_messages") else None
 
 
 def is_done_event(name: str | None, data: str | None) -> bool:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .id_arrays import as_list
+
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences (vectorised: sessions are long)."""
@@ -52,8 +54,8 @@ class PromptDeltaEncoder:
         rollout, prompt = row.get("rollout_id"), row.get("prompt_token_ids")
         if not rollout or prompt is None or row.get("status") != "ok":
             return row
-        full_prompt = list(prompt)
-        completion = row.get("completion_token_ids") or []
+        full_prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)  # (the row worker
+        completion = as_list(row.get("completion_token_ids")) or []                     # may read arrays)
         last = self._last.get(rollout)
         if last is not None:
             n = common_prefix_len(last.context, full_prompt)

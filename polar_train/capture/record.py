@@ -224,8 +224,16 @@ def _parse_stream(module, state: CallState) -> ParsedCall:
     malformed = 0
     raw_events, pending = split_all(bytes(state.stream_raw or b""))
     unused = getattr(module, "unused_event", None)  # proven well-formed, not needed: not parsed
+    reader = getattr(module, "ids_reader", None)
+    ids_json = reader(state) if reader is not None else None  # a prompt's ids as an array
     for raw in raw_events:
         if unused is not None and unused(raw):
+            continue
+        read = ids_json(raw) if ids_json is not None else None
+        if read is not None:
+            name, obj = read
+            done = done or module.is_done_event(name, None) or module.is_done_event(obj.get("type"), None)
+            events.append(read)
             continue
         ev, obj = event_json(raw)
         if ev.data is None:
