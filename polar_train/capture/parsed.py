@@ -6,6 +6,7 @@ the row writer, the renderer and the status logic only need this.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +16,10 @@ class ParsedCall:
     #: The response as the client saw it (non-streamed: the body; streamed: reassembled).
     response: dict[str, Any] | None = None
     model: str | None = None
-    #: Ids the server returned itself (None when it returned none).
-    prompt_ids: list[int] | None = None
-    completion_ids: list[int] | None = None
+    #: Ids the server returned itself (None when it returned none); an ``int32`` numpy array where
+    #: the row worker read a prompt's worth of them as one (:mod:`~.id_arrays`).
+    prompt_ids: Sequence[int] | None = None
+    completion_ids: Sequence[int] | None = None
     completion_logprobs: list[float] | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
