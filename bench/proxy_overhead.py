@@ -911,6 +911,7 @@ def report_hook_times(path: Path) -> None:
         print(f"{name} | {len(xs)} | {statistics.median(xs) / 1000:.1f} | {statistics.fmean(xs) / 1000:.1f} | "
               f"{per_call:.1f}")
     print(f"before the first byte (request hooks, response headers, first chunk): {before_first_byte:.0f} us per call")
+    print("(the indented 'strip EVENT' rows: the tap's strip of each whole event, by name, inside the tap rows)")
 
 
 @dataclass

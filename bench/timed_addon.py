@@ -7,7 +7,8 @@ Why: in isolation a hook costs a few microseconds; inside mitmproxy, between its
 the stream idle between events, the same code runs several times slower (cold caches), and the
 benchmark's TTFB ratio is the sum of what runs before a call's first byte. This says which hook
 that is. The timer adds ~0.3 us per hook. At shutdown the samples (ns, one list per hook; the tap
-split into a call's first chunk and the rest) are written as JSON to ``POLAR_BENCH_HOOK_TIMES``.
+split into a call's first chunk and the rest, and inside them the strip of each whole event by its
+name) are written as JSON to ``POLAR_BENCH_HOOK_TIMES``.
 """
 
 from __future__ import annotations
@@ -60,10 +61,26 @@ def _timed_tap(call):
     return timed
 
 
+def _timed_rewrite(rewrite):
+    """The tap's strip of each whole event, by event name ("data" for chat's unnamed events): which
+    event of a stream costs what (inside the tap rows; an event spanning reads is timed once)."""
+    clock = time.perf_counter_ns
+
+    def timed(self, raw: bytes):
+        t0 = clock()
+        result = rewrite(self, raw)
+        dt = clock() - t0
+        name = raw[7:raw.find(b"\n")].decode("ascii", "replace") if raw.startswith(b"event: ") else "data"
+        SAMPLES.setdefault(f"  strip {name}", []).append(dt)
+        return result
+    return timed
+
+
 capture = _capture.PolarCapture()
 for _name in TIMED_HOOKS:
     setattr(capture, _name, _timed(_name, getattr(capture, _name)))
 StreamTap.__call__ = _timed_tap(StreamTap.__call__)
+StreamTap._rewrite = _timed_rewrite(StreamTap._rewrite)
 
 
 class WriteSamples:

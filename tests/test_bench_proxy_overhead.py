@@ -59,6 +59,8 @@ def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded()
     for hook in ("requestheaders", "request", "responseheaders", "response", "tap first chunk"):
         assert re.search(rf"^{hook} \| 10 \| \d+\.\d \|", out, re.M), out[-2000:]
     assert re.search(r"^before the first byte .*: \d+ us per call$", out, re.M)
+    # and inside the tap, the strip of each event by name: chat's unnamed events, each call's [DONE] included
+    assert re.search(r"^  strip data \| \d+ \| \d+\.\d \|", out, re.M), out[-2000:]
 
 
 def test_interleave_is_refused_above_concurrency_1() -> None:
