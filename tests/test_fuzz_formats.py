@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -1056,3 +1057,67 @@ def test_fuzz_chat_first_chunk_read_with_id_arrays_is_json_loads(inner: str, big
     assert (got is not None) == (proper and len(raw) >= 8192)
     if got is not None:
         assert got[0] is None and _plain(got[1]) == want
+
+
+def _json_path(raw: bytes, asked: dict) -> bytes:
+    """What the tap's JSON path hands on for an event (tap.StreamTap._rewrite without a fast path)."""
+    from polar_train.capture.sse import parse_event, serialize_event
+
+    ev = parse_event(raw)
+    if ev.data is None or ev.data == "[DONE]":
+        return raw
+    try:
+        obj = json.loads(ev.data)
+    except ValueError:
+        return raw
+    if not isinstance(obj, dict) or not openai_responses.strip(obj, asked):
+        return raw
+    return serialize_event(raw, ev, obj)
+
+
+_SMALL_EVENT_KEYS = st.sampled_from(["content_index", "item_id", "logprobs", "output_index", "sequence_number", "text",
+                                     "type", "part", "item", "object", "response", "p\\u0061rt", "delta"])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pairs=st.lists(st.tuples(_SMALL_EVENT_KEYS, json_values | st.sampled_from(
+           ["response", "response.output_text.delta", "response.output_text.done", [{"logprob": -1.0}]])), max_size=6),
+       kind=st.sampled_from(["response.output_text.done", "response.content_part.added", "response.output_text.delta",
+                             "response.output_item.added"]),
+       big=st.booleans(), ask_lps=st.booleans())
+@example(pairs=[("logprobs", []), ("text", " Cao Tuesday"), ("type", "response.output_text.done")],
+         kind="response.output_text.done", big=False, ask_lps=False)
+def test_fuzz_events_nothing_can_strip_pass_as_the_json_path_passes_them(pairs, kind, big, ask_lps) -> None:
+    """Events the stripper hands on without parsing (nothing in them names what strip() changes: no
+    part, item, response or object key, no delta type, no \\u escape) are exactly what the JSON path
+    hands on; vLLM's output_text.done is one of them, at any size."""
+    if big:
+        pairs = [*pairs, ("text", "x" * 3000)]  # past WALK_FROM_BYTES: after the walks decline
+    raw = f"event: {kind}\ndata: {obj_text(pairs, True)}\n\n".encode()
+    asked = {"logprobs": ask_lps}
+    fast = openai_responses.event_stripper(asked)(raw)
+    if fast is not None:
+        assert fast == _json_path(raw, asked) or json.loads(fast.split(b"data: ", 1)[1]) == json.loads(
+            _json_path(raw, asked).split(b"data: ", 1)[1])
+    if pairs[:3] == [("logprobs", []), ("text", " Cao Tuesday"), ("type", "response.output_text.done")]:
+        assert fast == raw
+
+
+@pytest.mark.parametrize("data", [
+    '{"content_index":0,"part":{"logprobs":[{"logprob":-1.0}]},"type":"response.content_part.added"}',
+    '{"content_index":0,"p\\u0061rt":{"logprobs":[{"logprob":-1.0}]},"type":"response.content_part.added"}',
+    '{"item":{"content":[{"logprobs":[{"logprob":-1.0}]}]},"type":"response.output_item.added"}',
+    '{"logprobs":[{"logprob":-1.0}],"type":"response.output_text.delta","delta":"x"}',
+    '{"logprobs":[{"logprob":-1.0}],"type":"response.output_text.\\u0064elta","delta":"x"}',
+    '{"object":"response","output":[{"content":[{"logprobs":[{"logprob":-1.0}]}]}],"input_messages":[]}',
+    '{"response":{"top_logprobs":3},"type":"response.failed"}',
+])
+def test_events_strip_would_change_are_never_passed_unparsed(data: str) -> None:
+    """Each key strip() acts on, written plainly or with a \\u escape, keeps a small event on the
+    JSON path: the stripper's answer is the JSON path's (never the event passed as it is)."""
+    raw = f"event: x\ndata: {data}\n\n".encode()
+    asked = openai_responses.inject({"input": "x"}).asked
+    want = _json_path(raw, asked)
+    assert want != raw  # the JSON path changes it
+    fast = openai_responses.event_stripper(asked)(raw)
+    assert fast is None or json.loads(fast.split(b"data: ", 1)[1]) == json.loads(want.split(b"data: ", 1)[1])
