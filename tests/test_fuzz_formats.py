@@ -1060,19 +1060,11 @@ def test_fuzz_chat_first_chunk_read_with_id_arrays_is_json_loads(inner: str, big
 
 
 def _json_path(raw: bytes, asked: dict) -> bytes:
-    """What the tap's JSON path hands on for an event (tap.StreamTap._rewrite without a fast path)."""
-    from polar_train.capture.sse import parse_event, serialize_event
+    """What the tap hands on for an event on its JSON path (the real StreamTap, without a fast path)."""
+    from types import SimpleNamespace
 
-    ev = parse_event(raw)
-    if ev.data is None or ev.data == "[DONE]":
-        return raw
-    try:
-        obj = json.loads(ev.data)
-    except ValueError:
-        return raw
-    if not isinstance(obj, dict) or not openai_responses.strip(obj, asked):
-        return raw
-    return serialize_event(raw, ev, obj)
+    tap = StreamTap(SimpleNamespace(), lambda obj: openai_responses.strip(obj, asked), None, False, lambda: None)
+    return tap._rewrite(raw)
 
 
 _SMALL_EVENT_KEYS = st.sampled_from(["content_index", "item_id", "logprobs", "output_index", "sequence_number", "text",
