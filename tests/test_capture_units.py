@@ -418,6 +418,10 @@ def test_compact_prompts_survive_a_row_with_ids_past_int64(tmp_path):
     assert set(got) == {"c0", "c1", "c2"}
     assert got["c1"]["status"] == "proxy_error" and got["c1"]["prompt_token_ids"] is None
     assert got["c2"]["status"] == "ok" and got["c2"]["prompt_prefix_call_id"] == "c0"
+    from polar_train.calllog import read_calls
+
+    full = {r["call_id"]: r["prompt_token_ids"] for r in read_calls(tmp_path).to_pylist()}
+    assert full == {"c0": base, "c1": None, "c2": base + [7, 8]}  # what readers (the builder) get
 
 
 @pytest.mark.parametrize("api,wire,asked_itself", [("openai.chat", "chat_inj_sse", False),
