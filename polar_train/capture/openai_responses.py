@@ -125,7 +125,7 @@ _TEXT_DELTA = re.compile(
 _ENVELOPE_EVENT = b"event: response."
 _ENVELOPE_DATA = '{"response":'
 _ENVELOPE_DATA_LINE = b"data: " + _ENVELOPE_DATA.encode()
-_ENVELOPE_TAIL = re.compile(r',"sequence_number":(?:0|[1-9][0-9]*+),"type":"(response\.[a-z_]+)"\}')
+_ENVELOPE_TAIL = re.compile(r',"sequence_number":(0|[1-9][0-9]*+),"type":"(response\.[a-z_]+)"\}')
 _ENVELOPE_TAIL_BYTES = re.compile(_ENVELOPE_TAIL.pattern.encode())
 # A list of raw message tokens (every prompt token id: tens of thousands, and the rendered prompt's
 # text) is proven well-formed instead of parsed: the client gets it as sent, or as null. By pieces:
@@ -138,9 +138,11 @@ _RAW_MESSAGE_TAIL = ',"type":"raw_message_tokens"}'
 _scan_string = json.decoder.scanstring  # json.loads' own (C): strict, as loads is
 
 
-def _skip_raw_messages(text: str, pos: int) -> int | None:
+def _skip_raw_messages(text: str, pos: int, read: list[dict[str, Any]] | None = None) -> int | None:
     """The end of a list of vLLM's raw message tokens at ``pos`` in its exact compact shape
-    (``[{"message":STR,"tokens":[ids],"type":"raw_message_tokens"},...]``), else None."""
+    (``[{"message":STR,"tokens":[ids],"type":"raw_message_tokens"},...]``), else None. With
+    ``read``, each message is also appended to it as ``json.loads`` reads it, its ids as an
+    ``int32`` array (the row worker: :func:`final_event_json`; None also for ids past int32)."""
     if not text.startswith("[", pos):
         return None
     i = pos + 1
@@ -148,14 +150,20 @@ def _skip_raw_messages(text: str, pos: int) -> int | None:
         return i + 1
     while text.startswith(_RAW_MESSAGE_HEAD, i):
         try:
-            _, i = _scan_string(text, i + len(_RAW_MESSAGE_HEAD))
+            message, i = _scan_string(text, i + len(_RAW_MESSAGE_HEAD))
         except ValueError:  # a broken string: the JSON path decides
             return None
         if not text.startswith(_RAW_MESSAGE_TOKENS, i):
             return None
-        i = text_ids_end(text, i + len(_RAW_MESSAGE_TOKENS))
+        start = i + len(_RAW_MESSAGE_TOKENS)
+        i = text_ids_end(text, start)
         if i is None or not text.startswith(_RAW_MESSAGE_TAIL, i):
             return None
+        if read is not None:
+            ids = parse_ids(text[start + 1:i - 1])
+            if ids is None:
+                return None
+            read.append({"message": message, "tokens": ids, "type": "raw_message_tokens"})
         i += len(_RAW_MESSAGE_TAIL)
         if text.startswith("]", i):
             return i + 1
@@ -413,9 +421,9 @@ _STRIPPED_KEYS = (b'"response"', b'"part"', b'"item"', b"output_text.delta", b"\
 
 def _never_stripped(raw: bytes) -> bool:
     """Whether the JSON path would hand ``raw`` on as it is, whatever it parses to: nothing in it
-    can name what :func:`strip` changes. Why: vLLM's small events (``output_text.done``,
-    ``content_part.added``...) carry ``"logprobs":[]``, so the tap's marker test sent each to
-    ``json.loads`` only to leave it alone (25-37 us per event on the proxy's loop)."""
+    can name what :func:`strip` changes. Why: vLLM's ``output_text.done`` carries
+    ``"logprobs":[]``, so the tap's marker test sent it to ``json.loads`` only to leave it alone
+    (37 us median on the proxy's loop; it holds the whole answer's text)."""
     return not any(key in raw for key in _STRIPPED_KEYS)
 
 
@@ -470,9 +478,14 @@ def _concat_tokens(messages: Any) -> list[int] | np.ndarray | None:
         if ids is None:
             return None
         parts.append(ids)
-    if len(parts) == 1 or not all(isinstance(p, np.ndarray) for p in parts):
-        return parts[0] if len(parts) == 1 else [i for p in parts for i in as_list(p)]
-    return np.concatenate(parts)
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    out: list[int] = []
+    for p in parts:
+        out.extend(as_list(p))
+    return out
 
 
 def parse_response(resp: dict[str, Any]) -> ParsedCall:
@@ -608,47 +621,12 @@ def unused_event(raw: bytes, walk_from: int = WALK_FROM_BYTES) -> bool:
         return False
     text, _, end = walked
     tail = _ENVELOPE_TAIL.fullmatch(text, end)
-    return tail is not None and raw.startswith(f"event: {tail.group(1)}\n".encode())
+    return tail is not None and raw.startswith(f"event: {tail[2]}\n".encode())
 
 
 _FINAL_PREFIXES = {f"event: {name}\n".encode(): name for name in FINAL_EVENTS}
-_FINAL_TAIL = re.compile(r',"sequence_number":(0|[1-9][0-9]*+),"type":"(response\.[a-z_]+)"\}')
 #: A final event smaller than this is parsed as JSON: it holds too few ids to matter.
 IDS_ARRAY_FROM_BYTES = 8192
-
-
-def _read_raw_messages(text: str, pos: int) -> tuple[list[dict[str, Any]], int] | None:
-    """What ``json.loads`` reads from a list of raw message tokens in vLLM's exact compact shape at
-    ``pos`` (:func:`_skip_raw_messages`' grammar), each message's ids as an array, and where the
-    list ends; None for any other shape, or ids past int32."""
-    if not text.startswith("[", pos):
-        return None
-    out: list[dict[str, Any]] = []
-    i = pos + 1
-    if text.startswith("]", i):
-        return out, i + 1
-    while text.startswith(_RAW_MESSAGE_HEAD, i):
-        try:
-            message, i = _scan_string(text, i + len(_RAW_MESSAGE_HEAD))
-        except ValueError:
-            return None
-        if not text.startswith(_RAW_MESSAGE_TOKENS, i):
-            return None
-        start = i + len(_RAW_MESSAGE_TOKENS)
-        i = text_ids_end(text, start)
-        if i is None or not text.startswith(_RAW_MESSAGE_TAIL, i):
-            return None
-        ids = parse_ids(text[start + 1:i - 1])
-        if ids is None:
-            return None
-        out.append({"message": message, "tokens": ids, "type": "raw_message_tokens"})
-        i += len(_RAW_MESSAGE_TAIL)
-        if text.startswith("]", i):
-            return out, i + 1
-        if not text.startswith(",", i):
-            return None
-        i += 1
-    return None
 
 
 def final_event_json(raw: bytes) -> tuple[str, dict[str, Any]] | None:
@@ -674,17 +652,14 @@ def final_event_json(raw: bytes) -> tuple[str, dict[str, Any]] | None:
     read: dict[int, list[dict[str, Any]]] = {}
 
     def messages(text: str, pos: int) -> int | None:
-        got = _read_raw_messages(text, pos)
-        if got is None:
-            return None
-        read[pos], end = got
-        return end
+        read[pos] = []
+        return _skip_raw_messages(text, pos, read[pos])
 
     try:
         found, end = members(text, len(_ENVELOPE_DATA), {"input_messages": messages, "output_messages": messages})
     except ValueError:
         return None
-    tail = _FINAL_TAIL.fullmatch(text, end)
+    tail = _ENVELOPE_TAIL.fullmatch(text, end)
     if tail is None:
         return None
     response = {m.key: read[m.start] if m.value is SKIPPED else m.value for m in found}

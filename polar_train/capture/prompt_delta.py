@@ -54,8 +54,9 @@ class PromptDeltaEncoder:
         rollout, prompt = row.get("rollout_id"), row.get("prompt_token_ids")
         if not rollout or prompt is None or row.get("status") != "ok":
             return row
-        full_prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)  # (the row worker
-        completion = as_list(row.get("completion_token_ids")) or []                     # may read arrays)
+        # lists, also where the row worker read the ids as arrays
+        full_prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
+        completion = as_list(row.get("completion_token_ids")) or []
         last = self._last.get(rollout)
         if last is not None:
             n = common_prefix_len(last.context, full_prompt)
