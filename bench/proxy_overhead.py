@@ -274,7 +274,14 @@ def _compact(value) -> str:
 
 async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, words: int,
                        delay_s: float) -> None:
-    """One vLLM-shaped stream (chat or Responses, by path), one event per token, paced."""
+    """One vLLM-shaped stream (chat or Responses, by path), one event per token, paced by a clock.
+
+    Event k of the tokens goes out ``k * delay_s`` after the first one (at once if the server is
+    behind): a model samples at its own rate, whatever it costs the server to format and write what
+    it sampled. Sleeping ``delay_s`` after each write instead made every late timer of this
+    process (it shares its core with the client) and every microsecond spent formatting the
+    injected ids and logprobs part of the stream's length, charged to the configurations that
+    receive them, not to the proxy."""
     try:
         request_line = await reader.readline()
         length = 0
@@ -285,12 +292,15 @@ async def _fake_handle(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         events = _responses_events if b"/v1/responses" in request_line else _chat_events
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        due = None
         for text, paced in events(req, words, prompt_tokens(length)):
             payload = text.encode()
             writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             await writer.drain()
             if paced:  # one event per sampled token, as fast as the model samples
-                await asyncio.sleep(delay_s)
+                due = (loop.time() if due is None else due) + delay_s
+                await asyncio.sleep(max(0.0, due - loop.time()))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
