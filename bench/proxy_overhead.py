@@ -496,6 +496,24 @@ def cpu_seconds(pid: int | None) -> float:
     return t.user + t.system
 
 
+def settle(pid: int | None, handoff_s: float = 0.05, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
+    """Wait until a proxy's row worker has worked off the run's calls (its CPU time stops growing),
+    so that its CPU per call is the run's own and its backlog does not run during the next
+    configuration's run (on a busy machine it runs behind). A proxy without children returns at
+    once."""
+    if not children_cpu_seconds(pid):
+        return
+    time.sleep(handoff_s)  # the calls of the last hand-off window reach the worker
+    deadline = time.monotonic() + limit_s
+    before = sum(children_cpu_seconds(pid).values())
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = sum(children_cpu_seconds(pid).values())
+        if now == before:
+            return
+        before = now
+
+
 def children_cpu_seconds(pid: int | None) -> dict[int, float]:
     """CPU seconds of each live child (the row worker), by pid: a replaced child is not mixed in."""
     out: dict[int, float] = {}
@@ -544,6 +562,7 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pi
     with PeakRSS(pid) as rss:
         results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
                                              concurrency, tag, api, stagger_s))
+    settle(pid)
     cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
     worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
     return summarize(config, concurrency, calls, results, wall, cpu1 - cpu0, worker, up1 - up0, rss,
