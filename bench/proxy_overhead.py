@@ -497,18 +497,22 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 def settle(pid: int | None, handoff_s: float = 0.05, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
-    """Wait until a proxy's row worker has worked off the run's calls (its CPU time stops growing),
-    so that its CPU per call is the run's own and its backlog does not run during the next
-    configuration's run (on a busy machine it runs behind). A proxy without children returns at
-    once."""
-    if not children_cpu_seconds(pid):
+    """Wait until a proxy and its row worker have finished with the run (their CPU time stops
+    growing): the work that follows a run's last byte - closing its connections, handing its last
+    calls over, the worker's backlog - is then counted in that run, for bare and addon alike, and
+    never runs during the next configuration's run."""
+    if not pid:
         return
     time.sleep(handoff_s)  # the calls of the last hand-off window reach the worker
+
+    def total() -> float:
+        return cpu_seconds(pid) + sum(children_cpu_seconds(pid).values())
+
     deadline = time.monotonic() + limit_s
-    before = sum(children_cpu_seconds(pid).values())
+    before = total()
     while time.monotonic() < deadline:
         time.sleep(poll_s)
-        now = sum(children_cpu_seconds(pid).values())
+        now = total()
         if now == before:
             return
         before = now
