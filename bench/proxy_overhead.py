@@ -719,6 +719,15 @@ def main(argv: list[str] | None = None) -> int:
                          "per hook to the addon's numbers)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
+    for name, value, low in (("--concurrency", min(args.concurrency), 1), ("--rounds", args.rounds, 1),
+                             ("--calls-per-slot", args.calls_per_slot, 1), ("--min-calls", args.min_calls, 1),
+                             ("--tokens", args.tokens, 1), ("--chunk-delay-ms", args.chunk_delay_ms, 0),
+                             ("--think-ms", args.think_ms, 0), ("--echo-kb", args.echo_kb, 0),
+                             ("--request-kb", args.request_kb, 0)):
+        if value < low:
+            ap.error(f"{name}: at least {low}, got {value}")
+    if args.echo_kb and args.api != "responses":
+        ap.error("--echo-kb: Responses only (--api responses); a chat request has no echoed instructions")
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
         ap.error("--configs: start with direct and include bare and addon")
     if args.interleave and (args.concurrency != [1] or args.arrivals != "burst"):

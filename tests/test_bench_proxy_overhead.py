@@ -68,3 +68,18 @@ def test_interleave_is_refused_above_concurrency_1() -> None:
                            "--concurrency", "1", "16"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--interleave: concurrency 1 only" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rounds", "0"], "--rounds: at least 1, got 0"),
+    (["--concurrency", "1", "0"], "--concurrency: at least 1, got 0"),
+    (["--tokens", "0"], "--tokens: at least 1, got 0"),
+    (["--chunk-delay-ms", "-1"], "--chunk-delay-ms: at least 0, got -1.0"),
+    (["--request-kb", "-3"], "--request-kb: at least 0, got -3"),
+    (["--echo-kb", "8"], "--echo-kb: Responses only"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
