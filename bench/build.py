@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                          "fixed costs do not hide the per-token cost")
     ap.add_argument("--compact", action="store_true", help="store prompts compactly (prefix + suffix)")
     args = ap.parse_args(argv)
+    if min(args.turns) < 1:
+        ap.error(f"--turns: at least 1 each, got {min(args.turns)}")
+    if not args.min_input_tokens > 0:
+        ap.error(f"--min-input-tokens: more than 0, got {args.min_input_tokens:g}")
     storage = "compact (prefix ref + suffix)" if args.compact else "full prompts"
     print(f"per turn {COMPLETION_TOKENS} sampled + {GLUE_TOKENS} tool tokens; system prompt "
           f"{SYSTEM_TOKENS}; storage {storage}; {os.cpu_count()} CPUs")

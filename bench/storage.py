@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows per Parquet part (the writer flushes every 256 rows or 10 s: a part of a "
                          "live run holds a few calls of each session)")
     args = ap.parse_args(argv)
+    for name, value, low in (("--turns", args.turns, 1), ("--sessions", args.sessions, 1),
+                             ("--system", args.system, 1), ("--completion", args.completion, 1),
+                             ("--tool", args.tool, 0), ("--rows-per-part", min(args.rows_per_part), 1)):
+        if value < low:
+            ap.error(f"{name}: at least {low}, got {value}")
 
     print(f"storage: {args.sessions} sessions x {args.turns} turns, system {args.system}, "
           f"completion {args.completion}, tool output {args.tool} tokens; Parquet zstd\n")

@@ -34,6 +34,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
+    for name, value, low in (("--groups", a.groups, 1), ("--group-size", a.group_size, 2),
+                             ("--tokens", a.tokens, 1), ("--steps", a.steps, 2), ("--threads", a.threads, 0)):
+        if value < low:  # a GRPO group needs two completions; the timing leaves the first step out
+            ap.error(f"{name}: at least {low}, got {value}")
+    if a.model and not Path(a.model).is_dir():
+        ap.error(f"--model: {a.model} is not a model folder")
 
     import torch
 
