@@ -258,7 +258,20 @@ def run_demo(cfg: DemoConfig) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Refuse settings that cannot make a demo before anything starts (a GRPO group needs two
+    sessions to compare; 0 rounds captures the baseline only)."""
+    for name, value, low in (("--rounds", args.rounds, 0), ("--group-size", args.group_size, 2),
+                             ("--max-tokens", args.max_tokens, 1), ("--train-steps", args.train_steps, 1)):
+        if value < low:
+            raise UserError(f"{name}: at least {low}, got {value}")
+    for name, value in (("--learning-rate", args.learning_rate), ("--final-norm-weight", args.final_norm_weight)):
+        if not value > 0:
+            raise UserError(f"{name}: more than 0, got {value:g}")
+
+
 def _cmd(args: argparse.Namespace) -> int:
+    _check(args)
     cfg = DemoConfig(workdir=Path(args.workdir), rounds=args.rounds, group_size=args.group_size,
                      max_tokens=args.max_tokens, train_steps=args.train_steps,
                      learning_rate=args.learning_rate, final_norm_weight=args.final_norm_weight)
@@ -269,7 +282,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d = DemoConfig()
     p = sub.add_parser("demo", help="capture → build → train → capture again, on CPU (the embedded default)")
     p.add_argument("--workdir", default=str(d.workdir), help=f"where the demo writes (default: {d.workdir})")
-    p.add_argument("--rounds", type=int, default=d.rounds, help="training rounds")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="training rounds (0: capture the baseline only)")
     p.add_argument("--group-size", type=int, default=d.group_size, help="sessions per task (GRPO group)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens per model call")
     p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps per round")

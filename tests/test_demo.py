@@ -41,6 +41,23 @@ def test_demo_help_lists_the_options_with_their_defaults() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "-1"], "--rounds: at least 0, got -1"),
+    (["--group-size", "1"], "--group-size: at least 2, got 1"),
+    (["--max-tokens", "0"], "--max-tokens: at least 1, got 0"),
+    (["--train-steps", "0"], "--train-steps: at least 1, got 0"),
+    (["--learning-rate", "0"], "--learning-rate: more than 0, got 0"),
+    (["--final-norm-weight", "nan"], "--final-norm-weight: more than 0, got nan"),
+])
+def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, args: list[str], message: str) -> None:
+    work = tmp_path / "demo"
+    done = subprocess.run([str(POLAR), "demo", "--workdir", str(work), *args], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and f"polar-train demo: error: {message}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not work.exists()  # nothing was built or captured
+
+
 def test_a_model_built_with_another_spec_is_not_reused(tmp_path: Path) -> None:
     assert _built_spec(tmp_path) is None  # nothing there: build
     (tmp_path / "polar_tiny_model.json").write_text("{not json")
