@@ -80,7 +80,12 @@ def summarize(table, top: int = 20) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .cli import UserError
+
     table, files, problems = load_calls(args.dir)
+    if not files:  # every part was skipped: an empty summary would read as "no calls yet"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"no readable call-log part in {args.dir}; skipped {problems[0]}{more}")
     lines = [f"{args.dir}: {len(files)} part(s)", *(f"skipped: {p}" for p in problems),
              summarize(table, top=args.top)]
     try:

@@ -781,6 +781,13 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     assert "5 calls" in out and "openai.chat" in out and "r0" in out
     assert main(["inspect", str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+    # a folder whose only part is not Parquet: an error naming it, not an empty summary
+    broken = tmp_path / "broken" / "calls"
+    broken.mkdir(parents=True)
+    (broken / "part-x.parquet").write_bytes(b"not parquet at all")
+    assert main(["inspect", str(tmp_path / "broken")]) == 2
+    err = capsys.readouterr().err
+    assert "no readable call-log part" in err and "part-x.parquet: not a readable Parquet file" in err
 
 
 def test_responses_row_takes_sampling_values_from_the_echoed_response():
