@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -18,8 +19,13 @@ class UserError(Exception):
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from .tiny_model import TinyModelSpec, write_tiny_model
 
+    target = Path(args.dir).expanduser()
+    if target.exists() and not target.is_dir():
+        raise UserError(f"{target} exists and is not a folder")
+    if not args.final_norm_weight > 0:
+        raise UserError(f"--final-norm-weight: more than 0, got {args.final_norm_weight:g}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
-    out = write_tiny_model(args.dir, spec)
+    out = write_tiny_model(target, spec)
     print(f"wrote tiny model to {out}")
     return 0
 
@@ -73,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
+            ValueError) as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

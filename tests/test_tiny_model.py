@@ -41,3 +41,14 @@ def test_same_seed_same_weights_other_seed_other(tiny_model_dir, tmp_path, capsy
     assert _digest(tmp_path / "b") != _digest(tiny_model_dir)
     spec = json.loads((tmp_path / "b" / "polar_tiny_model.json").read_text())
     assert spec["seed"] == 1
+
+
+def test_bad_targets_and_settings_are_refused(tmp_path, capsys):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("keep me")
+    assert main(["tiny-model", str(a_file)]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+    assert a_file.read_text() == "keep me"
+    assert main(["tiny-model", str(tmp_path / "m"), "--final-norm-weight", "0"]) == 2
+    assert "--final-norm-weight: more than 0" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
