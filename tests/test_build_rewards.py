@@ -138,3 +138,20 @@ def test_unusable_reward_files_fail_before_building(tmp_path, captures):
     odd.write_text("x")
     with pytest.raises(RewardFileError, match=r"unknown file type \.xlsx"):
         build_trajectories(captures, BuildOptions(tasks=odd))
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", r"no reward in .*r\.jsonl: the file holds no rows"),
+    ("{not json\n", r"no usable reward in .*r\.jsonl: line 1: not valid JSON"),
+    ('{"rollout_id": "ghost", "reward": 1}\n{"rollout_id": "r1"}\n',
+     r"no usable reward in .*r\.jsonl: line 1: unknown rollout 'ghost' \(not in the call log\) \(and 1 more problems\)"),
+])
+def test_a_reward_file_with_nothing_usable_fails_before_building(tmp_path, captures, content, message):
+    """Named but useless (the wrong file, another format): building on would write trajectories
+    without the rewards asked for; a file with some usable rows is applied (test above)."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(content)
+    with pytest.raises(RewardFileError, match=message):
+        build_trajectories(captures, BuildOptions(rewards=path))
+    with pytest.raises(RewardFileError, match=message.replace("reward", "task id")):
+        build_trajectories(captures, BuildOptions(tasks=path))

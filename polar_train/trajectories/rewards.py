@@ -22,7 +22,8 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv
 
 
 class RewardFileError(ValueError):
-    """The file cannot be used at all (missing, unknown format); printed as one line."""
+    """The file cannot be used at all (missing, unknown format, not one usable row); printed as one
+    line."""
 
 
 def file_format(path: Path) -> str:
@@ -141,8 +142,11 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             task = rec.get("task_id")
             if task not in (None, ""):
                 labels.tasks[rid] = str(task)
+        if not labels.rewards:
+            _nothing_usable(path, "reward", labels.problems)
     if tasks_path is not None:
         path = check_file(tasks_path)
+        read, problems_before = 0, len(labels.problems)
         for loc, rec in read_records(path, labels.problems):
             rid = _rollout_of(loc, rec, known_rollouts, labels.problems)
             if rid is None:
@@ -152,7 +156,19 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
                 labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
                 continue
             labels.tasks[rid] = str(task)
+            read += 1
+        if not read:
+            _nothing_usable(path, "task id", labels.problems[problems_before:])
     return labels
+
+
+def _nothing_usable(path: Path, what: str, problems: list[str]) -> None:
+    """A labels file the user named but that gave nothing: almost surely the wrong file or format;
+    building on would write trajectories without the labels asked for."""
+    if not problems:
+        raise RewardFileError(f"no {what} in {path}: the file holds no rows")
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    raise RewardFileError(f"no usable {what} in {path}: {problems[0].removeprefix(f'{path}: ')}{more}")
 
 
 @dataclass
