@@ -157,6 +157,9 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("polar-train harness: error: --proxy-port needs --rollout "
                                    "(the id the calls are recorded under)")
+    proc = subprocess.run([*cmd[:-2], "--timeout", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2  # not a session killed at once
+    assert proc.stderr.strip() == "polar-train harness: error: --timeout: more than 0 seconds, got 0"
 
 
 @dataclass

@@ -38,6 +38,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, HarnessError, ModelServer, Proxy, get_harness
 
+    if not args.timeout > 0:
+        raise UserError(f"--timeout: more than 0 seconds, got {args.timeout:g}")
     try:
         server = ModelServer(args.server, args.model, os.environ.get("POLAR_API_KEY") or DEFAULT_API_KEY)
         proxy = None
