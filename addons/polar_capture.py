@@ -87,6 +87,7 @@ class PolarCapture:
         #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
         self.connect_auth: dict[str, str] = {}
         self._drop_headers = _model_call_drops(self.opts)
+        self._running = False
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
@@ -96,6 +97,16 @@ class PolarCapture:
     def configure(self, updated) -> None:
         if not any(name.startswith("polar_") for name in updated):
             return
+        try:
+            self._configure()
+        except exceptions.OptionsError as exc:
+            if self._running:
+                raise  # a change while running: mitmproxy refuses it, the old values stay
+            # At startup one clear line: mitmproxy exits on an error logged before it runs, where a
+            # raised one would also print its traceback (it reports a script's errors that way).
+            log.error("polar_capture: %s", exc)
+
+    def _configure(self) -> None:
         try:
             opts = CaptureOptions.from_mitmproxy(ctx.options)
         except ValueError as exc:
@@ -121,6 +132,7 @@ class PolarCapture:
         self._drop_headers = _model_call_drops(opts)
 
     def running(self) -> None:
+        self._running = True
         # The proxy's startup heap (modules, classes, options: long-lived) leaves the cyclic GC's
         # view: the addon allocates per event, and every full collection would walk all of it
         # again (measured: proxy CPU 2-7 % lower under load; bench/README.md).

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import importlib.util
 import json
+import logging
 import os
 import stat
 import threading
@@ -738,19 +739,33 @@ def test_hook_exception_becomes_proxy_error_row(tmp_path, monkeypatch):
     assert row["status"] == "proxy_error" and "injected bug" in row["error"]
 
 
-def test_bad_options_give_clear_errors(tmp_path):
+def test_bad_options_give_clear_errors(tmp_path, caplog):
     from mitmproxy import exceptions
     from mitmproxy.test import taddons
 
     mod = _load_addon()
     addon = mod.PolarCapture()
     with taddons.context(addon) as tctx:
+        # at startup: one logged line (mitmproxy exits on it), no traceback, nothing started
+        with caplog.at_level(logging.ERROR, logger="polar_capture"):
+            tctx.configure(addon, polar_out=str(tmp_path / "out"), polar_flush_rows=0)
+        assert "polar_capture: polar_flush_rows: at least 1, got 0" in caplog.text
+        assert addon.writer is None and not (tmp_path / "out").exists()
+        tctx.configure(addon, polar_out=str(tmp_path), polar_flush_rows=256)
+        addon.running()
+        # while running: mitmproxy refuses the change and keeps the old value
         with pytest.raises(exceptions.OptionsError, match="PORT=ROLLOUT"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_port_rollouts="nonsense")
         with pytest.raises(exceptions.OptionsError, match="not a tokenizer folder"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_tokenizer=str(tmp_path / "missing"))
         with pytest.raises(exceptions.OptionsError, match="seconds"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="soon")
+        for option, value, message in (("polar_flush_rows", 0, "polar_flush_rows: at least 1, got 0"),
+                                       ("polar_queue_size", -1, "polar_queue_size: at least 1, got -1"),
+                                       ("polar_handoff_ms", -5, "polar_handoff_ms: at least 0, got -5"),
+                                       ("polar_max_body_mb", 0, "polar_max_body_mb: at least 1, got 0")):
+            with pytest.raises(exceptions.OptionsError, match=message):
+                tctx.configure(addon, polar_out=str(tmp_path), **{option: value})
         addon.done()
 
 

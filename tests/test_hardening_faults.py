@@ -218,3 +218,26 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
         finally:
             m.stop()
         assert no_addon_traceback(m.proc.log())
+
+
+@pytest.mark.parametrize("option, message", [
+    ("polar_flush_rows=0", "polar_capture: polar_flush_rows: at least 1, got 0"),
+    ("polar_flush_seconds=soon", "polar_capture: polar_flush_seconds: expected a number of seconds"),
+    ("polar_port_rollouts=nonsense", "polar_capture: polar_port_rollouts: expected PORT=ROLLOUT"),
+])
+def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option: str, message: str) -> None:
+    """As a user starts it: mitmdump exits 1 before serving, says what is wrong in one line, shows
+    no traceback and creates no output folder."""
+    from tests.support.mitm import ADDON
+    from tests.support.procs import VENV_BIN, free_port
+
+    out = tmp_path / "captures"
+    proc = subprocess.run(
+        [str(VENV_BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1", "-p", str(free_port()),
+         "--set", f"confdir={tmp_path / 'conf'}", "--set", f"polar_out={out}", "--set", option],
+        capture_output=True, text=True, timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text
+    assert message in text and "Error logged during startup, exiting" in text, text
+    assert "Traceback" not in text
+    assert not out.exists()

@@ -79,18 +79,26 @@ class CaptureOptions:
             out=opts.polar_out,
             tokenizer=opts.polar_tokenizer,
             inject=opts.polar_inject,
-            flush_rows=max(1, int(opts.polar_flush_rows)),
+            flush_rows=_at_least("polar_flush_rows", opts.polar_flush_rows, 1),
             flush_seconds=_seconds(opts.polar_flush_seconds),
-            queue_size=max(1, int(opts.polar_queue_size)),
-            handoff_ms=max(0, int(getattr(opts, "polar_handoff_ms", 20))),
+            queue_size=_at_least("polar_queue_size", opts.polar_queue_size, 1),
+            handoff_ms=_at_least("polar_handoff_ms", getattr(opts, "polar_handoff_ms", 20), 0),
             rollout_header=opts.polar_rollout_header.strip().lower(),
             task_header=opts.polar_task_header.strip().lower(),
             port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
             tokenize_check=opts.polar_tokenize_check,
             tokenize_url=opts.polar_tokenize_url.rstrip("/"),
-            max_body_mb=max(1, int(opts.polar_max_body_mb)),
+            max_body_mb=_at_least("polar_max_body_mb", opts.polar_max_body_mb, 1),
             prompt_delta=bool(getattr(opts, "polar_prompt_delta", False)),
         )
+
+
+def _at_least(name: str, value: Any, low: int) -> int:
+    """An integer option's value, refused below ``low`` (a typo must not become a silent 1 or 0)."""
+    value = int(value)
+    if value < low:
+        raise ValueError(f"{name}: at least {low}, got {value}")
+    return value
 
 
 def _seconds(text: str) -> float:
