@@ -98,8 +98,18 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rows(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a capture folder's call log")
     p.add_argument("dir", help="capture folder (polar_out) or its calls/ subfolder")
-    p.add_argument("--top", type=int, default=20, help="rows shown per table (default 20)")
+    p.add_argument("--top", type=_rows, default=20, help="rows shown per table (default 20; 0: totals only)")
     p.set_defaults(func=_cmd_inspect)

@@ -796,6 +796,9 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     assert "5 calls" in out and "openai.chat" in out and "r0" in out
     assert main(["inspect", str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse: exit 2 with the usage and the reason
+        main(["inspect", str(tmp_path), "--top", "-1"])
+    assert exited.value.code == 2 and "--top: must be 0 or more, got -1" in capsys.readouterr().err
     # a folder whose only part is not Parquet: an error naming it, not an empty summary
     broken = tmp_path / "broken" / "calls"
     broken.mkdir(parents=True)
