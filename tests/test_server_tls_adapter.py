@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import shutil
 import ssl
 
 import httpx
@@ -103,10 +104,24 @@ def _base_logits(model_dir, prompt):
     (["--model", "{model}", "--ssl-certfile", "x.pem"], "go together"),
     (["--model", "{model}", "--adapter", "{tmp}"], "not a peft adapter"),
     (["--model", "{model}", "--script", "{tmp}/missing.yaml"], "scenario file not found"),
+    (["--model", "{model}", "--adapter", "{tmp}/config-only"], "no adapter_model.safetensors or adapter_model.bin"),
+    (["--model", "{tmp}/no-weights"], "cannot load the model in"),
+    (["--model", "{tmp}/broken-config"], "config.json cannot be read as JSON"),
+    (["--model", "{model}", "--max-model-len", "0"], "--max-model-len must be >= 1"),
 ])
 def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsys, args, msg):
     from polar_train.cli import main
 
+    (tmp_path / "config-only").mkdir()  # an adapter folder without weights: peft would ask the Hub
+    (tmp_path / "config-only" / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    for name, config in (("no-weights", None), ("broken-config", "{")):
+        folder = tmp_path / name  # tokenizer and config, but no (or broken) weights
+        folder.mkdir()
+        for f in tiny_model_dir.iterdir():
+            if f.suffix != ".safetensors":
+                shutil.copy(f, folder / f.name)
+        if config is not None:
+            (folder / "config.json").write_text(config)
     argv = ["serve", *[a.format(tmp=tmp_path, model=tiny_model_dir) for a in args],
             "--port", str(free_port())]
     assert main(argv) == 2

@@ -75,3 +75,28 @@ def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: no trajectory Parquet files in {empty}"
     assert "Traceback" not in proc.stderr
+
+
+def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):
+    no_weights = tmp_path / "no-weights"  # config and tokenizer, the weights not (yet) copied
+    no_weights.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors":
+            (no_weights / f.name).write_bytes(f.read_bytes())
+    proc = polar_train("train", str(trajectories), "--model", str(no_weights), "--output", str(tmp_path / "r1"),
+                       "--set", "max_steps=1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"polar-train train: error: cannot load the model in {no_weights}: ")
+    assert "Traceback" not in proc.stderr
+
+    adapter = tmp_path / "adapter"  # its config but no weights: peft would look it up on the Hub
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r2"),
+                       "--set", "max_steps=1", "--set", f"init_adapter={adapter}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"polar-train train: error: init_adapter: {adapter} is not a peft adapter "
+        "(no adapter_model.safetensors or adapter_model.bin)")
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
+def _check_model_config(model: Path) -> None:
+    """Refuse a model folder whose config.json is no JSON object before the slow imports."""
+    from ..cli import UserError
+
+    try:
+        config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{model}/config.json cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{model}/config.json holds no JSON object")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..cli import UserError
 
@@ -39,12 +52,17 @@ def _serve(args: argparse.Namespace) -> int:
     for f in (args.ssl_certfile, args.ssl_keyfile):
         if f and not Path(f).is_file():
             raise UserError(f"file not found: {f}")
-    if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
-        raise UserError(f"{args.adapter} is not a peft adapter (no adapter_config.json)")
+    if args.adapter:
+        from ..model_load import check_adapter_folder
+
+        check_adapter_folder(args.adapter)
     if args.chunk_delay_ms < 0:
         raise UserError("--chunk-delay-ms must be >= 0")
     if not 0 < args.port < 65536:
         raise UserError("--port must be in 1..65535")
+    if args.max_model_len < 1:
+        raise UserError(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    _check_model_config(model)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -63,18 +63,13 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None,
                  seed: int | None = None, max_model_len: int = 4096) -> None:
-        from transformers import AutoModelForCausalLM
+        from ..model_load import load_adapter, load_causal_lm
 
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
+        model = load_causal_lm(self.model_dir, torch.float32)
         if adapter is not None:
-            from peft import PeftModel
-
-            adapter_dir = Path(adapter)
-            if not (adapter_dir / "adapter_config.json").exists():
-                raise FileNotFoundError(f"{adapter_dir} is not a peft adapter (no adapter_config.json)")
-            model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+            model = load_adapter(model, adapter).merge_and_unload()
         model.eval()
         self.model = model
         self.max_model_len = max_model_len

@@ -122,26 +122,30 @@ def build_trainer(args: argparse.Namespace):
     config, grouped, report = prepare(args)
     out = Path(args.output)
     checkpoint = _check_output(out, args.resume)
-    if config.init_adapter and not (Path(config.init_adapter) / "adapter_config.json").is_file():
-        raise UserError(f"init_adapter {config.init_adapter}: no adapter_config.json there")
+    if config.init_adapter:
+        from ..model_load import ModelLoadError, check_adapter_folder
+
+        try:
+            check_adapter_folder(config.init_adapter)
+        except ModelLoadError as exc:
+            raise UserError(f"init_adapter: {exc}") from None
     for line in report.lines():
         print(line, flush=True)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from ..model_load import load_adapter, load_causal_lm
     from .trainer import MetricsFileCallback, RecordedGRPOTrainer
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    model = load_causal_lm(args.model, dtype)
     tok = AutoTokenizer.from_pretrained(args.model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     peft_config = None
     if config.init_adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+        model = load_adapter(model, config.init_adapter, is_trainable=True)
     else:
         peft_config = config.lora_config()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,56 @@
+"""Loading a model folder's weights (and a LoRA adapter) with an error a user can act on.
+
+Why: transformers and peft report a folder without weights, a broken ``config.json`` or a broken
+adapter as ``OSError``/``ValueError`` deep in their stacks; ``serve`` and ``train`` must say in one
+line which folder is wrong and why, not print a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+#: The weight files peft saves and loads for an adapter.
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+class ModelLoadError(ValueError):
+    """A model or adapter folder that cannot be loaded (the CLI prints it as one line)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained`` of a local folder, failures as :class:`ModelLoadError`."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {_first_line(exc)}") from None
+
+
+def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
+    """Refuse a folder that is not a saved peft adapter before any weights are loaded (without
+    its files peft would look the folder up on the Hub and report a malformed repository id)."""
+    folder = Path(adapter_dir)
+    if not (folder / "adapter_config.json").is_file():
+        raise ModelLoadError(f"{folder} is not a peft adapter (no adapter_config.json)")
+    if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise ModelLoadError(f"{folder} is not a peft adapter (no {' or '.join(ADAPTER_WEIGHTS)})")
+
+
+def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> Any:
+    """``PeftModel.from_pretrained`` of a local adapter folder, failures as :class:`ModelLoadError`."""
+    from peft import PeftModel
+
+    check_adapter_folder(adapter_dir)
+    try:
+        return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {_first_line(exc)}") from None
