@@ -143,7 +143,11 @@ def load_tokenizer(path: str | os.PathLike):
         raise FileNotFoundError(f"tokenizer directory not found: {p}")
     if not (p / "tokenizer.json").exists() and not (p / "tokenizer_config.json").exists():
         raise FileNotFoundError(f"{p} holds no tokenizer (no tokenizer.json / tokenizer_config.json)")
-    tok = AutoTokenizer.from_pretrained(str(p))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p))
+    except (OSError, ValueError, KeyError) as exc:  # a broken config.json / tokenizer file
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot load the tokenizer in {p}: {detail}") from None
     if not tok.chat_template:
         raise ValueError(f"the tokenizer in {p} has no chat template")
     return tok

@@ -130,3 +130,15 @@ def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, 
         assert main(["build", str(capture), "--out", str(out)]) == 2  # in-process: same code path
         assert "inside the capture folder" in capsys.readouterr().err
     assert sorted(p.name for p in (capture / "calls").iterdir()) == before
+
+
+def test_a_tokenizer_folder_that_does_not_load_is_one_line(tmp_path, capture, tiny_model_dir, capsys):
+    broken = tmp_path / "tok"  # the tokenizer's files, next to a config.json cut short
+    broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (broken / "config.json").write_text("{")
+    assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"polar-train build: error: cannot load the tokenizer in {broken}: ")
+    assert err.strip().count("\n") == 0 and "Traceback" not in err

@@ -100,3 +100,10 @@ def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, 
         f"polar-train train: error: init_adapter: {adapter} is not a peft adapter "
         "(no adapter_model.safetensors or adapter_model.bin)")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("notes")
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(a_file))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: --output is a file, not a folder: {a_file}"
+    assert a_file.read_text() == "notes"

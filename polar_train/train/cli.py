@@ -101,6 +101,8 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
 def _check_output(out: Path, resume: bool) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output is a file, not a folder: {out}")
     if resume:
         last = get_last_checkpoint(str(out)) if out.is_dir() else None
         if last is None:

@@ -97,16 +97,16 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
 
 
 def _token_bytes_factory(tokenizer_dir: str | Path | None):
+    """The stitcher's token-bytes table of a tokenizer folder the user named, loaded at once: a
+    folder that does not load fails before the (possibly long) read, not only when some capture
+    needs a byte comparison. None: the built-in tokenizer, loaded only when needed."""
     if tokenizer_dir is None:
         return None
+    from ..tokenizer import load_tokenizer
+    from .tokenbytes import token_bytes_of
 
-    def factory():
-        from ..tokenizer import load_tokenizer
-        from .tokenbytes import token_bytes_of
-
-        return token_bytes_of(load_tokenizer(tokenizer_dir))
-
-    return factory
+    table = token_bytes_of(load_tokenizer(tokenizer_dir))
+    return lambda: table
 
 
 def _fallback_resolver(table: pa.Table):
@@ -140,6 +140,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         for p in (options.rewards, options.tasks):
             if p is not None:
                 check_file(p)  # fail before the (possibly long) read
+    token_bytes_factory = _token_bytes_factory(options.tokenizer)
     log = read_call_log(folder, resolve_prompts=False)  # the stitcher resolves compact prompts
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
@@ -151,7 +152,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
     stitcher = Stitcher(realign=options.realign,
-                        token_bytes_factory=_token_bytes_factory(options.tokenizer),
+                        token_bytes_factory=token_bytes_factory,
                         fallback_prompt=_fallback_resolver(table))
     for call in calls:
         stitcher.add(call)
