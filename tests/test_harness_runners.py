@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from polar_train.harnesses import (ClaudeCode, Codex, Harness, HarnessError, Mod
                                    find_binary, get_harness)
 from polar_train.harnesses.base import REPO_ROOT
 from tests.support.harness import require_harnesses
+from tests.support.procs import free_port
 
 SECRET = "sk-test-DO-NOT-WRITE-0123456789"
 ALL = ("codex", "claude-code", "pi")
@@ -130,6 +132,12 @@ def test_claude_code_command_is_non_interactive_and_preapproves_tools(tmp_path) 
     assert argv[argv.index("--allowedTools") + 1] == "Bash Read Edit"
 
 
+def _file(folder: Path) -> Path:
+    path = folder / "notes.txt"
+    path.write_text("not a folder")
+    return path
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda p: ModelServer("localhost:8000"), "must start with http:// or https://"),
     (lambda p: Proxy(8080, ""), "rollout id must be"),
@@ -138,6 +146,9 @@ def test_claude_code_command_is_non_interactive_and_preapproves_tools(tmp_path) 
     (lambda p: Proxy(8080, "r", p / "missing.pem"), "CA certificate not found"),
     (lambda p: get_harness("aider"), "unknown harness 'aider'"),
     (lambda p: Pi().run(p / "nowhere", "x", ModelServer("http://127.0.0.1:1")), "work directory not found"),
+    (lambda p: Pi().run(_file(p), "x", ModelServer("http://127.0.0.1:1")), "work directory is a file, not a folder"),
+    (lambda p: Pi().run(p, " \n", ModelServer("http://127.0.0.1:1")), "the prompt is empty"),
+    (lambda p: Pi().run(p, "x", ModelServer("http://127.0.0.1:1"), home=_file(p)), "home is a file, not a folder"),
 ])
 def test_bad_input_is_one_clear_error(make, message, tmp_path) -> None:
     with pytest.raises(HarnessError, match=re.escape(message)):
@@ -160,6 +171,27 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path) -> None:
     proc = subprocess.run([*cmd[:-2], "--timeout", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # not a session killed at once
     assert proc.stderr.strip() == "polar-train harness: error: --timeout: more than 0 seconds, got 0"
+
+
+def test_a_server_or_proxy_that_does_not_listen_is_refused_before_the_session(tmp_path) -> None:
+    """Codex would reconnect until --timeout and say only "network error"."""
+    closed = free_port()  # nothing listens there
+    polar = str(Path(sys.executable).parent / "polar-train")
+    proc = subprocess.run([polar, "harness", "codex", "fix it", "--server", f"http://127.0.0.1:{closed}",
+                           "--workdir", str(tmp_path), "--timeout", "600"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"polar-train harness: error: cannot connect to the model server at "
+                                   f"127.0.0.1:{closed} (Connection refused); is it running?")
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # a server that accepts connections
+        port = listening.getsockname()[1]
+        ca = tmp_path / "ca.pem"
+        ca.write_text("-----BEGIN CERTIFICATE-----\n")
+        proc = subprocess.run([polar, "harness", "codex", "fix it", "--server", f"http://127.0.0.1:{port}",
+                               "--workdir", str(tmp_path), "--proxy-port", str(closed), "--rollout", "r1",
+                               "--ca-cert", str(ca)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"polar-train harness: error: cannot connect to the proxy (mitmdump -s "
+                                   f"addons/polar_capture.py) at 127.0.0.1:{closed} (Connection refused); is it running?")
 
 
 @dataclass

@@ -163,15 +163,27 @@ class Harness(ABC):
         env.update(self.configure(home, server, proxy))
         return env
 
+    @staticmethod
+    def check_inputs(workdir: Path | str, prompt: str, home: Path | str | None = None) -> Path:
+        """The session's work directory, resolved, once the user's inputs are known to be usable."""
+        workdir = Path(workdir).resolve()
+        if not workdir.exists():
+            raise HarnessError(f"work directory not found: {workdir}")
+        if not workdir.is_dir():
+            raise HarnessError(f"work directory is a file, not a folder: {workdir}")
+        if not prompt.strip():
+            raise HarnessError("the prompt is empty: give the task as the harness's user would type it")
+        if home is not None and Path(home).exists() and not Path(home).is_dir():
+            raise HarnessError(f"home is a file, not a folder: {home}")
+        return workdir
+
     def run(self, workdir: Path | str, prompt: str, server: ModelServer, proxy: Proxy | None = None,
             home: Path | str | None = None, timeout: float = 300) -> HarnessRun:
         """Run one session in ``workdir`` and wait for it (``home``: a fresh temporary dir if not given).
 
         On timeout the whole process group is killed: harnesses spawn shells and helpers.
         """
-        workdir = Path(workdir).resolve()
-        if not workdir.is_dir():
-            raise HarnessError(f"work directory not found: {workdir}")
+        workdir = self.check_inputs(workdir, prompt, home)
         exe = find_binary(self.binary, self.prefix)
         home = Path(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
         home.mkdir(parents=True, exist_ok=True)

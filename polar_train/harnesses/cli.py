@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,9 +36,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
+def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
+    """Refuse to start a session whose server or proxy does not accept connections: a harness
+    would retry until ``--timeout`` (Codex reconnects for minutes) and say only "network error"."""
+    from ..cli import UserError
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UserError(f"{what}: bad port in {url!r}") from None
+    host = parts.hostname or ""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise UserError(f"cannot connect to {what} at {host}:{port} ({reason}); is it running?") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
-    from . import DEFAULT_API_KEY, HarnessError, ModelServer, Proxy, get_harness
+    from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
 
     if not args.timeout > 0:
         raise UserError(f"--timeout: more than 0 seconds, got {args.timeout:g}")
@@ -57,6 +78,10 @@ def _run(args: argparse.Namespace) -> int:
             if args.name != "codex":
                 raise UserError("--freeform-apply-patch is a Codex option")
             options["freeform_apply_patch"] = True
+        Harness.check_inputs(args.workdir, args.prompt, args.home)
+        _check_listening(server.base_url, "the model server")
+        if proxy is not None:
+            _check_listening(f"http://{proxy.host}:{proxy.port}", "the proxy (mitmdump -s addons/polar_capture.py)")
         run = get_harness(args.name, **options).run(Path(args.workdir), args.prompt, server, proxy,
                                          Path(args.home) if args.home else None, args.timeout)
     except HarnessError as exc:
