@@ -268,6 +268,9 @@ def _check(args: argparse.Namespace) -> None:
     for name, value in (("--learning-rate", args.learning_rate), ("--final-norm-weight", args.final_norm_weight)):
         if not value > 0:
             raise UserError(f"{name}: more than 0, got {value:g}")
+    work = Path(args.workdir)
+    if work.exists() and not work.is_dir():
+        raise UserError(f"--workdir is a file, not a folder: {work}")
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -58,6 +58,15 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, args: l
     assert not work.exists()  # nothing was built or captured
 
 
+def test_a_file_as_workdir_is_refused_and_left_alone(tmp_path: Path) -> None:
+    work = tmp_path / "notes.txt"
+    work.write_text("mine")
+    done = subprocess.run([str(POLAR), "demo", "--workdir", str(work)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"polar-train demo: error: --workdir is a file, not a folder: {work}"
+    assert work.read_text() == "mine"
+
+
 def test_a_model_built_with_another_spec_is_not_reused(tmp_path: Path) -> None:
     assert _built_spec(tmp_path) is None  # nothing there: build
     (tmp_path / "polar_tiny_model.json").write_text("{not json")
