@@ -34,9 +34,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
         from .calllog import part_folder
 
         parts = part_folder(captures)
-        parts = parts.parent if parts.is_file() else parts
         target = out.resolve()
-        if target in (captures.resolve(), parts.resolve()) or parts.resolve() in target.parents:
+        if parts.is_file():  # one part: a rebuild replaces the part-*.parquet files in --out
+            if target == parts.parent.resolve():
+                raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
+        elif target in (captures.resolve(), parts.resolve()) or parts.resolve() in target.parents:
             raise UserError(f"--out {out} is inside the capture folder {captures}; choose another folder")
     options = BuildOptions(realign=args.realign, reward_mode=args.reward_mode,
                            rewards=args.rewards, tasks=args.tasks, tokenizer=args.tokenizer)

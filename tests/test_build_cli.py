@@ -142,3 +142,17 @@ def test_a_tokenizer_folder_that_does_not_load_is_one_line(tmp_path, capture, ti
     err = capsys.readouterr().err
     assert err.startswith(f"polar-train build: error: cannot load the tokenizer in {broken}: ")
     assert err.strip().count("\n") == 0 and "Traceback" not in err
+
+
+def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture, capsys):
+    part = tmp_path / "single" / "part-a.parquet"  # named as captured parts are: a rebuild would replace it
+    part.parent.mkdir()
+    good = next(p for p in sorted((capture / "calls").glob("part-*.parquet"))
+                if p.name not in ("part-foreign.parquet", "part-corrupt.parquet"))
+    part.write_bytes(good.read_bytes())
+    assert main(["build", str(part), "--out", str(part.parent)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"polar-train build: error: --out {part.parent} is the folder of {part}; choose another folder")
+    assert part.read_bytes() == good.read_bytes()
+    assert main(["build", str(part), "--out", str(part.parent / "traj")]) == 0  # a sibling folder is fine
+    assert list((part.parent / "traj").glob("part-*.parquet")) and part.read_bytes() == good.read_bytes()
