@@ -275,7 +275,7 @@ class PolarCapture:
             decoder = Decoder(enc)
         module = record.FORMATS[state.api]
         strip = strip_bytes = None
-        if state.injected:
+        if state.injected and self.opts.strip:
             asked = state.asked
             strip = functools.partial(module.strip, asked=asked)
             if hasattr(module, "event_stripper"):
@@ -315,7 +315,7 @@ class PolarCapture:
         body = (await asyncio.to_thread(resp.get_content, strict=False) if big
                 else resp.get_content(strict=False)) or b""
         state.response_body = body
-        if state.injected and 200 <= resp.status_code < 300 and body:
+        if state.injected and self.opts.strip and 200 <= resp.status_code < 300 and body:
             module = record.FORMATS[state.api]
             new = (await asyncio.to_thread(_strip_body, body, module, state.asked) if big
                    else _strip_body(body, module, state.asked))

@@ -56,7 +56,7 @@ from paired_stats import LEVEL, median_ci, verdict  # noqa: E402
 TTFB_TARGET, CALLS_TARGET = 1.05, 0.95
 
 BIN = Path(sys.executable).parent
-CONFIGS = ("direct", "bare", "addon", "addon-noinject", "addon-handoff0", "bare-asked")
+CONFIGS = ("direct", "bare", "addon", "addon-noinject", "addon-nostrip", "addon-handoff0", "bare-asked")
 CALL_TIMEOUT_S = 120.0
 PROMPT_IDS = [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198]
 WORDS = ("the quick brown fox jumps over the lazy dog while the proxy records every token of "
@@ -669,7 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--configs", nargs="+", default=["direct", "bare", "addon"], choices=CONFIGS,
                     help="what to compare (direct must come first, addon must be included); "
-                         "addon-noinject = the addon with polar_inject=false; addon-handoff0 = the addon "
+                         "addon-noinject = the addon with polar_inject=false; addon-nostrip = the addon "
+                         "injecting but passing the injected fields on to the client (polar_strip=false); "
+                         "addon-handoff0 = the addon "
                          "handing each call to its row worker the moment it ends (polar_handoff_ms=0); "
                          "bare-asked = bare mitmdump "
                          "with a client that asks for token ids and logprobs itself (what receiving the "
@@ -708,8 +710,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   "(default: write one into a temp dir)")
     ap.add_argument("--serve-fake", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--profile", default=None, metavar="PREFIX",
-                    help="write py-spy profiles (collapsed stacks, flamegraph input) of the addon's and bare "
-                         "mitmdump to PREFIX-addon.txt and PREFIX-bare.txt")
+                    help="write py-spy profiles (collapsed stacks, flamegraph input) of every mitmdump "
+                         "to PREFIX-CONFIG.txt (PREFIX-addon.txt, PREFIX-bare.txt, ...)")
     ap.add_argument("--pin", action="store_true",
                     help="each mitmdump alone on CPU 0; the client, the upstream and the addon's row worker on "
                          "the other CPUs (what the proxy costs without sharing its core with the load)")
@@ -781,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["-s", str(script), "--set", f"polar_out={tmp / name}"]
             if name == "addon-noinject":
                 cmd += ["--set", "polar_inject=false"]
+            if name == "addon-nostrip":
+                cmd += ["--set", "polar_strip=false"]
             if name == "addon-handoff0":
                 cmd += ["--set", "polar_handoff_ms=0"]
             log = tmp / f"mitmdump-{name}.log"
@@ -806,8 +810,8 @@ def main(argv: list[str] | None = None) -> int:
             pin(pids, server.pid)
 
         profilers = []
-        if args.profile:  # the addon's mitmdump and bare mitmdump, side by side
-            for name in ("addon", "bare"):
+        if args.profile:  # every mitmdump (the addon's variants and bare), side by side
+            for name in [c for c in configs if c != "direct"]:
                 profilers.append(subprocess.Popen(
                     [str(BIN / "py-spy"), "record", "--pid", str(pids[name]), "--format", "raw",
                      "--output", f"{args.profile}-{name}.txt", "--rate", "200"],
@@ -922,7 +926,7 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
               f"{paired(runs, c, 'bare', 'direct', 'ttfb_ms').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'calls_per_s').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'gap_ms').median:.3f}")
-        for other in ("addon-noinject", "addon-handoff0", "bare-asked"):
+        for other in ("addon-noinject", "addon-nostrip", "addon-handoff0", "bare-asked"):
             if (c, other) in agg:
                 n = agg[(c, other)]
                 print(f"   {other}/bare at {c}: TTFB {paired(runs, c, other, 'bare', 'ttfb_ms')}, calls/s "

@@ -926,3 +926,52 @@ def test_int_list_takes_lists_of_ints_only():
     assert int_list(ids) == ids and int_list(ids) is not ids and int_list([]) == []
     for bad in ([1, True], [False], [1, 2.0], [1, None], [[1]], (1, 2), "12", None):
         assert int_list(bad) is None, bad
+
+
+def test_without_strip_the_client_gets_the_server_bytes_and_the_row_is_the_same(tmp_path):
+    """``polar_strip=false``: the request is injected as usual, every response byte reaches the
+    client as the server sent it (the injected ids and logprobs included: no per-event work on the
+    proxy's loop), and the row is what the stripping proxy records."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import taddons
+
+    rows = {}
+    for strip in (True, False):
+        mod = _load_addon()
+        addon = mod.PolarCapture()
+        out = tmp_path / f"strip-{strip}"
+        with taddons.context(addon) as tctx:
+            tctx.configure(addon, polar_out=str(out), polar_strip=strip)
+            body = {"model": "tiny", "input": "Hi", "stream": True, "instructions": "be brief"}
+            f = _chat_flow(body, path="/v1/responses")
+            addon.requestheaders(f)
+            asyncio.run(addon.request(f))
+            assert json.loads(f.request.content)["enable_response_messages"] is True  # injected either way
+            f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
+            addon.responseheaders(f)
+            sent = WIRE["resp_inj_sse"].encode()
+            got = b""
+            for chunk in [sent[i:i + 100] for i in range(0, len(sent), 100)] + [b""]:
+                part = f.response.stream(chunk)
+                got += b"".join(part) if isinstance(part, list) else part
+            if strip:
+                assert b'"raw_message_tokens"' not in got
+            else:
+                assert got == sent
+            asyncio.run(addon.response(f))
+
+            plain = _chat_flow({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]})
+            addon.requestheaders(plain)
+            asyncio.run(addon.request(plain))
+            answer = WIRE["chat_inj"].encode()
+            plain.response = Response.make(200, answer, {"content-type": "application/json"})
+            addon.responseheaders(plain)
+            asyncio.run(addon.response(plain))
+            assert (plain.response.content == answer) is (not strip)
+            addon.done()
+        rows[strip] = sorted(pq.read_table(next((out / "calls").glob("part-*.parquet"))).to_pylist(),
+                             key=lambda r: r["api"])
+    for a, b in zip(rows[True], rows[False], strict=True):
+        assert a["token_source"] == b["token_source"] == "server" and a["status"] == b["status"] == "ok"
+        for key in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "response_json"):
+            assert a[key] == b[key], key

@@ -221,6 +221,32 @@ def test_output_is_the_same_without_the_proxy(proxied: Session, scripted_server:
     assert repo_test_passes(repo)[0]
 
 
+@pytest.mark.parametrize("variant", ["codex", "pi"])  # the harnesses whose calls get fields injected
+def test_a_session_that_sees_the_injected_fields_runs_the_same(variant: str, scripted_server: str,
+                                                               tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``polar_strip=false``: the harness receives the token ids and logprobs the proxy asked for
+    (vLLM's extra members) and must run as it does through the stripping proxy, with the same
+    call log."""
+    require_harnesses(VARIANTS[variant][0])
+    rows = {}
+    for strip in ("true", "false"):
+        work = tmp_path / f"strip-{strip}"
+        rollout = f"{variant}-strip-{strip}-{uuid.uuid4().hex[:6]}"
+        with capture_proxy(work, tiny_model_dir, options={"polar_strip": strip}) as px:
+            run, repo = run_session(variant, scripted_server, work, Proxy(px.port, rollout, px.ca_cert))
+        assert run.ok, run.describe()
+        assert run.final_message == FINAL_ANSWER and repo_test_passes(repo)[0]
+        rows[strip] = call_rows(px.out, rollout)
+        witnessed = px.witnessed_model_flows()
+        assert len(rows[strip]) == len(witnessed) == SCRIPTED_TURNS
+        # what reached the harness: the server's ids in every answer without stripping, in none with it
+        assert [f["ids_seen"] for f in witnessed] == [strip == "false"] * SCRIPTED_TURNS
+        assert {(r["status"], r["token_source"], r["injected"]) for r in rows[strip]} == {("ok", "server", True)}
+    for a, b in zip(rows["true"], rows["false"], strict=True):  # the same scripted turns: the same tokens out
+        assert a["completion_token_ids"] == b["completion_token_ids"]
+        assert len(a["completion_logprobs"]) == len(b["completion_logprobs"])
+
+
 @pytest.mark.parametrize("name", HARNESS_NAMES)
 def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server: str, tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ OPTION_SPECS: list[tuple[str, type, Any, str]] = [
     ("polar_inject", bool, True,
      "Ask the upstream for token ids/logprobs (return_token_ids, logprobs, enable_response_messages) "
      "and strip what the client did not ask for from what it receives."),
+    ("polar_strip", bool, True,
+     "Remove the injected fields from what the client receives (it sees what it would have got "
+     "without the proxy). false: the client gets them as the server sent them - extra JSON members "
+     "that OpenAI-style clients ignore - and the proxy does no work per event (bench/proxy_overhead.py "
+     "addon-nostrip); the call log is the same."),
     ("polar_flush_rows", int, 256, "Close a Parquet part after this many rows."),
     ("polar_flush_seconds", str, "10", "Close a Parquet part after this many seconds (a number)."),
     ("polar_queue_size", int, 1024,
@@ -55,6 +60,7 @@ class CaptureOptions:
     out: str = "data/captures"
     tokenizer: str = ""
     inject: bool = True
+    strip: bool = True
     flush_rows: int = 256
     flush_seconds: float = 10.0
     queue_size: int = 1024
@@ -79,6 +85,7 @@ class CaptureOptions:
             out=opts.polar_out,
             tokenizer=opts.polar_tokenizer,
             inject=opts.polar_inject,
+            strip=bool(getattr(opts, "polar_strip", True)),
             flush_rows=_at_least("polar_flush_rows", opts.polar_flush_rows, 1),
             flush_seconds=_seconds(opts.polar_flush_seconds),
             queue_size=_at_least("polar_queue_size", opts.polar_queue_size, 1),

@@ -100,10 +100,12 @@ class CaptureProxy:
 
 @contextlib.contextmanager
 def capture_proxy(work: Path, tokenizer_dir: Path | None = None, timeout: float = 60,
-                  upstream_self_signed: bool = False) -> Iterator[CaptureProxy]:
+                  upstream_self_signed: bool = False,
+                  options: dict[str, str] | None = None) -> Iterator[CaptureProxy]:
     """mitmdump with our addon, its CA in a private confdir (never ~/.mitmproxy); stopped on exit.
 
     ``upstream_self_signed``: accept the test server's self-signed certificate (``ssl_insecure``).
+    ``options``: more ``--set NAME=VALUE`` for the addon.
 
     Stopping it (SIGTERM: mitmproxy runs the addon's ``done``) flushes every row, so a test reads
     the call log after the ``with`` block.
@@ -114,12 +116,14 @@ def capture_proxy(work: Path, tokenizer_dir: Path | None = None, timeout: float 
     witness_log = work / "witness.jsonl"
     args = [str(VENV_BIN / "mitmdump"), "--listen-host", "127.0.0.1", "-p", str(port),
             "--set", f"confdir={confdir}", "--set", "termlog_verbosity=warn", "--set", "flow_detail=0",
-            "-s", str(WITNESS), "--set", f"witness_log={witness_log}",
-            "-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={out}"]
+            "-s", str(REPO / "addons" / "polar_capture.py"), "--set", f"polar_out={out}",
+            "-s", str(WITNESS), "--set", f"witness_log={witness_log}"]  # after ours: it sees the client's side
     if tokenizer_dir is not None:
         args += ["--set", f"polar_tokenizer={tokenizer_dir}"]
     if upstream_self_signed:
         args += ["--set", "ssl_insecure=true"]
+    for name, value in (options or {}).items():
+        args += ["--set", f"{name}={value}"]
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["HF_HUB_OFFLINE"] = "1"
     proc = ManagedProcess(args, work / f"mitmdump-{port}.log", env=env, cwd=str(REPO)).start()
