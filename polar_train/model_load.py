@@ -20,7 +20,8 @@ class ModelLoadError(ValueError):
     """A model or adapter folder that cannot be loaded (the CLI prints it as one line)."""
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line (libraries put details on the lines after)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -32,7 +33,7 @@ def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
     try:
         return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {_first_line(exc)}") from None
+        raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {first_line(exc)}") from None
 
 
 def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
@@ -53,4 +54,4 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
     try:
         return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {_first_line(exc)}") from None
+        raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {first_line(exc)}") from None

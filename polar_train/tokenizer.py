@@ -146,8 +146,9 @@ def load_tokenizer(path: str | os.PathLike):
     try:
         tok = AutoTokenizer.from_pretrained(str(p))
     except (OSError, ValueError, KeyError) as exc:  # a broken config.json / tokenizer file
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot load the tokenizer in {p}: {detail}") from None
+        from .model_load import first_line
+
+        raise ValueError(f"cannot load the tokenizer in {p}: {first_line(exc)}") from None
     if not tok.chat_template:
         raise ValueError(f"the tokenizer in {p} has no chat template")
     return tok

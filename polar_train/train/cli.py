@@ -37,10 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _model_vocab_size(model: str) -> int:
     from transformers import AutoConfig
 
+    from ..model_load import first_line
+
     try:
         cfg = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as exc:
-        raise UserError(f"--model {model}: not a model directory ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"--model {model}: not a model directory ({first_line(exc)})") from None
     return int(cfg.get_text_config().vocab_size)
 
 
