@@ -30,7 +30,7 @@ from polar_train.capture import record
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
 from polar_train.capture.json_members import compact
-from polar_train.capture.options import OPTION_SPECS, CaptureOptions
+from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
@@ -88,15 +88,22 @@ class PolarCapture:
         self.connect_auth: dict[str, str] = {}
         self._drop_headers = _model_call_drops(self.opts)
         self._running = False
+        #: ``--set polar_...`` values mitmproxy could not use (logged at load; see unusable_deferred).
+        self._unusable: list[str] = []
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
         for name, typ, default, help_text in OPTION_SPECS:
             loader.add_option(name, typ, default, help_text)
+        self._unusable = unusable_deferred(loader.master.options)
+        for problem in self._unusable:
+            log.error("polar_capture: %s", problem)  # at startup: mitmdump exits (as for a bad value)
 
     def configure(self, updated) -> None:
         if not any(name.startswith("polar_") for name in updated):
             return
+        if self._unusable and not self._running:
+            return  # mitmdump exits on the error logged in load: no worker, no output folder
         try:
             self._configure()
         except exceptions.OptionsError as exc:

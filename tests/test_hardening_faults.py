@@ -224,6 +224,11 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
     ("polar_flush_rows=0", "polar_capture: polar_flush_rows: at least 1, got 0"),
     ("polar_flush_seconds=soon", "polar_capture: polar_flush_seconds: expected a number of seconds"),
     ("polar_port_rollouts=nonsense", "polar_capture: polar_port_rollouts: expected PORT=ROLLOUT"),
+    # values mitmproxy itself cannot convert, and a misspelt name: it would skip the script, or the
+    # option, without a word and serve without recording (or with the default)
+    ("polar_strip=maybe", 'polar_capture: polar_strip: boolean must be "true", "false"'),
+    ("polar_flush_rows=many", "polar_capture: polar_flush_rows: not an integer: many"),
+    ("polar_flush_row=10", "polar_capture: polar_flush_row: no such option (the addon's are polar_out, "),
 ])
 def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option: str, message: str) -> None:
     """As a user starts it: mitmdump exits 1 before serving, says what is wrong in one line, shows

@@ -127,3 +127,37 @@ def parse_port_rollouts(text: str) -> dict[int, str]:
             raise ValueError(f"polar_port_rollouts: expected PORT=ROLLOUT, got {item!r}")
         result[int(port)] = rollout.strip()
     return result
+
+
+def unusable_deferred(options: Any) -> list[str]:
+    """``polar_*`` values given before the addon loaded (``--set`` on the command line) that
+    mitmproxy could not convert, or whose name is no option of ours: one ``"<name>: <why>"`` each,
+    and each is taken out of mitmproxy's deferred values.
+
+    Why: mitmproxy converts those values right after the addon's ``load``; a failure there stops
+    loading the script without a word (the proxy then serves and records nothing), and an unknown
+    name is ignored silently (a typo such as ``polar_flush_row=10``). Uses the option manager's own
+    conversion (``_parse_setval``), so what passes here passes there.
+    """
+    from mitmproxy import exceptions
+
+    deferred = getattr(options, "deferred", None)
+    if not isinstance(deferred, dict):
+        return []
+    known = [spec[0] for spec in OPTION_SPECS]
+    problems = []
+    for name in [n for n in deferred if n.startswith("polar_")]:
+        if name not in known:
+            problems.append(f"{name}: no such option (the addon's are {', '.join(known)})")
+            del deferred[name]
+            continue
+        raw = getattr(deferred[name], "val", None)
+        if raw is None:  # a typed value (set from Python): mitmproxy checks its type itself
+            continue
+        try:
+            options._parse_setval(options._options[name], raw)
+        except exceptions.OptionsError as exc:
+            why = str(exc).removeprefix(f"Failed to parse option {name}: ")
+            problems.append(f"{name}: {why}")
+            del deferred[name]
+    return problems
