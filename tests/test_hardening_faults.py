@@ -229,6 +229,8 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
     ("polar_strip=maybe", 'polar_capture: polar_strip: boolean must be "true", "false"'),
     ("polar_flush_rows=many", "polar_capture: polar_flush_rows: not an integer: many"),
     ("polar_flush_row=10", "polar_capture: polar_flush_row: no such option (the addon's are polar_out, "),
+    ("polar_out=", "polar_capture: polar_out: empty; give a value or leave the option out"),
+    ("polar_out=a & polar_out=b", "polar_capture: polar_out: Received multiple values for polar_out"),
 ])
 def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option: str, message: str) -> None:
     """As a user starts it: mitmdump exits 1 before serving, says what is wrong in one line, shows
@@ -237,12 +239,13 @@ def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option:
     from tests.support.procs import VENV_BIN, free_port
 
     out = tmp_path / "captures"
+    given = [] if option.startswith("polar_out=") else ["--set", f"polar_out={out}"]  # a second one: two values
     proc = subprocess.run(
         [str(VENV_BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1", "-p", str(free_port()),
-         "--set", f"confdir={tmp_path / 'conf'}", "--set", f"polar_out={out}", "--set", option],
-        capture_output=True, text=True, timeout=120)
+         "--set", f"confdir={tmp_path / 'conf'}", *given, *[a for o in option.split(" & ") for a in ("--set", o)]],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text
     assert message in text and "Error logged during startup, exiting" in text, text
     assert "Traceback" not in text
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "calls").exists() and not (tmp_path / "a").exists()

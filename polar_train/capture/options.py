@@ -82,7 +82,7 @@ class CaptureOptions:
     @classmethod
     def from_mitmproxy(cls, opts: Any) -> "CaptureOptions":
         return cls(
-            out=opts.polar_out,
+            out=_not_empty("polar_out", opts.polar_out),
             tokenizer=opts.polar_tokenizer,
             inject=opts.polar_inject,
             strip=bool(getattr(opts, "polar_strip", True)),
@@ -90,14 +90,22 @@ class CaptureOptions:
             flush_seconds=_seconds(opts.polar_flush_seconds),
             queue_size=_at_least("polar_queue_size", opts.polar_queue_size, 1),
             handoff_ms=_at_least("polar_handoff_ms", getattr(opts, "polar_handoff_ms", 20), 0),
-            rollout_header=opts.polar_rollout_header.strip().lower(),
-            task_header=opts.polar_task_header.strip().lower(),
+            rollout_header=_not_empty("polar_rollout_header", opts.polar_rollout_header).strip().lower(),
+            task_header=_not_empty("polar_task_header", opts.polar_task_header).strip().lower(),
             port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
             tokenize_check=opts.polar_tokenize_check,
             tokenize_url=opts.polar_tokenize_url.rstrip("/"),
             max_body_mb=_at_least("polar_max_body_mb", opts.polar_max_body_mb, 1),
             prompt_delta=bool(getattr(opts, "polar_prompt_delta", False)),
         )
+
+
+def _not_empty(name: str, value: str) -> str:
+    """A name or path option's value, refused when blank (an empty polar_out would write into
+    ./calls of whatever folder mitmdump was started in)."""
+    if not value.strip():
+        raise ValueError(f"{name}: empty; give a value or leave the option out")
+    return value
 
 
 def _at_least(name: str, value: Any, low: int) -> int:
