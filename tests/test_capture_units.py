@@ -527,6 +527,30 @@ def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
     assert row["usage_match"] is True
 
 
+def test_a_tokenizer_that_does_not_load_is_said_once_and_each_row_keeps_its_call(tiny_model_dir, tmp_path, caplog):
+    from polar_train.capture.render import Renderer
+
+    broken = tmp_path / "tok"  # the tokenizer's files, and a config.json cut short
+    broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (broken / "config.json").write_text("{")
+    req = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]}
+    body = {"id": "m", "type": "message", "role": "assistant", "model": "tiny",
+            "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 5, "output_tokens": 2}}
+    renderer = Renderer(str(broken))
+    with caplog.at_level("ERROR", logger="polar_capture"):
+        rows = [record.build_row(_state("anthropic.messages", request=req, http_status=200,
+                                        response_body=json.dumps(body).encode()), renderer) for _ in range(3)]
+    for row in rows:  # the call is kept, with why it has no ids
+        assert row["status"] == "ok" and row["token_source"] == "none" and row["prompt_token_ids"] is None
+        assert row["error"].startswith(f"token ids unavailable: polar_tokenizer {broken}: cannot load it: ")
+    said = [r for r in caplog.records if "cannot load it" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None  # once, without a traceback
+    assert not any(r.exc_info for r in caplog.records)
+
+
 def test_anthropic_to_chat_tool_round_trip():
     req = {"system": [{"type": "text", "text": "x-anthropic-billing-header: 1"}, {"type": "text", "text": "S"}],
            "messages": [{"role": "user", "content": "do it"},

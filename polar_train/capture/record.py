@@ -23,7 +23,7 @@ from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
 from .parsed import ParsedCall
 from .redact import header_secrets, redacted_dumps, scrub, value_secrets
-from .render import Renderer, server_tokenize
+from .render import Renderer, TokenizerUnavailable, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
 from .sse import event_json, parse_event, split_all
@@ -356,6 +356,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
     if status == "ok":
         try:
             ids = _ids(parsed, module, state, renderer, tokenize_check, tokenize_url)
+        except TokenizerUnavailable as exc:  # logged once by the renderer
+            error = f"token ids unavailable: {exc}"
         except Exception as exc:
             log.exception("polar_capture: token ids of %s failed", state.call_id)
             error = f"token ids unavailable: {exc!r}"

@@ -10,12 +10,20 @@ have picked a non-canonical split of the same text, which ``usage_match`` then s
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from ..wire.render import render
+
+log = logging.getLogger("polar_capture")
+
+
+class TokenizerUnavailable(ValueError):
+    """``polar_tokenizer`` names a folder whose tokenizer does not load: said once in the log, and
+    in each rendered call's row (``error``), without a traceback per call."""
 
 
 class Renderer:
@@ -24,15 +32,24 @@ class Renderer:
     def __init__(self, tokenizer_dir: str) -> None:
         self.tokenizer_dir = tokenizer_dir
         self._tok = None
+        self._failed: str | None = None
         self._lock = threading.Lock()
 
     @property
     def tokenizer(self):
         with self._lock:
+            if self._failed is not None:
+                raise TokenizerUnavailable(self._failed)
             if self._tok is None:
+                from polar_train.model_load import first_line
                 from polar_train.tokenizer import load_tokenizer
 
-                self._tok = load_tokenizer(Path(self.tokenizer_dir).expanduser())
+                try:
+                    self._tok = load_tokenizer(Path(self.tokenizer_dir).expanduser())
+                except Exception as exc:  # a broken folder: every later call gets the same answer at once
+                    self._failed = f"polar_tokenizer {self.tokenizer_dir}: cannot load it: {first_line(exc)}"
+                    log.error("polar_capture: %s; calls that need rendering get no token ids", self._failed)
+                    raise TokenizerUnavailable(self._failed) from None
             return self._tok
 
     def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
