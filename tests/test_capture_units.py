@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import importlib.util
 import json
 import logging
@@ -574,6 +575,17 @@ def _load_addon():
     return mod
 
 
+@contextlib.contextmanager
+def _configured_addon(out: Path, **options):
+    """A fresh capture addon in mitmproxy's test context, writing to ``out``, with these options."""
+    from mitmproxy.test import taddons
+
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(out), **options)
+        yield addon
+
+
 def _chat_flow(body: dict, path="/v1/chat/completions"):
     from mitmproxy.test import tflow, tutils
 
@@ -912,15 +924,11 @@ def test_uninjected_requests_are_read_by_the_row_worker_with_the_same_verdict(tm
     loop); the row worker then finds what the proxy finds when it injects: the stream flag, or
     why the body is no request."""
     from mitmproxy.http import Response
-    from mitmproxy.test import taddons
 
     rows = {}
     for inject in (True, False):
-        mod = _load_addon()
-        addon = mod.PolarCapture()
         out = tmp_path / f"inject-{inject}"
-        with taddons.context(addon) as tctx:
-            tctx.configure(addon, polar_out=str(out), polar_inject=inject)
+        with _configured_addon(out, polar_inject=inject) as addon:
             f = _chat_flow({})
             f.request.content = body
             addon.requestheaders(f)
@@ -957,15 +965,11 @@ def test_without_strip_the_client_gets_the_server_bytes_and_the_row_is_the_same(
     client as the server sent it (the injected ids and logprobs included: no per-event work on the
     proxy's loop), and the row is what the stripping proxy records."""
     from mitmproxy.http import Headers, Response
-    from mitmproxy.test import taddons
 
     rows = {}
     for strip in (True, False):
-        mod = _load_addon()
-        addon = mod.PolarCapture()
         out = tmp_path / f"strip-{strip}"
-        with taddons.context(addon) as tctx:
-            tctx.configure(addon, polar_out=str(out), polar_strip=strip)
+        with _configured_addon(out, polar_strip=strip) as addon:
             body = {"model": "tiny", "input": "Hi", "stream": True, "instructions": "be brief"}
             f = _chat_flow(body, path="/v1/responses")
             addon.requestheaders(f)
