@@ -153,6 +153,8 @@ def unusable_deferred(options: Any) -> list[str]:
     if not isinstance(deferred, dict):
         return []
     known = [spec[0] for spec in OPTION_SPECS]
+    # mitmproxy 12's own conversion (private: without it, only unknown names are reported)
+    parse, specs = getattr(options, "_parse_setval", None), getattr(options, "_options", None)
     problems = []
     for name in [n for n in deferred if n.startswith("polar_")]:
         if name not in known:
@@ -160,10 +162,10 @@ def unusable_deferred(options: Any) -> list[str]:
             del deferred[name]
             continue
         raw = getattr(deferred[name], "val", None)
-        if raw is None:  # a typed value (set from Python): mitmproxy checks its type itself
-            continue
+        if raw is None or parse is None or not isinstance(specs, dict) or name not in specs:
+            continue  # a typed value (set from Python): mitmproxy checks its type itself
         try:
-            options._parse_setval(options._options[name], raw)
+            parse(specs[name], raw)
         except exceptions.OptionsError as exc:
             why = str(exc).removeprefix(f"Failed to parse option {name}: ")
             problems.append(f"{name}: {why}")
