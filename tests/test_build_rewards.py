@@ -119,6 +119,18 @@ def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captur
     assert per["r2"][0].reward is None and len(result.trajectories) == 5
 
 
+def test_a_rollout_listed_twice_in_the_tasks_file_keeps_its_first_task(tmp_path, captures):
+    """As for rewards: the first row counts and the conflict is named (the last one won silently)."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"rollout_id": "r1", "task_id": "first"}, {"rollout_id": "r1", "task_id": "first"},
+        {"rollout_id": "r1", "task_id": "second"}]) + "\n")
+    result = build_trajectories(captures, BuildOptions(tasks=path))
+    assert result.report.problems == [
+        f"{path}: line 3: rollout 'r1' listed again with task 'second'; the first task id 'first' is kept"]
+    assert {t.group_id for t in by_rollout(result)["r1"]} == {"first"}
+
+
 def test_bad_csv_and_parquet_rows_name_their_row(tmp_path, captures):
     csv_path = tmp_path / "r.csv"
     csv_path.write_text("rollout_id,reward\nr1,1\nr2,abc\nnobody,1\n")

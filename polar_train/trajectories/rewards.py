@@ -147,6 +147,7 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
     if tasks_path is not None:
         path = check_file(tasks_path)
         read, problems_before = 0, len(labels.problems)
+        listed: dict[str, str] = {}
         for loc, rec in read_records(path, labels.problems):
             rid = _rollout_of(loc, rec, known_rollouts, labels.problems)
             if rid is None:
@@ -155,7 +156,12 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             if task in (None, ""):
                 labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
                 continue
-            labels.tasks[rid] = str(task)
+            if rid in listed:  # as for rewards: the first row counts (the same task again is harmless)
+                if listed[rid] != str(task):
+                    labels.problems.append(f"{loc}: rollout {rid!r} listed again with task {str(task)!r}; "
+                                           f"the first task id {listed[rid]!r} is kept")
+                continue
+            listed[rid] = labels.tasks[rid] = str(task)
             read += 1
         if not read:
             _nothing_usable(path, "task id", labels.problems[problems_before:])
