@@ -146,7 +146,7 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             _nothing_usable(path, "reward", labels.problems)
     if tasks_path is not None:
         path = check_file(tasks_path)
-        read, problems_before = 0, len(labels.problems)
+        problems_before = len(labels.problems)
         listed: dict[str, str] = {}
         for loc, rec in read_records(path, labels.problems):
             rid = _rollout_of(loc, rec, known_rollouts, labels.problems)
@@ -162,8 +162,7 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
                                            f"the first task id {listed[rid]!r} is kept")
                 continue
             listed[rid] = labels.tasks[rid] = str(task)
-            read += 1
-        if not read:
+        if not listed:
             _nothing_usable(path, "task id", labels.problems[problems_before:])
     return labels
 
