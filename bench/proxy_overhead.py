@@ -427,18 +427,18 @@ async def guarded_call(port: int, upstream_port: int, via_proxy: bool, body: byt
         return CallResult(False, error=repr(exc))
 
 
-async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, calls: int,
+async def run_load(ports: list[int], upstream_port: int, via_proxy: bool, body: bytes, calls: int,
                    concurrency: int, tag: str, api: str = "chat", stagger_s: float = 0.0,
                    ) -> tuple[list[CallResult], float]:
     """``calls`` calls, ``concurrency`` at a time: each slot sends its next call when its last one
-    has ended. ``stagger_s`` > 0: slot i starts i * stagger_s / concurrency later (the slots stay
+    has ended; slot i through ``ports[i % len(ports)]`` (several proxies share the load). ``stagger_s`` > 0: slot i starts i * stagger_s / concurrency later (the slots stay
     spread over a call's duration, as independent rollouts are); 0: all slots start together and,
     their calls being equally long, stay in lockstep (a burst of ``concurrency`` connection setups
     at every round). Results in slot order, each slot's calls in the order sent."""
     per_slot = [calls // concurrency + (1 if i < calls % concurrency else 0) for i in range(concurrency)]
 
     async def call(i: int, n: int) -> CallResult:
-        return await guarded_call(port, upstream_port, via_proxy, body, f"{tag}-{i}-{n}", api)
+        return await guarded_call(ports[i % len(ports)], upstream_port, via_proxy, body, f"{tag}-{i}-{n}", api)
 
     async def slot(i: int) -> list[CallResult]:
         if stagger_s > 0:
@@ -458,11 +458,11 @@ async def run_load(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
 # -- measurement -----------------------------------------------------------------------------
 
 class PeakRSS:
-    """Samples RSS every 20 ms on a thread (the peak of a run, not its end): of the proxy process,
-    and separately of its children (the addon's row worker)."""
+    """Samples RSS every 20 ms on a thread (the peak of a run, not its end): of the proxy processes
+    (summed, with ``--proxies``), and separately of their children (the addon's row workers)."""
 
-    def __init__(self, pid: int | None) -> None:
-        self.proc = psutil.Process(pid) if pid else None
+    def __init__(self, pids: list[int]) -> None:
+        self.procs = [psutil.Process(pid) for pid in pids]
         self.peak = 0
         self.children_peak = 0
         self._stop = threading.Event()
@@ -471,42 +471,44 @@ class PeakRSS:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, self.proc.memory_info().rss)
-                kids = sum(c.memory_info().rss for c in self.proc.children(recursive=True))
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in self.procs))
+                kids = sum(c.memory_info().rss for p in self.procs for c in p.children(recursive=True))
                 self.children_peak = max(self.children_peak, kids)
             except psutil.Error:
                 pass
             self._stop.wait(0.02)
 
     def __enter__(self) -> "PeakRSS":
-        if self.proc is not None:
+        if self.procs:
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        if self.proc is not None:
+        if self.procs:
             self._thread.join()
 
 
-def cpu_seconds(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (not their children), summed."""
+    total = 0.0
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        total += t.user + t.system
+    return total
 
 
-def settle(pid: int | None, handoff_s: float = 0.05, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
+def settle(pids: list[int], handoff_s: float = 0.05, poll_s: float = 0.05, limit_s: float = 60.0) -> None:
     """Wait until a proxy and its row worker have finished with the run (their CPU time stops
     growing): the work that follows a run's last byte - closing its connections, handing its last
     calls over, the worker's backlog - is then counted in that run, for bare and addon alike, and
     never runs during the next configuration's run."""
-    if not pid:
+    if not pids:
         return
     time.sleep(handoff_s)  # the calls of the last hand-off window reach the worker
 
     def total() -> float:
-        return cpu_seconds(pid) + sum(children_cpu_seconds(pid).values())
+        return cpu_seconds(pids) + sum(children_cpu_seconds(pids).values())
 
     deadline = time.monotonic() + limit_s
     before = total()
@@ -518,12 +520,10 @@ def settle(pid: int | None, handoff_s: float = 0.05, poll_s: float = 0.05, limit
         before = now
 
 
-def children_cpu_seconds(pid: int | None) -> dict[int, float]:
+def children_cpu_seconds(pids: list[int]) -> dict[int, float]:
     """CPU seconds of each live child (the row worker), by pid: a replaced child is not mixed in."""
     out: dict[int, float] = {}
-    if not pid:
-        return out
-    for child in psutil.Process(pid).children(recursive=True):
+    for child in (c for pid in pids for c in psutil.Process(pid).children(recursive=True)):
         try:
             t = child.cpu_times()
             out[child.pid] = t.user + t.system
@@ -554,7 +554,7 @@ class RunStats:
     round: int = 0       # which round of its concurrency (runs of one round are paired)
 
 
-def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pids: dict[str, int | None],
+def measure(config: str, concurrency: int, calls: int, ports: dict[str, list[int]], pids: dict[str, list[int]],
             upstream_pid: int, upstream_port: int, body: bytes, tag: str, api: str = "chat",
             stagger_s: float = 0.0) -> RunStats:
     """One run. Burst arrivals: calls/s = calls / wall time. Staggered: the slots' first calls
@@ -562,12 +562,12 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, int], pi
     concurrency / mean time per call (Little's law for a closed loop of ``concurrency`` clients:
     what the run sustains once every slot is busy, without the start-up ramp)."""
     pid = pids[config]
-    cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
+    cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds([upstream_pid]), children_cpu_seconds(pid)
     with PeakRSS(pid) as rss:
         results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
                                              concurrency, tag, api, stagger_s))
     settle(pid)
-    cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds(upstream_pid), children_cpu_seconds(pid)
+    cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds([upstream_pid]), children_cpu_seconds(pid)
     worker = sum(t - kids0.get(k, 0.0) for k, t in kids1.items())
     return summarize(config, concurrency, calls, results, wall, cpu1 - cpu0, worker, up1 - up0, rss,
                      staggered=stagger_s > 0)
@@ -598,7 +598,8 @@ def summarize(config: str, concurrency: int, calls: int, results: list[CallResul
         [r.error for r in results if not r.ok][:3])
 
 
-def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, int], pids: dict[str, int | None],
+def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, list[int]],
+                        pids: dict[str, list[int]],
                         upstream_pid: int, upstream_port: int, bodies: dict[str, bytes], tag: str, api: str,
                         think_s: float) -> list[RunStats]:
     """One round at concurrency 1 with the configurations' calls alternating one by one (call n goes
@@ -620,10 +621,10 @@ def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, i
             k = n % len(configs)
             for config in configs[k:] + configs[:k]:
                 await asyncio.sleep(think_s)
-                u0 = cpu_seconds(upstream_pid)
-                r = await guarded_call(ports[config], upstream_port, config != "direct", bodies[config],
+                u0 = cpu_seconds([upstream_pid])
+                r = await guarded_call(ports[config][0], upstream_port, config != "direct", bodies[config],
                                        f"{tag}-{config}-{n}", api)
-                upstream[config] += cpu_seconds(upstream_pid) - u0
+                upstream[config] += cpu_seconds([upstream_pid]) - u0
                 r.seq = n
                 results[config].append(r)
 
@@ -640,16 +641,17 @@ def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, i
     return out
 
 
-def pin(pids: dict[str, int | None], upstream_pid: int) -> None:
-    """Each proxy alone on the first CPU; this process (the client), the upstream and every proxy's
-    children (the row worker) on the others."""
+def pin(pids: dict[str, list[int]], upstream_pid: int, proxies: int = 1) -> None:
+    """Each proxy alone on the first CPU (with ``proxies`` > 1: a configuration's k-th proxy alone on
+    CPU k); this process (the client), the upstream and every proxy's children (the row workers) on
+    the others."""
     cpus = sorted(os.sched_getaffinity(0))
-    proxy_cpu, others = {cpus[0]}, set(cpus[1:])
+    proxy_cpus, others = cpus[:proxies], set(cpus[proxies:])
     os.sched_setaffinity(0, others)
     os.sched_setaffinity(upstream_pid, others)
-    for pid in pids.values():
-        if pid:
-            os.sched_setaffinity(pid, proxy_cpu)
+    for config_pids in pids.values():
+        for k, pid in enumerate(config_pids):
+            os.sched_setaffinity(pid, {proxy_cpus[k]})
             for child in psutil.Process(pid).children(recursive=True):
                 os.sched_setaffinity(child.pid, others)
 
@@ -714,7 +716,12 @@ def main(argv: list[str] | None = None) -> int:
                          "to PREFIX-CONFIG.txt (PREFIX-addon.txt, PREFIX-bare.txt, ...)")
     ap.add_argument("--pin", action="store_true",
                     help="each mitmdump alone on CPU 0; the client, the upstream and the addon's row worker on "
-                         "the other CPUs (what the proxy costs without sharing its core with the load)")
+                         "the other CPUs (what the proxy costs without sharing its core with the load); with "
+                         "--proxies N: a configuration's k-th mitmdump alone on CPU k")
+    ap.add_argument("--proxies", type=int, default=1,
+                    help="mitmdump processes per proxied configuration (the addon's all writing one capture "
+                         "folder, as docs/capture.md scales out); concurrent slot i goes through the (i mod N)-th; "
+                         "CPU and RSS are their sums")
     ap.add_argument("--hook-times", action="store_true",
                     help="run the addon with a clock around each hook and stream-tap call (bench/timed_addon.py) "
                          "and print where its time on the event loop goes, per call (the clocks add ~0.3 us "
@@ -725,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("--calls-per-slot", args.calls_per_slot, 1), ("--min-calls", args.min_calls, 1),
                              ("--tokens", args.tokens, 1), ("--chunk-delay-ms", args.chunk_delay_ms, 0),
                              ("--think-ms", args.think_ms, 0), ("--echo-kb", args.echo_kb, 0),
-                             ("--request-kb", args.request_kb, 0)):
+                             ("--request-kb", args.request_kb, 0), ("--proxies", args.proxies, 1)):
         if value < low:
             ap.error(f"{name}: at least {low}, got {value}")
     if args.echo_kb and args.api != "responses":
@@ -734,8 +741,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--configs: start with direct and include bare and addon")
     if args.interleave and (args.concurrency != [1] or args.arrivals != "burst"):
         ap.error("--interleave: concurrency 1 only (--concurrency 1), without --arrivals")
-    if args.pin and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2):
-        ap.error("--pin needs Linux and at least 2 CPUs")
+    if args.pin and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 1 + args.proxies):
+        ap.error(f"--pin needs Linux and at least {1 + args.proxies} CPUs (one per proxy, one for the rest)")
+    if args.proxies > 1 and (args.interleave or args.hook_times or args.profile):
+        ap.error("--proxies: not with --interleave, --hook-times or --profile (they follow one proxy)")
     if args.profile and not (BIN / "py-spy").exists():
         ap.error("--profile needs py-spy (pip install py-spy; it is in the test extra)")
     if args.serve_fake:
@@ -764,12 +773,13 @@ def main(argv: list[str] | None = None) -> int:
                             "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log)
             health = lambda: http_ok(f"http://127.0.0.1:{up_port}/health")  # noqa: E731
         procs.append(server)
-        ports = {"direct": up_port}
-        pids: dict[str, int | None] = {"direct": None}
+        ports: dict[str, list[int]] = {"direct": [up_port]}
+        pids: dict[str, list[int]] = {"direct": []}
+        proxy_procs: dict[str, list[subprocess.Popen]] = {}
         configs = tuple(args.configs)
-        for name in configs[1:]:
+        for name, k in ((name, k) for name in configs[1:] for k in range(args.proxies)):
             port = free_port()
-            confdir = tmp / f"conf-{name}"
+            confdir = tmp / f"conf-{name}"  # shared by a configuration's proxies: one CA
             cmd = [str(BIN / "mitmdump"), "--listen-host", "127.0.0.1", "--mode", f"regular@{port}",
                    "--set", f"confdir={confdir}", "--set", "flow_detail=0", "--set", "termlog_verbosity=warn"]
             if name.startswith("bare"):  # without a script mitmproxy buffers whole bodies: stream them instead
@@ -787,10 +797,12 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--set", "polar_strip=false"]
             if name == "addon-handoff0":
                 cmd += ["--set", "polar_handoff_ms=0"]
-            log = tmp / f"mitmdump-{name}.log"
+            log = tmp / (f"mitmdump-{name}.log" if args.proxies == 1 else f"mitmdump-{name}-{k}.log")
             p = spawn(cmd, log, extra_env)
             procs.append(p)
-            ports[name], pids[name] = port, p.pid
+            proxy_procs.setdefault(name, []).append(p)
+            ports.setdefault(name, []).append(port)
+            pids.setdefault(name, []).append(p.pid)
             wait_for(lambda port=port: port_open(port), 60, f"mitmdump ({name})", p, log)
         wait_for(health, 180, f"upstream ({args.upstream})", server, up_log)
 
@@ -804,16 +816,17 @@ def main(argv: list[str] | None = None) -> int:
         bodies = {c: _compact(request).encode() for c in configs}
         if "bare-asked" in bodies:  # the client asks for what the addon injects: the upstream sends it
             bodies["bare-asked"] = _compact({**request, **asked}).encode()
+        warm = max(2, args.proxies)  # two calls through each proxy
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
-            measure(config, 2, 4, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
+            measure(config, warm, 2 * warm, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
         if args.pin:  # after the warm-up: the row workers exist now
-            pin(pids, server.pid)
+            pin(pids, server.pid, args.proxies)
 
         profilers = []
         if args.profile:  # every mitmdump (the addon's variants and bare), side by side
             for name in [c for c in configs if c != "direct"]:
                 profilers.append(subprocess.Popen(
-                    [str(BIN / "py-spy"), "record", "--pid", str(pids[name]), "--format", "raw",
+                    [str(BIN / "py-spy"), "record", "--pid", str(pids[name][0]), "--format", "raw",
                      "--output", f"{args.profile}-{name}.txt", "--rate", "200"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         runs: list[RunStats] = []
@@ -842,7 +855,8 @@ def main(argv: list[str] | None = None) -> int:
             profiler.wait(60)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
-        stop(procs[configs.index("addon")])  # procs[0] is the upstream; the addon's last part is written on exit
+        for p in proxy_procs["addon"]:  # the addon's last part is written on exit
+            stop(p)
         if args.hook_times:
             report_hook_times(tmp / "hook-times.json")
         import pyarrow.dataset as ds
@@ -850,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         parts = sorted((tmp / "addon" / "calls").glob("*.parquet"))
         rows = ds.dataset([str(p) for p in parts]).to_table(columns=["status"]).column("status").to_pylist() \
             if parts else []
-        expected = 4 + sum(r.calls for r in runs if r.config == "addon")
+        expected = 2 * warm + sum(r.calls for r in runs if r.config == "addon")
         print(f"\naddon recorded {len(rows)} calls ({rows.count('ok')} ok) of {expected} sent through it, "
               f"in {len(parts)} part(s)")
         return 0 if all(st.failed == 0 for st in runs) and rows.count("ok") == expected else 1
@@ -869,7 +883,11 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
     arrivals = (f"calls interleaved one by one across configurations, {args.think_ms:g} ms pause before each"
                 if args.interleave else f"{args.arrivals} arrivals")
     print(f"\nproxy overhead: {args.api} API, upstream {args.upstream}, {arrivals}, "
-          + ("proxies pinned to CPU 0 (client, upstream, row worker on the others), " if args.pin else "")
+          + (f"{args.proxies} mitmdump processes per proxied configuration (slots spread over them; CPU and "
+             f"RSS summed), " if args.proxies > 1 else "")
+          + (("proxies pinned to CPU 0 (client, upstream, row worker on the others), " if args.proxies == 1 else
+              f"proxies pinned to CPUs 0-{args.proxies - 1}, one each (client, upstream, row workers on the "
+              f"others), ") if args.pin else "")
           + f"{args.tokens}-token stream, chunk delay {args.chunk_delay_ms} ms, "
           f"requests of {args.request_kb} KiB history, "
           + (f"{args.echo_kb} KiB instructions and tools echoed, " if args.api == "responses" and args.echo_kb else "")

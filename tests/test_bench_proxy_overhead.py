@@ -83,3 +83,28 @@ def test_bad_arguments_are_refused_before_anything_starts(args: list[str], messa
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_several_proxies_share_the_load_and_write_one_capture_folder() -> None:
+    # --proxies 2: two addon mitmdumps write into one folder (docs/capture.md's scale-out); the
+    # concurrent slots alternate between them, so each proxy's row worker writes its own part
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--concurrency", "4", "--proxies", "2",
+         "--rounds", "1", "--calls-per-slot", "1", "--tokens", "8", "--chunk-delay-ms", "1",
+         "--configs", "direct", "bare", "addon"],
+        capture_output=True, text=True, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "2 mitmdump processes per proxied configuration" in out
+    # warm-up 2 x 2 + 8 calls (at least --min-calls) at concurrency 4, all ok, from both proxies' workers
+    m = re.search(r"addon recorded 12 calls \(12 ok\) of 12 sent through it, in (\d+) part\(s\)", out)
+    assert m and int(m.group(1)) >= 2, out[-2000:]
+
+
+def test_several_proxies_refuse_what_follows_one_proxy() -> None:
+    for extra in (["--interleave", "--concurrency", "1"], ["--hook-times"], ["--proxies", "0"]):
+        args = extra if "--proxies" in extra else ["--proxies", "2", *extra]
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "--proxies" in proc.stderr.splitlines()[-1], proc.stderr
