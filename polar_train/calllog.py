@@ -82,6 +82,8 @@ def _check_schema(path: Path) -> str | None:
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
         return f"not a readable Parquet file ({_short(exc)})"
     problems = missing_columns(schema, CALL_LOG_SCHEMA)
+    if problems and {"trajectory_id", "completion_ids"} <= set(schema.names):
+        return "trajectories (what `polar-train build` writes), not a call log"
     if problems:
         shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
         return f"another schema than the call log: {shown}"

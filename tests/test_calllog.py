@@ -89,6 +89,17 @@ def test_foreign_schema_and_corrupt_parts_are_named_and_skipped(tmp_path, sessio
     assert "not a readable Parquet file" in problems["part-garbage.parquet"]
 
 
+def test_a_trajectories_folder_is_named_as_such(tmp_path):
+    # polar-train build's output handed to inspect/build: the message says what it is instead
+    # of listing 31 missing call-log columns
+    from polar_train.schema import TRAJECTORY_SCHEMA
+
+    pq.write_table(TRAJECTORY_SCHEMA.empty_table(), tmp_path / "part-00000.parquet")
+    log = read_call_log(tmp_path)
+    assert log.table.num_rows == 0
+    assert [p.message for p in log.problems] == ["trajectories (what `polar-train build` writes), not a call log"]
+
+
 def test_compact_prompts_resolve_to_the_full_prompts(tmp_path, session_rows):
     rows = compact(session_rows)
     # the reference really is compact: later rows store much less than the full prompt

@@ -181,6 +181,10 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
     pq.write_table(pa.table({"x": [1]}), tmp_path / "empty" / "other.parquet")
     with pytest.raises(UserError, match="not a trajectory table: trajectory_id"):
         prepare(ns(tmp_path / "empty", tiny_model_dir, tmp_path / "r"))
+    (tmp_path / "capture").mkdir()  # the call log handed to train before build: the next step is named
+    pq.write_table(pa.table({"call_id": ["c1"], "api": ["openai.chat"]}), tmp_path / "capture" / "part-1.parquet")
+    with pytest.raises(UserError, match="a capture's call log, not trajectories: run `polar-train build`"):
+        prepare(ns(tmp_path / "capture", tiny_model_dir, tmp_path / "r"))
     with pytest.raises(UserError, match="--model .*nomodel: not found"):
         prepare(ns(sampled, tmp_path / "nomodel", tmp_path / "r"))
     with pytest.raises(UserError, match="--set lerning_rate: unknown option"):

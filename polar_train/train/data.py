@@ -108,6 +108,9 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
         expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
         problems = missing_columns(schema, expected)
         if problems:
+            if {"call_id", "api"} <= set(schema.names):  # the capture's call log, one step early
+                raise UserError(f"{f}: a capture's call log, not trajectories: run `polar-train build` on the "
+                                "capture folder first and train on its --out folder")
             raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
         cols = [c for c in wanted if c in schema.names]
         tables.append(pq.read_table(f, columns=cols))
