@@ -321,3 +321,13 @@ def test_error_shapes(vllm_base_url, polar_base_url, path, body, status):
     a, b = post(vllm_base_url, path, body), post(polar_base_url, path, body)
     assert a.status_code == b.status_code == status
     assert_same_shape(a.json(), b.json())
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/no-such-route"), ("GET", "/v1/chat/completions")])
+def test_unknown_routes_answer_alike(vllm_base_url, polar_base_url, method, path):
+    # a client with a wrong base URL or method gets vLLM's JSON answer from us too, not plain text
+    a = httpx.request(method, vllm_base_url + path, timeout=30)
+    b = httpx.request(method, polar_base_url + path, timeout=30)
+    assert a.status_code == b.status_code and a.status_code in (404, 405)
+    assert a.headers["content-type"] == b.headers["content-type"]
+    assert a.json() == b.json()

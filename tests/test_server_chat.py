@@ -157,6 +157,9 @@ def test_bad_requests_get_vllm_error_shape(polar_base_url, body, status, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
     assert err["param"] == param and "Traceback" not in err["message"]
+    assert "None" not in err["message"]  # an open bound is not printed as "between 1 and None"
+    if param == "max_tokens":
+        assert err["message"] == "max_tokens must be at least 1, got 0"
 
 
 def test_invalid_json_and_sdk_error(polar_base_url):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -177,4 +178,10 @@ def build_app(server: Server) -> Starlette:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _route_error})
+
+
+async def _route_error(request: Request, exc: HTTPException) -> Response:
+    """An unknown path or method, shaped as vLLM's FastAPI answers it: ``{"detail": "Not Found"}``
+    as JSON (starlette alone answers plain text), the ``allow`` header kept on a 405."""
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)

@@ -13,6 +13,15 @@ from .engine import SamplingParams
 from .errors import BadRequest, NotFound
 
 
+def _range_error(key: str, v: float, lo: float | None, hi: float | None) -> BadRequest:
+    """The bound that was broken, said as a person would (no "between 1 and None")."""
+    if hi is None:
+        return BadRequest(f"{key} must be at least {lo}, got {v}", param=key)
+    if lo is None:
+        return BadRequest(f"{key} must be at most {hi}, got {v}", param=key)
+    return BadRequest(f"{key} must be between {lo} and {hi}, got {v}", param=key)
+
+
 def number(body: dict, key: str, default: float | None, lo: float | None = None,
            hi: float | None = None) -> float | None:
     v = body.get(key, default)
@@ -21,7 +30,7 @@ def number(body: dict, key: str, default: float | None, lo: float | None = None,
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise BadRequest(f"{key} must be a number", param=key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {v}", param=key)
+        raise _range_error(key, v, lo, hi)
     return float(v)
 
 
@@ -33,7 +42,7 @@ def integer(body: dict, key: str, default: int | None, lo: int | None = None,
     if isinstance(v, bool) or not isinstance(v, int):
         raise BadRequest(f"{key} must be an integer", param=key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise BadRequest(f"{key} must be between {lo} and {hi}, got {v}", param=key)
+        raise _range_error(key, v, lo, hi)
     return v
 
 
