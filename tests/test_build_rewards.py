@@ -146,6 +146,8 @@ def test_bad_csv_and_parquet_rows_name_their_row(tmp_path, captures):
 def test_unusable_reward_files_fail_before_building(tmp_path, captures):
     with pytest.raises(RewardFileError, match="file not found: .*missing.jsonl"):
         build_trajectories(captures, BuildOptions(rewards=tmp_path / "missing.jsonl"))
+    with pytest.raises(RewardFileError, match="is a folder, not a file"):  # not "not found": it is there
+        build_trajectories(captures, BuildOptions(rewards=tmp_path))
     odd = tmp_path / "rewards.xlsx"
     odd.write_text("x")
     with pytest.raises(RewardFileError, match=r"unknown file type \.xlsx"):

@@ -104,6 +104,8 @@ def _base_logits(model_dir, prompt):
     (["--model", "{model}", "--ssl-certfile", "x.pem"], "go together"),
     (["--model", "{model}", "--adapter", "{tmp}"], "not a peft adapter"),
     (["--model", "{model}", "--script", "{tmp}/missing.yaml"], "scenario file not found"),
+    (["--model", "{model}", "--script", "{tmp}"], "scenario file {tmp} is a folder, not a file"),
+    (["--model", "{model}", "--ssl-certfile", "{tmp}", "--ssl-keyfile", "{tmp}"], "file {tmp} is a folder, not a file"),
     (["--model", "{model}", "--adapter", "{tmp}/config-only"], "no adapter_model.safetensors or adapter_model.bin"),
     (["--model", "{tmp}/no-weights"], "cannot load the model in"),
     (["--model", "{tmp}/broken-config"], "config.json cannot be read as JSON"),
@@ -126,4 +128,5 @@ def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsy
             "--port", str(free_port())]
     assert main(argv) == 2
     err = capsys.readouterr().err
+    msg = msg.format(tmp=tmp_path)
     assert msg in err and "Traceback" not in err and err.strip().count("\n") == 0

@@ -75,6 +75,10 @@ def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: no trajectory Parquet files in {empty}"
     assert "Traceback" not in proc.stderr
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"),
+                       "--config", str(empty))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: config file {empty} is a folder, not a file"
 
 
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):

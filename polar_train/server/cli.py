@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from ..paths import not_a_file
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model on CPU with vLLM's wire format (OpenAI chat, "
@@ -50,8 +52,8 @@ def _serve(args: argparse.Namespace) -> int:
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UserError("--ssl-certfile and --ssl-keyfile go together")
     for f in (args.ssl_certfile, args.ssl_keyfile):
-        if f and not Path(f).is_file():
-            raise UserError(f"file not found: {f}")
+        if f and (problem := not_a_file(f)) is not None:
+            raise UserError(problem)
     if args.adapter:
         from ..model_load import check_adapter_folder
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..paths import not_a_file
 from ..tokenizer import IM_END, IM_START
 from .errors import BadRequest
 from .prompt import encode, render
@@ -148,8 +149,8 @@ class Script:
     @classmethod
     def load(cls, path: str | Path) -> "Script":
         p = Path(path)
-        if not p.is_file():
-            raise ScriptError(f"scenario file not found: {p}")
+        if (problem := not_a_file(p, "scenario file")) is not None:
+            raise ScriptError(problem)
         try:
             if p.suffix in (".yaml", ".yml"):
                 import yaml

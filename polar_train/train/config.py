@@ -16,6 +16,7 @@ import yaml
 from trl import GRPOConfig, TrlParser
 
 from ..cli import UserError
+from ..paths import not_a_file
 
 
 def _cuda() -> bool:
@@ -151,8 +152,8 @@ def read_yaml(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file not found: {p}")
+    if (problem := not_a_file(p, "config file")) is not None:
+        raise UserError(problem)
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:

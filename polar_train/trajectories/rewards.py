@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..paths import not_a_file
+
 REWARD_MODES = ("broadcast", "split")
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv",
            ".parquet": "parquet"}
@@ -37,8 +39,8 @@ def file_format(path: Path) -> str:
 def check_file(path: str | Path) -> Path:
     """Fail fast (before building) on a path that is missing or of an unknown type."""
     p = Path(path)
-    if not p.is_file():
-        raise RewardFileError(f"file not found: {p}")
+    if (problem := not_a_file(p)) is not None:
+        raise RewardFileError(problem)
     file_format(p)
     return p
 
