@@ -171,6 +171,10 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path) -> None:
     proc = subprocess.run([*cmd[:-2], "--timeout", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # not a session killed at once
     assert proc.stderr.strip() == "polar-train harness: error: --timeout: more than 0 seconds, got 0"
+    # a CA given without a proxy would be ignored: the user meant to capture
+    proc = subprocess.run([*cmd[:-2], "--ca-cert", str(tmp_path / "ca.pem")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "polar-train harness: error: --ca-cert needs --proxy-port"
 
 
 def test_a_server_or_proxy_that_does_not_listen_is_refused_before_the_session(tmp_path) -> None:

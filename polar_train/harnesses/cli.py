@@ -71,8 +71,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise UserError("--proxy-port needs --rollout (the id the calls are recorded under)")
             ca = Path(args.ca_cert or Path.home() / ".mitmproxy" / "mitmproxy-ca-cert.pem")
             proxy = Proxy(args.proxy_port, args.rollout, ca)
-        elif args.rollout:
-            raise UserError("--rollout needs --proxy-port")
+        elif args.rollout or args.ca_cert:
+            raise UserError(f"{'--rollout' if args.rollout else '--ca-cert'} needs --proxy-port")
         options = {}
         if args.freeform_apply_patch:
             if args.name != "codex":
