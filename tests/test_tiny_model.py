@@ -52,3 +52,20 @@ def test_bad_targets_and_settings_are_refused(tmp_path, capsys):
     assert main(["tiny-model", str(tmp_path / "m"), "--final-norm-weight", "0"]) == 2
     assert "--final-norm-weight: more than 0" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_folder_holding_something_else_is_not_overwritten(tmp_path, capsys):
+    # a real model's folder named by mistake keeps its config and weights
+    real = tmp_path / "Qwen3.5-4B"
+    real.mkdir()
+    (real / "config.json").write_text('{"model_type": "qwen3"}')
+    assert main(["tiny-model", str(real)]) == 2
+    assert "is not empty and holds no tiny model of ours" in capsys.readouterr().err
+    assert (real / "config.json").read_text() == '{"model_type": "qwen3"}'
+    assert sorted(p.name for p in real.iterdir()) == ["config.json"]
+    # an earlier tiny model is rewritten (another seed), an empty folder filled
+    assert main(["tiny-model", str(tmp_path / "t")]) == 0
+    assert main(["tiny-model", str(tmp_path / "t"), "--seed", "3"]) == 0
+    assert json.loads((tmp_path / "t" / "polar_tiny_model.json").read_text())["seed"] == 3
+    (tmp_path / "empty").mkdir()
+    assert main(["tiny-model", str(tmp_path / "empty")]) == 0
