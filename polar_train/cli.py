@@ -22,13 +22,13 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     target = Path(args.dir).expanduser()
     if target.exists() and not target.is_dir():
         raise UserError(f"{target} exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / "polar_tiny_model.json").is_file():
-        # a real model's folder named by mistake would lose its config and weights
-        raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
     if not args.final_norm_weight > 0:
         raise UserError(f"--final-norm-weight: more than 0, got {args.final_norm_weight:g}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
     try:
+        if target.is_dir() and any(target.iterdir()) and not (target / "polar_tiny_model.json").is_file():
+            # a real model's folder named by mistake would lose its config and weights
+            raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
         out = write_tiny_model(target, spec)
     except OSError as exc:
         raise UserError(f"cannot write the tiny model to {target}: {exc.strerror or exc}") from None
