@@ -224,6 +224,7 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
     ("polar_flush_rows=0", "polar_capture: polar_flush_rows: at least 1, got 0"),
     ("polar_flush_seconds=soon", "polar_capture: polar_flush_seconds: expected a number of seconds"),
     ("polar_port_rollouts=nonsense", "polar_capture: polar_port_rollouts: expected PORT=ROLLOUT"),
+    ("polar_tokenize_url=localhost:8000", "polar_capture: polar_tokenize_url: expected a URL starting with http"),
     # values mitmproxy itself cannot convert, and a misspelt name: it would skip the script, or the
     # option, without a word and serve without recording (or with the default)
     ("polar_strip=maybe", 'polar_capture: polar_strip: boolean must be "true", "false"'),

@@ -94,7 +94,7 @@ class CaptureOptions:
             task_header=_not_empty("polar_task_header", opts.polar_task_header).strip().lower(),
             port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
             tokenize_check=opts.polar_tokenize_check,
-            tokenize_url=opts.polar_tokenize_url.rstrip("/"),
+            tokenize_url=_base_url("polar_tokenize_url", opts.polar_tokenize_url),
             max_body_mb=_at_least("polar_max_body_mb", opts.polar_max_body_mb, 1),
             prompt_delta=bool(getattr(opts, "polar_prompt_delta", False)),
         )
@@ -105,6 +105,15 @@ def _not_empty(name: str, value: str) -> str:
     ./calls of whatever folder mitmdump was started in)."""
     if not value.strip():
         raise ValueError(f"{name}: empty; give a value or leave the option out")
+    return value
+
+
+def _base_url(name: str, value: str) -> str:
+    """An optional server root URL without its trailing slash; refused without http(s):// (a bare
+    ``host:port`` would fail in the row worker, call after call, instead of once here)."""
+    value = value.strip().rstrip("/")
+    if value and not value.lower().startswith(("http://", "https://")):
+        raise ValueError(f"{name}: expected a URL starting with http:// or https://, got {value!r}")
     return value
 
 
