@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -303,6 +304,10 @@ def test_redacted_dumps_equals_walking_every_node(value) -> None:
 
 def test_port_rollouts_option():
     assert parse_port_rollouts("8081=a, 8082=b") == {8081: "a", 8082: "b"}
+    for bad, why in (("0=a", "port 0 is not in 1..65535"), ("70000=a", "port 70000 is not in 1..65535"),
+                     ("8081=a,8081=b", "port 8081 given twice ('a', 'b')")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            parse_port_rollouts(bad)
     with pytest.raises(ValueError, match="PORT=ROLLOUT"):
         parse_port_rollouts("8081")
 

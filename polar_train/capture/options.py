@@ -142,7 +142,13 @@ def parse_port_rollouts(text: str) -> dict[int, str]:
         port, sep, rollout = item.partition("=")
         if not sep or not port.strip().isdigit() or not rollout.strip():
             raise ValueError(f"polar_port_rollouts: expected PORT=ROLLOUT, got {item!r}")
-        result[int(port)] = rollout.strip()
+        number = int(port)
+        if not 0 < number < 65536:
+            raise ValueError(f"polar_port_rollouts: port {number} is not in 1..65535")
+        if number in result and result[number] != rollout.strip():  # which one would count?
+            raise ValueError(f"polar_port_rollouts: port {number} given twice ({result[number]!r}, "
+                             f"{rollout.strip()!r})")
+        result[number] = rollout.strip()
     return result
 
 
