@@ -130,3 +130,24 @@ def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsy
     err = capsys.readouterr().err
     msg = msg.format(tmp=tmp_path)
     assert msg in err and "Traceback" not in err and err.strip().count("\n") == 0
+
+
+def test_an_address_it_cannot_listen_on_is_refused_before_the_model_loads(tiny_model_dir, capsys, monkeypatch):
+    import socket
+
+    from polar_train.cli import main
+    from polar_train.server import engine
+
+    def no_loading(*args, **kwargs):  # the check must come first: the weights never load
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(engine.Engine, "__init__", no_loading)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", str(tiny_model_dir), "--port", str(port)]) == 2
+        assert capsys.readouterr().err.strip() == (f"polar-train serve: error: cannot listen on 127.0.0.1:{port}: "
+                                                   "Address already in use")
+    assert main(["serve", "--model", str(tiny_model_dir), "--host", "no-such-host.invalid"]) == 2
+    assert "cannot listen on no-such-host.invalid:8000: " in capsys.readouterr().err

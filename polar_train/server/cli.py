@@ -43,6 +43,22 @@ def _check_model_config(model: Path) -> None:
         raise UserError(f"{model}/config.json holds no JSON object")
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind the address once before the model loads: a port in use or a host that does not
+    resolve is one line now, not uvicorn's error after the weights are in memory."""
+    import socket
+
+    from ..cli import UserError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..cli import UserError
 
@@ -65,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_model_len < 1:
         raise UserError(f"--max-model-len must be >= 1, got {args.max_model_len}")
     _check_model_config(model)
+    _check_can_listen(args.host, args.port)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
