@@ -195,6 +195,16 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
     bad_yaml.write_text("learning_rate: 1e-4\nnot_an_option: 3\n")
     with pytest.raises(UserError, match="unknown option.*not_an_option"):
         prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))
+    # values TRL would refuse only mid-training, after the weights load, or never
+    for setting, message in (("loss_type=foo", "loss_type must be one of grpo, .*vespo, not 'foo'"),
+                             ("vllm_importance_sampling_mode=foo", "vllm_importance_sampling_mode must be one of"),
+                             ("epsilon=-1", "epsilon and epsilon_high must be > 0"),
+                             ("epsilon_high=0", "epsilon and epsilon_high must be > 0"),
+                             ("max_completion_length=0", "max_completion_length must be >= 1, got 0")):
+        with pytest.raises(UserError, match=message):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "loss_type=cispo", "epsilon_high=5"))
+    assert (config.loss_type, config.epsilon_high) == ("cispo", 5.0)
 
 
 def test_example_config_loads_and_set_overrides_it(sampled, tiny_model_dir, tmp_path):

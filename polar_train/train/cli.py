@@ -95,9 +95,12 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
     if value in (None, "None", "none", "null"):
         return None
     try:
-        return int(value)
+        length = int(value)
     except (TypeError, ValueError):
         raise UserError(f"max_completion_length must be an integer, got {value!r}") from None
+    if length < 1:  # read before the config is built: the data would all be cut to nothing
+        raise UserError(f"max_completion_length must be >= 1, got {length}")
+    return length
 
 
 def _check_output(out: Path, resume: bool) -> str | None:

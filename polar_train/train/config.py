@@ -19,6 +19,20 @@ from ..cli import UserError
 from ..paths import not_a_file
 
 
+#: TRL's vLLM importance-sampling modes (its error message, raised only mid-training, lists these).
+_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def _documented_loss_types() -> tuple[str, ...]:
+    """The loss types GRPOConfig's own help lists ("Supported values are 'grpo', ..."), so the list
+    follows the installed TRL; empty (no check) if that sentence is not there."""
+    import re
+
+    help_text = next((f.metadata.get("help", "") for f in dataclasses.fields(GRPOConfig) if f.name == "loss_type"), "")
+    sentence = re.search(r"Supported values are (.*?)\.", help_text)
+    return tuple(re.findall(r"'([a-z_]+)'", sentence.group(1))) if sentence else ()
+
+
 def _cuda() -> bool:
     import torch
 
@@ -112,6 +126,18 @@ class TrainConfig(GRPOConfig):
             raise ValueError(f"unequal_groups must be 'pad' or 'drop', not {self.unequal_groups!r}")
         if "lm_head" in (self.lora_target_modules or []):
             raise ValueError("lora_target_modules must not contain lm_head: TRL's fused loss ignores it")
+        # values TRL itself only refuses mid-training (after the weights load) or never
+        losses = _documented_loss_types()
+        if losses and self.loss_type not in losses:
+            raise ValueError(f"loss_type must be one of {', '.join(losses)}, not {self.loss_type!r}")
+        if self.vllm_importance_sampling_mode not in _IS_MODES:
+            raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(_IS_MODES)}, "
+                             f"not {self.vllm_importance_sampling_mode!r}")
+        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
+            raise ValueError(f"epsilon and epsilon_high must be > 0 (the clip range around 1), got "
+                             f"{self.epsilon:g} and {self.epsilon_high}")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
         super().__post_init__()
 
     def lora_config(self):
@@ -185,7 +211,10 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
         else:
             args.append(str(value))
     args += ["--output_dir", str(output_dir)]
-    (config,) = _Parser(dataclass_types=[TrainConfig]).parse_args_and_config(args=args)
+    try:
+        (config,) = _Parser(dataclass_types=[TrainConfig]).parse_args_and_config(args=args)
+    except ValueError as exc:  # a value __post_init__ (ours or TRL's) refuses: the user's input
+        raise UserError(str(exc)) from None
     return config
 
 
