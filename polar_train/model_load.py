@@ -54,4 +54,16 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
     try:
         return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        text = str(exc)
+        if "size mismatch" in text:  # torch's first line only says "Error(s) in loading state_dict"
+            raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: its weights do not fit "
+                                 f"{getattr(model, 'name_or_path', '') or 'this model'} (an adapter trained on another base "
+                                 f"model?): {_first_mismatch(text)}") from None
         raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {first_line(exc)}") from None
+
+
+def _first_mismatch(text: str) -> str:
+    """torch's first ``size mismatch for NAME: ...`` line, shortened to the name and both shapes."""
+    line = next(ln.strip() for ln in text.splitlines() if "size mismatch" in ln)
+    return line.replace("copying a param with shape torch.Size", "adapter").replace(
+        " from checkpoint, the shape in current model is torch.Size", ", model").rstrip(".")

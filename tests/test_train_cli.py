@@ -111,3 +111,22 @@ def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, 
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: --output is a file, not a folder: {a_file}"
     assert a_file.read_text() == "notes"
+
+
+def test_an_adapter_of_another_base_model_names_the_mismatch(tmp_path):
+    # serve and train load adapters through load_adapter: torch's first line alone says only
+    # "Error(s) in loading state_dict"; the user needs to know the adapter is for another model
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from polar_train.model_load import ModelLoadError, load_adapter
+
+    def tiny(hidden: int) -> Qwen3ForCausalLM:
+        return Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden,
+                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                            head_dim=16))
+
+    get_peft_model(tiny(32), LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ModelLoadError, match=r"its weights do not fit .*another base model\?\): size mismatch for "
+                                             r".*q_proj\.lora_A.*: adapter\(\[4, 32\]\), model\(\[4, 64\]\)$"):
+        load_adapter(tiny(64), tmp_path / "adapter")
