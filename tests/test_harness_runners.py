@@ -246,3 +246,32 @@ def test_installed_versions_are_the_pinned_ones() -> None:
         out = subprocess.run([str(find_binary(binary)), "--version"], capture_output=True, text=True,
                              timeout=60, env=env, stdin=subprocess.DEVNULL)
         assert pins[key] in out.stdout + out.stderr, (binary, out.stdout, out.stderr)
+
+
+@dataclass
+class _QuickSession(_ShellSession):
+    """A 'harness' that writes its config into the home, as the real ones do, and ends at once."""
+
+    def configure(self, home, server, proxy):
+        (home / ".codex").mkdir(exist_ok=True)
+        (home / ".codex" / "config.toml").write_text("written by the session\n")
+        return {}
+
+    def command(self, exe, prompt, workdir, home, server):
+        return [str(exe), "-c", "echo done"]
+
+
+def test_a_home_with_someone_elses_files_is_not_overwritten(tmp_path) -> None:
+    # `--home ~` taken for "my home" would replace the user's ~/.codex/config.toml
+    mine = tmp_path / "me"
+    (mine / ".codex").mkdir(parents=True)
+    (mine / ".codex" / "config.toml").write_text("the user's own config\n")
+    with pytest.raises(HarnessError, match="is not empty and was not made by polar-train harness"):
+        _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=mine, timeout=30)
+    assert (mine / ".codex" / "config.toml").read_text() == "the user's own config\n"
+    # a home a session made is reused by the next one, as is an empty folder
+    home = tmp_path / "home"
+    for _ in range(2):
+        assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=home, timeout=30).ok
+    (tmp_path / "empty").mkdir()
+    assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=tmp_path / "empty", timeout=30).ok

@@ -63,6 +63,10 @@ class ModelServer:
         object.__setattr__(self, "base_url", self.base_url.rstrip("/").removesuffix("/v1"))
 
 
+#: The file that marks a home folder as one a session of ours made (and may write into again).
+HOME_MARKER = ".polar-harness-home"
+
+
 @dataclass(frozen=True)
 class Proxy:
     """Our mitmproxy: where it listens, which rollout the run belongs to, and its CA certificate."""
@@ -175,6 +179,11 @@ class Harness(ABC):
             raise HarnessError("the prompt is empty: give the task as the harness's user would type it")
         if home is not None and Path(home).exists() and not Path(home).is_dir():
             raise HarnessError(f"home is a file, not a folder: {home}")
+        if home is not None and Path(home).is_dir() and any(Path(home).iterdir()) \
+                and not (Path(home) / HOME_MARKER).is_file():
+            # the harness's own config files there (~/.codex/config.toml, ...) would be overwritten
+            raise HarnessError(f"home {home} is not empty and was not made by polar-train harness: its "
+                               "harness config files would be overwritten; give a new or empty folder")
         return workdir
 
     def run(self, workdir: Path | str, prompt: str, server: ModelServer, proxy: Proxy | None = None,
@@ -187,6 +196,7 @@ class Harness(ABC):
         exe = find_binary(self.binary, self.prefix)
         home = Path(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
         home.mkdir(parents=True, exist_ok=True)
+        (home / HOME_MARKER).touch()  # a later run may reuse this home (see check_inputs)
         env = self.environment(home, server, proxy)
         argv = self.command(exe, prompt, workdir, home, server)
         start = time.monotonic()
