@@ -202,12 +202,17 @@ def show_one_call(captures: Path) -> None:
     print(f"    completion_logprobs  {lps}", flush=True)
 
 
+#: Marks a folder as a demo's work folder, which a later demo may overwrite.
+WORKDIR_MARKER = ".polar-demo"
+
+
 def run_demo(cfg: DemoConfig) -> int:
     from .tiny_model import TinyModelSpec, write_tiny_model
 
     started = time.monotonic()
     work = cfg.workdir
     work.mkdir(parents=True, exist_ok=True)
+    (work / WORKDIR_MARKER).touch()  # a later demo may write here again (see _check)
     model_dir = work / "tiny-model"
     spec = TinyModelSpec(final_norm_weight=cfg.final_norm_weight)
     if _built_spec(model_dir) != asdict(spec):
@@ -271,6 +276,10 @@ def _check(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
     if work.exists() and not work.is_dir():
         raise UserError(f"--workdir is a file, not a folder: {work}")
+    ours = (WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json")  # (older demos: no marker)
+    if work.is_dir() and any(work.iterdir()) and not any((work / name).is_file() for name in ours):
+        # the demo replaces round<N>/ and tiny-model/ in it: someone else's would be lost
+        raise UserError(f"--workdir {work} is not empty and holds no earlier demo: give a new or empty folder")
 
 
 def _cmd(args: argparse.Namespace) -> int:

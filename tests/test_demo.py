@@ -88,3 +88,16 @@ def test_one_capture_round_records_every_call_and_rewards_every_session(
     calls = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert len(calls) == 2 * len(TASKS)  # two model calls per session, each recorded once
     assert {c["rollout_id"] for c in calls} == {r["rollout_id"] for r in rewards}
+
+
+def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
+    # the demo replaces round<N>/ and tiny-model/ in its workdir: someone's round0/ would be lost
+    work = tmp_path / "project"
+    (work / "round0").mkdir(parents=True)
+    (work / "round0" / "results.csv").write_text("mine")
+    done = subprocess.run([str(POLAR), "demo", "--workdir", str(work)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"polar-train demo: error: --workdir {work} is not empty and holds no earlier "
+                                   "demo: give a new or empty folder")
+    assert (work / "round0" / "results.csv").read_text() == "mine"
+    assert sorted(p.name for p in work.iterdir()) == ["round0"]
