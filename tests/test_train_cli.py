@@ -79,6 +79,14 @@ def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path)
                        "--config", str(empty))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: config file {empty} is a folder, not a file"
+    project = tmp_path / "project"  # TRL would write its model card over the project's README.md
+    project.mkdir()
+    (project / "README.md").write_text("my project")
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(project))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (f"polar-train train: error: --output {project} is not empty "
+                                                    "and holds no run of ours: give a new or empty folder")
+    assert (project / "README.md").read_text() == "my project" and len(list(project.iterdir())) == 1
 
 
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):

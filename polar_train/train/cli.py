@@ -103,6 +103,10 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
     return length
 
 
+#: Marks a folder as a run's output (one that stopped before its metrics may be started again).
+RUN_MARKER = ".polar-train-run"
+
+
 def _check_output(out: Path, resume: bool) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -115,6 +119,9 @@ def _check_output(out: Path, resume: bool) -> str | None:
         return last
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")
+    if out.is_dir() and any(out.iterdir()) and not (out / RUN_MARKER).is_file():
+        # TRL writes its model card as README.md there, and runs/ and checkpoint-*/: a user's would go
+        raise UserError(f"--output {out} is not empty and holds no run of ours: give a new or empty folder")
     return None
 
 
@@ -156,6 +163,7 @@ def build_trainer(args: argparse.Namespace):
     else:
         peft_config = config.lora_config()
     out.mkdir(parents=True, exist_ok=True)
+    (out / RUN_MARKER).touch()
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
     return trainer, report, checkpoint
