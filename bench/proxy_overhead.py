@@ -431,8 +431,9 @@ async def run_load(ports: list[int], upstream_port: int, via_proxy: bool, body: 
                    concurrency: int, tag: str, api: str = "chat", stagger_s: float = 0.0,
                    ) -> tuple[list[CallResult], float]:
     """``calls`` calls, ``concurrency`` at a time: each slot sends its next call when its last one
-    has ended; slot i through ``ports[i % len(ports)]`` (several proxies share the load). ``stagger_s`` > 0: slot i starts i * stagger_s / concurrency later (the slots stay
-    spread over a call's duration, as independent rollouts are); 0: all slots start together and,
+    has ended; slot i through ``ports[i % len(ports)]`` (several proxies share the load).
+    ``stagger_s`` > 0: slot i starts i * stagger_s / concurrency later (the slots stay spread over
+    a call's duration, as independent rollouts are); 0: all slots start together and,
     their calls being equally long, stay in lockstep (a burst of ``concurrency`` connection setups
     at every round). Results in slot order, each slot's calls in the order sent."""
     per_slot = [calls // concurrency + (1 if i < calls % concurrency else 0) for i in range(concurrency)]
@@ -818,7 +819,8 @@ def main(argv: list[str] | None = None) -> int:
             bodies["bare-asked"] = _compact({**request, **asked}).encode()
         warm = max(2, args.proxies)  # two calls through each proxy
         for config in configs:  # warm-up: first-call costs (imports, template compile) stay out
-            measure(config, warm, 2 * warm, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}", args.api)
+            measure(config, warm, 2 * warm, ports, pids, server.pid, up_port, bodies[config], f"warm-{config}",
+                    args.api)
         if args.pin:  # after the warm-up: the row workers exist now
             pin(pids, server.pid, args.proxies)
 

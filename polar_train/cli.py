@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .paths import holds_other_files
+
 
 class UserError(Exception):
     """An error caused by the user's input: printed as one clear line, exit code 2, no traceback."""
@@ -26,7 +28,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
         raise UserError(f"--final-norm-weight: more than 0, got {args.final_norm_weight:g}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
     try:
-        if target.is_dir() and any(target.iterdir()) and not (target / "polar_tiny_model.json").is_file():
+        if holds_other_files(target, "polar_tiny_model.json"):
             # a real model's folder named by mistake would lose its config and weights
             raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
         out = write_tiny_model(target, spec)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cli import UserError
+from .paths import holds_other_files
 
 BIN = Path(sys.executable).parent
 ADDON = Path(__file__).resolve().parent.parent / "addons" / "polar_capture.py"
@@ -276,8 +277,8 @@ def _check(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
     if work.exists() and not work.is_dir():
         raise UserError(f"--workdir is a file, not a folder: {work}")
-    ours = (WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json")  # (older demos: no marker)
-    if work.is_dir() and any(work.iterdir()) and not any((work / name).is_file() for name in ours):
+    # older demos left no marker: their summary or tiny model says the folder is a demo's
+    if holds_other_files(work, WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json"):
         # the demo replaces round<N>/ and tiny-model/ in it: someone else's would be lost
         raise UserError(f"--workdir {work} is not empty and holds no earlier demo: give a new or empty folder")
 

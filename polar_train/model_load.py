@@ -56,9 +56,9 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         text = str(exc)
         if "size mismatch" in text:  # torch's first line only says "Error(s) in loading state_dict"
-            raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: its weights do not fit "
-                                 f"{getattr(model, 'name_or_path', '') or 'this model'} (an adapter trained on another base "
-                                 f"model?): {_first_mismatch(text)}") from None
+            base = getattr(model, "name_or_path", "") or "this model"
+            raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: its weights do not fit {base} "
+                                 f"(an adapter trained on another base model?): {_first_mismatch(text)}") from None
         raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {first_line(exc)}") from None
 
 

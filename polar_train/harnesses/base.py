@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from ..paths import holds_other_files
+
 #: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HARNESS_PREFIX = REPO_ROOT / ".harnesses"
@@ -179,8 +181,7 @@ class Harness(ABC):
             raise HarnessError("the prompt is empty: give the task as the harness's user would type it")
         if home is not None and Path(home).exists() and not Path(home).is_dir():
             raise HarnessError(f"home is a file, not a folder: {home}")
-        if home is not None and Path(home).is_dir() and any(Path(home).iterdir()) \
-                and not (Path(home) / HOME_MARKER).is_file():
+        if home is not None and holds_other_files(home, HOME_MARKER):
             # the harness's own config files there (~/.codex/config.toml, ...) would be overwritten
             raise HarnessError(f"home {home} is not empty and was not made by polar-train harness: its "
                                "harness config files would be overwritten; give a new or empty folder")

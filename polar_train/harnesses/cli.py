@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout", default=None, help="rollout id, sent as the proxy user name")
     p.add_argument("--ca-cert", default=None,
                    help="mitmproxy CA certificate (default: ~/.mitmproxy/mitmproxy-ca-cert.pem)")
-    p.add_argument("--home", default=None, help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
+    p.add_argument("--home", default=None,
+                   help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
     p.add_argument("--freeform-apply-patch", action="store_true",
                    help="codex only: describe the model in a model catalog so Codex offers its freeform "

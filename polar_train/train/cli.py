@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import UserError
+from ..paths import holds_other_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,7 +120,7 @@ def _check_output(out: Path, resume: bool) -> str | None:
         return last
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")
-    if out.is_dir() and any(out.iterdir()) and not (out / RUN_MARKER).is_file():
+    if holds_other_files(out, RUN_MARKER):
         # TRL writes its model card as README.md there, and runs/ and checkpoint-*/: a user's would go
         raise UserError(f"--output {out} is not empty and holds no run of ours: give a new or empty folder")
     return None
