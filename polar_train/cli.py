@@ -7,7 +7,9 @@ torch/transformers, which take seconds to import.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -79,9 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (``kill``, ``timeout``, a job scheduler) unwinds like Ctrl-C: the ``finally`` blocks
+    that stop a command's child processes (the demo's server and proxy, a harness session, both
+    in sessions of their own) run, where Python's default would leave them running."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _run_command(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

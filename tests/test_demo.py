@@ -5,6 +5,7 @@ real ``mitmdump`` with the capture addon) with the smallest sizes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -101,3 +102,45 @@ def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path)
                                    "demo: give a new or empty folder")
     assert (work / "round0" / "results.csv").read_text() == "mine"
     assert sorted(p.name for p in work.iterdir()) == ["round0"]
+
+
+def test_sigterm_stops_the_demo_and_the_server_and_proxy_it_started(tmp_path: Path) -> None:
+    # `timeout`, `kill` or a scheduler stop the demo with SIGTERM; its server and proxy run in
+    # sessions of their own (Ctrl-C in a terminal must not reach them first), so the demo itself
+    # must stop them, as it does on Ctrl-C, instead of leaving them listening
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([str(POLAR), "demo", "--workdir", str(tmp_path / "demo"), "--group-size", "2",
+                             "--max-tokens", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    demo = psutil.Process(proc.pid)
+
+    def command_lines() -> dict[psutil.Process, str]:
+        found = {}
+        for child in demo.children():
+            try:
+                found[child] = " ".join(child.cmdline())
+            except psutil.Error:  # a short-lived helper that ended meanwhile
+                pass
+        return found
+
+    deadline = time.monotonic() + 240
+    started: dict[psutil.Process, str] = {}
+    while time.monotonic() < deadline and proc.poll() is None and not started:
+        found = command_lines()
+        if any("mitmdump" in line for line in found.values()):  # the proxy starts after the server
+            started = found
+        else:
+            time.sleep(0.2)  # polling for the proxy to appear
+    try:
+        assert any("polar-train serve" in line for line in started.values()), (started, proc.poll())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(list(started), timeout=60)
+        assert not alive, f"left running: {[started[p] for p in alive]}"
+    finally:  # a failure leaves nothing behind in the test run either
+        for child in [proc, *started]:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                child.kill()
