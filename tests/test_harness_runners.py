@@ -8,6 +8,7 @@ clear error, a hung harness is killed with all its children.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -275,3 +276,36 @@ def test_a_home_with_someone_elses_files_is_not_overwritten(tmp_path) -> None:
         assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=home, timeout=30).ok
     (tmp_path / "empty").mkdir()
     assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=tmp_path / "empty", timeout=30).ok
+
+
+def test_sigterm_to_the_command_ends_the_harness_session(tmp_path) -> None:
+    """`kill`/`timeout` on `polar-train harness` must not leave the agent running: the session sits
+    in a process group of its own, and only the command's cleanup reaches it."""
+    import signal
+
+    import psutil
+
+    require_harnesses("pi")
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers: the session waits
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "polar-train"), "harness", "pi", "fix it",
+                                 "--server", f"http://127.0.0.1:{port}", "--workdir", str(tmp_path),
+                                 "--home", str(tmp_path / "home"), "--timeout", "600"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        command = psutil.Process(proc.pid)
+        session: list[psutil.Process] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not session and proc.poll() is None:
+            session = command.children(recursive=True)
+            if not session:
+                time.sleep(0.1)  # polling for the harness to start
+        try:
+            assert session, "the harness session did not start"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 128 + signal.SIGTERM
+            _, alive = psutil.wait_procs(session, timeout=30)
+            assert not alive, f"left running: {alive}"
+        finally:
+            for p in [proc, *session]:
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
+                    p.kill()
