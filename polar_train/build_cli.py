@@ -8,6 +8,7 @@ exit non-zero (2 for unusable input, 1 when no trajectory came out of readable i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -15,21 +16,66 @@ REPORT_NAME = "build_report.json"
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    from .cli import UserError
-    from .trajectories import BuildOptions, build_trajectories
-    from .trajectories.writer import write_json, write_trajectories
+def _writable_folder_problem(out: Path) -> str | None:
+    """Why ``--out`` cannot be written (None: it can), found before the build reads anything."""
+    if out.is_symlink() and not out.exists():
+        return f"--out {out} is a broken symbolic link"
+    if out.exists():
+        if not out.is_dir():
+            return f"--out is a file, not a folder: {out}"
+        if not os.access(out, os.W_OK | os.X_OK):
+            return f"--out {out}: permission denied (the folder is not writable)"
+        return None
+    parent = out.absolute().parent
+    while not parent.exists() and not parent.is_symlink():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: permission denied (cannot create it in {parent})"
+    return None
 
-    out = Path(args.out)
-    captures = Path(args.captures)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out is a file, not a folder: {out}")
+
+def _foreign_files(out: Path) -> str | None:
+    """Why a build may not write into the existing folder ``out`` (None: it may).
+
+    Why refuse: ``train`` reads every ``*.parquet`` under the folder, so a part there that no
+    build wrote would be trained on (or fail the run); and a folder holding neither a report nor
+    parts of a build is someone's folder, whose files a build could replace."""
+    from .trajectories.writer import PART_GLOB, is_trajectory_part
+
+    if not out.is_dir():
+        return None
+    entries = [p for p in out.iterdir() if not p.name.startswith(".")]
+    ours = [p for p in out.glob(PART_GLOB) if p.is_file() and is_trajectory_part(p)]
+    theirs = sorted(p.name for p in out.rglob("*.parquet")
+                    if p not in ours and not any(s.startswith(".") for s in p.relative_to(out).parts))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        return (f"--out {out} holds Parquet files no build wrote ({shown}), which `polar-train train` would "
+                "read too: move them away or choose another folder")
+    if entries and not ours and not (out / REPORT_NAME).is_file():
+        return (f"--out {out} is not empty and holds no earlier build (no {REPORT_NAME}, no trajectory parts): "
+                "choose a new or empty folder")
+    return None
+
+
+def _check_out(out: Path, captures: Path) -> None:
+    """Refuse an ``--out`` the build could not write, or should not: before the (long) read."""
+    from .cli import UserError
+
+    problem = _writable_folder_problem(out)
+    if problem:
+        raise UserError(problem)
     if captures.exists():
         from .calllog import part_folder
 
@@ -38,24 +84,51 @@ def _cmd_build(args: argparse.Namespace) -> int:
         if parts.is_file():  # one part: a rebuild replaces the part-*.parquet files in --out
             if target == parts.parent.resolve():
                 raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
-        elif target in (captures.resolve(), parts.resolve()) or parts.resolve() in target.parents:
+        elif target == captures.resolve() or captures.resolve() in target.parents:
             raise UserError(f"--out {out} is inside the capture folder {captures}; choose another folder")
+    problem = _foreign_files(out)
+    if problem:
+        raise UserError(problem)
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .cli import UserError
+    from .trajectories import BuildOptions, build_trajectories
+    from .trajectories.writer import json_bytes, part_paths, write_trajectories
+
+    if not args.out.strip():
+        raise UserError("--out is empty; name the folder for the trajectories")
+    if not args.captures.strip():
+        raise UserError("CAPTURES is empty; name the capture folder")
+    out = Path(args.out).expanduser()
+    captures = Path(args.captures).expanduser()
+    _check_out(out, captures)
     options = BuildOptions(realign=args.realign, reward_mode=args.reward_mode,
-                           rewards=args.rewards, tasks=args.tasks, tokenizer=args.tokenizer)
+                           rewards=args.rewards and Path(args.rewards).expanduser(),
+                           tasks=args.tasks and Path(args.tasks).expanduser(),
+                           tokenizer=args.tokenizer and Path(args.tokenizer).expanduser())
     try:
-        result = build_trajectories(args.captures, options)
+        result = build_trajectories(captures, options)
     except ValueError as exc:  # CallLogError, RewardFileError: one clear line
         raise UserError(str(exc)) from None
     report = result.report
     if not result.trajectories:
         print(report.table())
-        print(f"polar-train build: error: no trajectory could be built from {args.captures}"
+        if not report.parts_read:  # every part skipped: the input is unusable, as an empty folder is
+            raise UserError(f"no readable call-log part in {captures} (see the problems above)")
+        print(f"polar-train build: error: no trajectory could be built from {captures}"
               " (see skipped rows and problems above)", file=sys.stderr)
         return 1
-    parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part)
     report.out = str(out)
-    report.output_parts = [p.name for p in parts]
-    write_json(out / REPORT_NAME, report.to_json())
+    report.output_parts = [p.name for p in part_paths(out, len(result.trajectories), args.rows_per_part)]
+    try:
+        parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part,
+                                   extra={REPORT_NAME: json_bytes(report.to_json())})
+    except FileExistsError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}; the folder holds what it held "
+                        "before") from None
     print(report.table())
     print(f"wrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to {out}"
           f" (report: {out / REPORT_NAME})")

@@ -10,6 +10,7 @@ prompts; doing that once here keeps them in agreement.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,11 +50,6 @@ class CallLog:
     problems: list[PartProblem] = field(default_factory=list)
 
 
-def _hidden(path: Path, root: Path) -> bool:
-    """Temporary or private files: any path component starting with ``.`` or ``_``."""
-    return any(part.startswith((".", "_")) for part in path.relative_to(root).parts)
-
-
 def part_folder(folder: str | Path) -> Path:
     """Where the parts of a capture folder live: ``<folder>/calls`` if present, else ``<folder>``."""
     root = Path(folder)
@@ -67,12 +63,29 @@ def part_folder(folder: str | Path) -> Path:
 
 def list_parts(folder: str | Path) -> list[Path]:
     """The finished parts of a capture folder (or a single part file), sorted by path."""
+    return _find_parts(folder)[0]
+
+
+def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
+    """The finished parts (sorted) and the folders below that could not be read.
+
+    Why not ``rglob``: it passes over a folder it may not read without a word, and the calls in
+    it would go missing from a build unnoticed. Symbolic links to folders are not followed (nor
+    are they by ``rglob``): a loop cannot make the walk endless."""
     base = part_folder(folder)
     if base.is_file():
-        return [base]
-    return sorted(
-        p for p in base.rglob(f"*{PART_SUFFIX}") if p.is_file() and not _hidden(p, base)
-    )
+        return [base], []
+    problems: list[PartProblem] = []
+
+    def unreadable(exc: OSError) -> None:
+        problems.append(PartProblem(str(exc.filename or base), f"unreadable folder: {exc.strerror or exc}"))
+
+    parts = []
+    for here, folders, files in os.walk(base, onerror=unreadable):
+        folders[:] = [d for d in folders if not d.startswith((".", "_"))]  # temporary or private
+        parts += [p for name in files if name.endswith(PART_SUFFIX) and not name.startswith((".", "_"))
+                  and (p := Path(here) / name).is_file()]
+    return sorted(parts), problems
 
 
 def _check_schema(path: Path) -> str | None:
@@ -107,10 +120,12 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
     root = Path(folder)
     if not root.exists():
         raise CallLogError(f"call-log folder not found: {root}")
-    parts = list_parts(root)
+    parts, unreadable = _find_parts(root)
+    if not parts and unreadable:
+        raise CallLogError(f"cannot read {unreadable[0].path}: {unreadable[0].message.removeprefix('unreadable folder: ')}")
     if not parts:
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}")
-    result = CallLog(table=CALL_LOG_SCHEMA.empty_table())
+    result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []
     for path in parts:
         problem = _check_schema(path)

@@ -43,9 +43,9 @@ def summarize(table, top: int = 20) -> str:
     out = [f"{n} calls"]
     by_api: dict[str, Counter] = {}
     for r in rows:
-        c = by_api.setdefault(r["api"], Counter())
+        c = by_api.setdefault(r["api"] or "(none)", Counter())  # null only in a part written by hand
         c["calls"] += 1
-        c[r["status"]] += 1
+        c[r["status"] or "(none)"] += 1
         c["prompt"] += len(r.get("prompt_token_ids") or [])
         c["completion"] += len(r.get("completion_token_ids") or [])
         c[f"src:{r.get('token_source') or 'none'}"] += 1
@@ -72,7 +72,7 @@ def summarize(table, top: int = 20) -> str:
     more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
     out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"], roll_rows)
                + more)
-    errors = Counter((r["status"], (r.get("error") or "")[:80]) for r in rows if r["status"] != "ok")
+    errors = Counter((r["status"] or "(none)", (r.get("error") or "")[:80]) for r in rows if r["status"] != "ok")
     if errors:
         out.append(_table("\nerrors", ["status", "count", "error"],
                           [[s, k, e] for (s, e), k in errors.most_common(top)]))

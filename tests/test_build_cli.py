@@ -91,12 +91,72 @@ def test_rebuild_replaces_old_parts(tmp_path, capture):
     assert run_build(capture, "--out", tmp_path / "earlier").returncode == 0
     out.mkdir()
     (tmp_path / "earlier" / "part-00000.parquet").rename(out / "part-00007.parquet")  # an earlier build
-    (out / "part-00008.parquet").write_bytes(b"not ours: must survive")
+    (out / "notes.txt").write_text("mine: must survive")
     proc = run_build(capture, "--out", out, "--rows-per-part", "1", "--realign")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet",
-                                                             "part-00002.parquet", "part-00008.parquet"]
+                                                             "part-00002.parquet"]
+    assert (out / "notes.txt").read_text() == "mine: must survive"
+    assert json.loads((out / "build_report.json").read_text())["output_parts"] == [
+        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     assert not list(out.glob(".*"))  # no temp files left
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_an_out_folder_holding_files_no_build_wrote_is_refused_untouched(tmp_path, capture, capsys):
+    """Data a user keeps in --out is never replaced: a call-log part named like a trajectory part
+    (a build used to overwrite it), a foreign Parquet file next to an earlier build (train would
+    read it), or a folder of someone else's files."""
+    good = next(p for p in sorted((capture / "calls").glob("part-*.parquet"))
+                if p.name not in ("part-foreign.parquet", "part-corrupt.parquet"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "part-00000.parquet").write_bytes(good.read_bytes())
+    (mine / "build_report.json").write_text('{"mine": 1}')
+    earlier = tmp_path / "earlier"
+    assert main(["build", str(capture), "--out", str(earlier)]) == 0
+    pq.write_table(pa.table({"x": [1]}), earlier / "part-00003.parquet")  # not written by a build
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep")
+    capsys.readouterr()
+    for out, why in ((mine, "holds Parquet files no build wrote (part-00000.parquet)"),
+                     (earlier, "holds Parquet files no build wrote (part-00003.parquet)"),
+                     (notes, "is not empty and holds no earlier build")):
+        before = _snapshot(out)
+        assert main(["build", str(capture), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err
+        assert _snapshot(out) == before
+
+
+def test_an_unwritable_out_fails_before_the_build(tmp_path, capture, capsys):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    cases = [(tmp_path / "afile" / "sub", f"{tmp_path / 'afile'} is a file, not a folder"),
+             (tmp_path / "dangling", "is a broken symbolic link")]
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        cases.append((ro, "permission denied"))
+    for out, why in cases:
+        assert main(["build", str(capture), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err, err
+        assert "merge ratio" not in err  # refused before anything was read
+    assert main(["build", str(capture), "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+
+
+def test_out_with_a_tilde_is_the_home_folder(tmp_path, capture, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", str(capture), "--out", "~/traj"]) == 0
+    assert (tmp_path / "home" / "traj" / "build_report.json").is_file() and not (tmp_path / "~").exists()
 
 
 def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path, capsys):
@@ -122,11 +182,16 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys
     assert main(["build", str(tmp_path / "cap"), "--out", str(tmp_path / "out"),
                  "--rewards", str(tmp_path / "r.jsonl")]) == 2
     assert "error: file not found: " in capsys.readouterr().err
+    (tmp_path / "bad" / "calls").mkdir(parents=True)
+    (tmp_path / "bad" / "calls" / "part-0.parquet").write_bytes(b"PAR1 but not really")
+    assert main(["build", str(tmp_path / "bad"), "--out", str(tmp_path / "out")]) == 2  # unusable, as docs say
+    assert f"error: no readable call-log part in {tmp_path / 'bad'}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, capture, capsys):
     before = sorted(p.name for p in (capture / "calls").iterdir())
-    for out in (capture, capture / "calls", capture / "calls" / "traj"):
+    for out in (capture, capture / "calls", capture / "calls" / "traj", capture / "traj"):
         assert main(["build", str(capture), "--out", str(out)]) == 2  # in-process: same code path
         assert "inside the capture folder" in capsys.readouterr().err
     assert sorted(p.name for p in (capture / "calls").iterdir()) == before
@@ -156,3 +221,69 @@ def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture
     assert part.read_bytes() == good.read_bytes()
     assert main(["build", str(part), "--out", str(part.parent / "traj")]) == 0  # a sibling folder is fine
     assert list((part.parent / "traj").glob("part-*.parquet")) and part.read_bytes() == good.read_bytes()
+
+
+def _built(out: Path) -> tuple[list[str], dict]:
+    return sorted(p.name for p in out.glob("part-*.parquet")), json.loads((out / "build_report.json").read_text())
+
+
+def test_an_interrupt_during_the_swap_waits_until_the_new_build_is_whole(tmp_path, capture, monkeypatch):
+    """Ctrl-C between the renames used to leave parts of both builds and the old report: now the
+    signal waits for the swap's end, and the folder holds the new build alone."""
+    import signal
+
+    from polar_train.trajectories import writer
+
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 0
+    assert len(_built(out)[0]) == 3
+    real_replace = writer.os.replace
+    calls = []
+
+    def replace_then_interrupt(src, dst):
+        if not calls:
+            signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C at the first rename
+        calls.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(writer.os, "replace", replace_then_interrupt)
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "2"]) == 130
+    parts, report = _built(out)
+    assert parts == report["output_parts"] == ["part-00000.parquet", "part-00001.parquet"]
+    assert len(calls) == 3 and not list(out.glob(".*"))
+
+
+def test_a_write_that_fails_leaves_the_earlier_build_whole(tmp_path, capture, monkeypatch, capsys):
+    """Disk full in the middle of writing: one line, the earlier build untouched, no temp file
+    left; temp files of a build killed earlier are removed by the next one."""
+    import errno
+    import subprocess
+
+    from polar_train.trajectories import writer
+
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 0
+    before = _snapshot(out)
+    real_write = writer.pq.write_table
+    written = []
+
+    def write_until_full(table, where, **kw):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(where)
+        real_write(table, where, **kw)
+
+    monkeypatch.setattr(writer.pq, "write_table", write_until_full)
+    capsys.readouterr()
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"polar-train build: error: cannot write to --out {out}: No space left on device; "
+                   "the folder holds what it held before\n")
+    assert _snapshot(out) == before and not list(out.glob(".*"))
+    monkeypatch.setattr(writer.pq, "write_table", real_write)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id no process has any more: its writer was killed
+    (out / f".part-00000.parquet.tmp{gone.pid}").write_bytes(b"half")
+    (out / f".build_report.json.tmp{gone.pid}").write_bytes(b"{")
+    assert main(["build", str(capture), "--out", str(out)]) == 0
+    assert not list(out.glob(".*"))

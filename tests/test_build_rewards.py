@@ -105,15 +105,17 @@ def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captur
         json.dumps({"rollout_id": "r3", "reward": float("nan")}).replace("NaN", "NaN"),
         json.dumps({"rollout_id": "r1", "reward": 0.0}),
         json.dumps(["r4", 1]),
+        "[" * 100_000,  # nested past Python's recursion limit
     ]) + "\n")
     result = build_trajectories(captures, BuildOptions(rewards=path))
     problems = result.report.problems
     assert f"{path}: line 2: non-numeric reward 'n/a' for rollout 'r2'" in problems
     assert f"{path}: line 3: unknown rollout 'ghost' (not in the call log)" in problems
     assert any(p.startswith(f"{path}: line 4: not valid JSON") for p in problems)
-    assert any(p.startswith(f"{path}: line 5: non-numeric reward") for p in problems)  # NaN
+    assert f"{path}: line 5: non-finite reward nan for rollout 'r3'" in problems
     assert f"{path}: line 6: rollout 'r1' listed again; the first reward is kept" in problems
     assert f"{path}: line 7: expected a JSON object, got list" in problems
+    assert f"{path}: line 8: JSON nested too deeply to read" in problems
     per = by_rollout(result)
     assert [t.reward for t in per["r1"]] == [1.0, 1.0]
     assert per["r2"][0].reward is None and len(result.trajectories) == 5
@@ -141,6 +143,30 @@ def test_bad_csv_and_parquet_rows_name_their_row(tmp_path, captures):
     pq.write_table(pa.table({"rollout_id": ["r1", "r9"], "reward": [1.0, 2.0]}), pq_path)
     result = build_trajectories(captures, BuildOptions(rewards=pq_path))
     assert result.report.problems == [f"{pq_path}: row 2: unknown rollout 'r9' (not in the call log)"]
+
+
+def test_files_as_spreadsheets_and_databases_write_them_are_read(tmp_path, captures):
+    """A CSV with the byte-order mark Excel writes, a Parquet decimal column (DuckDB's ``0.5``) and
+    task ids that became floats are read as meant; a ``;``-separated CSV is named as such."""
+    from decimal import Decimal
+
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("rollout_id,reward,task_id\r\nr1,0.5,7\r\n".encode("utf-8-sig"))
+    result = build_trajectories(captures, BuildOptions(rewards=bom))
+    assert result.report.problems == [] and {t.reward for t in by_rollout(result)["r1"]} == {0.5}
+    dec = tmp_path / "duck.parquet"
+    pq.write_table(pa.table({"rollout_id": ["r1", "r2"], "reward": pa.array([Decimal("0.50"), Decimal("1.25")],
+                                                                            pa.decimal128(4, 2)),
+                             "task_id": [3.0, 3]}), dec)
+    result = build_trajectories(captures, BuildOptions(rewards=dec))
+    per = by_rollout(result)
+    assert result.report.problems == [] and per["r1"][0].reward == 0.5 and per["r2"][0].reward == 1.25
+    assert per["r1"][0].task_id == per["r2"][0].task_id == "3"  # one group, not "3.0" and "3"
+    semi = tmp_path / "semi.csv"
+    semi.write_text("rollout_id;reward\nr1;1\n")
+    with pytest.raises(RewardFileError, match=r"the header has no rollout_id column \(found 'rollout_id;reward'\); "
+                                              "the file must be comma-separated"):
+        build_trajectories(captures, BuildOptions(rewards=semi))
 
 
 def test_unusable_reward_files_fail_before_building(tmp_path, captures):

@@ -159,6 +159,36 @@ def test_retokenization_reaching_into_the_generation_prompt_is_realigned(tmp_pat
     assert tok.decode(t.prompt.tolist() + ids.tolist()) == tok.decode(p2 + second["completion_token_ids"])
 
 
+def test_ids_that_name_no_token_are_no_retokenization_and_no_crash(tmp_path):
+    """A corrupt or foreign capture with a negative id where the check compares token bytes:
+    the tokenizer raised OverflowError out of the build; such an id says nothing that matches."""
+    rows = _retokenized_session(Conversation(rollout_id="r1"))
+    for bad in (-5, 2_000_000_000):
+        first = dict(rows[0], completion_token_ids=[bad, *rows[0]["completion_token_ids"][1:]],
+                     call_id=f"{rows[0]['call_id']}{bad}")
+        result = build(tmp_path / str(bad), [first, dict(rows[1], call_id=f"{rows[1]['call_id']}{bad}")],
+                       realign=True)
+        assert [t.fork_cause for t in result.trajectories] == [None, "history_rewrite"]
+        assert result.report.realigned_calls == 0
+
+
+def test_rows_without_a_call_id_are_counted_not_built(tmp_path):
+    """Written by another tool whose schema lets call_id be null: they have no name to be built by
+    (the first used to become a trajectory with a null call id, the second a "duplicate")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from polar_train.schema import CALL_LOG_SCHEMA
+
+    rows = _retokenized_session(Conversation(rollout_id="r1"))
+    loose = pa.schema([f.with_nullable(True) for f in CALL_LOG_SCHEMA])
+    (tmp_path / "calls").mkdir()
+    pq.write_table(pa.Table.from_pylist([dict(r, call_id=None) for r in rows], schema=loose),
+                   tmp_path / "calls" / "part-0.parquet")
+    result = build_trajectories(tmp_path, BuildOptions())
+    assert result.trajectories == [] and result.report.skipped == {"no_call_id": 2}
+
+
 def test_changed_completion_text_is_not_retokenization(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("greet")

@@ -38,6 +38,31 @@ def test_reads_calls_folder_with_full_schema(tmp_path, session_rows):
         assert row["completion_logprobs"] == pytest.approx(by_id[row["call_id"]]["completion_logprobs"])
 
 
+def test_a_folder_that_cannot_be_read_is_named_not_passed_over(tmp_path, session_rows, monkeypatch):
+    """Calls under a folder the reader may not open were left out of a build without a word."""
+    import os
+
+    write_parts(tmp_path, session_rows[:2], "part-a")
+    locked = tmp_path / "calls" / "host-b"
+    write_parts(locked, session_rows[2:], "part-b")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) in (str(locked), str(locked / "calls")):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)  # what chmod 000 does, also for root
+    log = read_call_log(tmp_path)
+    assert log.table.num_rows == 2
+    assert [str(p) for p in log.problems] == [f"{locked}: unreadable folder: Permission denied"]
+    locked_root = tmp_path / "calls"
+    monkeypatch.setattr(os, "scandir", lambda path=".": (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", os.fspath(path))))
+    with pytest.raises(CallLogError, match=f"cannot read {locked_root}: Permission denied"):
+        read_call_log(tmp_path)  # not "no call-log parts": the folder is there, only closed
+
+
 def test_folder_of_parts_itself_and_single_file(tmp_path, session_rows):
     path = write_parts(tmp_path, session_rows, "part-x")
     assert read_calls(path.parent).num_rows == 4  # <folder>/calls given directly
@@ -145,3 +170,17 @@ def test_unresolvable_compact_prompts_are_reported_not_guessed(tmp_path, session
     # nothing else is lost: every row is still there, completions intact
     assert log.table.num_rows == 8
     assert log.table.column("completion_token_ids").null_count == 0
+
+
+def test_inspect_summarises_rows_without_an_api_or_status(tmp_path, session_rows, capsys):
+    """A part another tool wrote, whose schema lets ``api``/``status`` be null: a summary (those
+    rows under "(none)"), not a TypeError from sorting None beside the API names."""
+    from polar_train.cli import main
+
+    loose = pa.schema([f.with_nullable(True) for f in CALL_LOG_SCHEMA])
+    rows = [dict(session_rows[0], api=None), dict(session_rows[1], status=None), *session_rows[2:]]
+    (tmp_path / "calls").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=loose), tmp_path / "calls" / "part-0.parquet")
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 calls" in out and "\n(none) " in out

@@ -45,7 +45,7 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
     Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
     completed; the completed one is kept), ``status_<status>`` (failed calls),
     ``token_source_none`` (text only), ``no_token_ids`` (ids missing), ``duplicate_call_id``
-    (a row whose call id was already seen: only the first is used).
+    (a row whose call id was already seen: only the first is used), ``no_call_id`` (null).
     """
     skipped: Counter = Counter()
     n = table.num_rows
@@ -78,6 +78,9 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
     chosen = []
     seen_ids: set[str] = set()
     for i in range(n):
+        if call_id[i] is None:
+            skipped["no_call_id"] += 1  # written by hand or by a foreign tool: nothing to name it by
+            continue
         if call_id[i] in seen_ids:
             skipped["duplicate_call_id"] += 1  # the same part copied twice, or a writer bug
             continue

@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
     """(location, record) pairs; unreadable rows/files are added to ``problems`` and skipped."""
     fmt = file_format(path)
     if fmt == "jsonl":
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a byte-order mark is no JSON
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -58,14 +59,25 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 except json.JSONDecodeError as exc:
                     problems.append(f"{path}: line {n}: not valid JSON ({exc.msg})")
                     continue
+                except RecursionError:
+                    problems.append(f"{path}: line {n}: JSON nested too deeply to read")
+                    continue
                 if not isinstance(rec, dict):
                     problems.append(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
                     continue
                 yield f"{path}: line {n}", rec
     elif fmt == "csv":
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        # utf-8-sig: spreadsheets write a byte-order mark, which would become part of the first name
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
             reader = csv.DictReader(f)
+            names = reader.fieldnames or []
+            if names and "rollout_id" not in [n.strip() for n in names if n]:
+                shown = ", ".join(repr(n) for n in names[:5] if n is not None)
+                problems.append(f"{path}: line 1: the header has no rollout_id column (found {shown}); "
+                                "the file must be comma-separated with a header line")
+                return
             for rec in reader:
+                rec = {k.strip() if isinstance(k, str) else k: v for k, v in rec.items()}
                 yield f"{path}: line {reader.line_num}", rec
     else:
         import pyarrow.parquet as pq
@@ -80,9 +92,10 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
 
 
 def _reward_value(value: Any) -> float | None:
+    """The reward as a float; None for what is no number (NaN and infinities included)."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, Decimal)):  # Decimal: what DuckDB's 0.5 gives in Parquet
         v = float(value)
     elif isinstance(value, str):
         try:
@@ -92,6 +105,25 @@ def _reward_value(value: Any) -> float | None:
     else:
         return None
     return v if math.isfinite(v) else None
+
+
+def _is_number(value: Any) -> bool:
+    """Whether ``value`` reads as a number at all (then a refused reward is NaN or infinite)."""
+    if isinstance(value, bool) or value is None:
+        return False
+    try:
+        float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _task_text(value: Any) -> str:
+    """A task id as text: a whole-number float is written as the integer (JSON ``1`` and ``1.0``,
+    or a Parquet column that became float, name one group, not two)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 @dataclass
@@ -134,7 +166,8 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
                 continue
             value = _reward_value(rec["reward"])
             if value is None:
-                labels.problems.append(f"{loc}: non-numeric reward {rec['reward']!r} for rollout {rid!r}")
+                what = "non-finite" if _is_number(rec["reward"]) else "non-numeric"
+                labels.problems.append(f"{loc}: {what} reward {rec['reward']!r} for rollout {rid!r}")
                 continue
             if rid in seen:
                 labels.problems.append(f"{loc}: rollout {rid!r} listed again; the first reward is kept")
@@ -143,7 +176,7 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             labels.rewards[rid] = value
             task = rec.get("task_id")
             if task not in (None, ""):
-                labels.tasks[rid] = str(task)
+                labels.tasks[rid] = _task_text(task)
         if not labels.rewards:
             _nothing_usable(path, "reward", labels.problems)
     if tasks_path is not None:
@@ -159,11 +192,11 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
                 labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
                 continue
             if rid in listed:  # as for rewards: the first row counts (the same task again is harmless)
-                if listed[rid] != str(task):
-                    labels.problems.append(f"{loc}: rollout {rid!r} listed again with task {str(task)!r}; "
+                if listed[rid] != _task_text(task):
+                    labels.problems.append(f"{loc}: rollout {rid!r} listed again with task {_task_text(task)!r}; "
                                            f"the first task id {listed[rid]!r} is kept")
                 continue
-            listed[rid] = labels.tasks[rid] = str(task)
+            listed[rid] = labels.tasks[rid] = _task_text(task)
         if not listed:
             _nothing_usable(path, "task id", labels.problems[problems_before:])
     return labels

@@ -310,10 +310,16 @@ class Stitcher:
         if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
             return None  # a special token on either side: no tokenisation of text produces it
         tb = self.token_bytes()
-        want = b"".join(tb(int(x)) for x in t.match_tail(d))
+        pieces = [tb(int(x)) for x in t.match_tail(d)]
+        if None in pieces:
+            return None  # an id that names no token: nothing to compare
+        want = b"".join(pieces)
         got = bytearray()
         for j in range(d, len(prompt)):
-            got += tb(int(prompt[j]))
+            piece = tb(int(prompt[j]))
+            if piece is None:
+                return None
+            got += piece
             if len(got) >= len(want):
                 return j + 1 if bytes(got) == want else None
             if not want.startswith(bytes(got)):

@@ -12,7 +12,10 @@ from typing import Protocol
 
 
 class TokenBytes(Protocol):
-    def __call__(self, token_id: int) -> bytes: ...
+    """id -> the token's bytes; None for an id that names no token (negative, past the vocabulary:
+    a corrupt or foreign capture), which then says nothing that could match."""
+
+    def __call__(self, token_id: int) -> bytes | None: ...
 
 
 @lru_cache(maxsize=1)
@@ -36,12 +39,17 @@ def token_bytes_of(tokenizer) -> TokenBytes:
     added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
 
     @lru_cache(maxsize=1 << 18)
-    def token_bytes(token_id: int) -> bytes:
+    def token_bytes(token_id: int) -> bytes | None:
         if token_id in added:
             return added[token_id].encode("utf-8")
-        piece = tokenizer.convert_ids_to_tokens(int(token_id))
+        if token_id < 0:
+            return None
+        try:
+            piece = tokenizer.convert_ids_to_tokens(int(token_id))
+        except (OverflowError, IndexError):
+            return None
         if piece is None:
-            return b""
+            return None
         try:
             return bytes(decoder[ch] for ch in piece)
         except KeyError:  # not byte-level: fall back to the tokenizer's own decoding

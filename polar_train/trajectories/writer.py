@@ -2,14 +2,19 @@
 
 Why the discipline: the trainer (or ``datasets``) may glob ``--out`` while a build runs; it must
 see either the previous complete set of parts or the new one, never a half-written file.
-Old parts are replaced only after every new part is complete.
+Old parts are replaced only after every new part (and the report) is complete, in one swap that
+an interrupt cannot split.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import re
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +70,51 @@ def trajectories_table(trajectories: Sequence[Trajectory]) -> pa.Table:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    tmp = _temp_name(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    _atomic_write_bytes(path, json_bytes(obj))
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
+
+
+def _temp_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp{os.getpid()}")
+
+
+_TEMP = re.compile(r"\.(?:part-\d+\.parquet|[^/]+\.json)\.tmp(\d+)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_temps(out_dir: Path) -> int:
+    """Remove the temp files of earlier builds that died before renaming them (SIGKILL, power
+    loss): each names its writer's process id, and only those of processes gone are removed (a
+    build running beside this one keeps its own). Returns how many were removed."""
+    removed = 0
+    for p in out_dir.glob(".*.tmp*"):
+        m = _TEMP.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not _pid_alive(int(m[1])) and p.is_file():
+            p.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def is_trajectory_part(path: Path) -> bool:
@@ -83,33 +126,68 @@ def is_trajectory_part(path: Path) -> bool:
     return meta.get(b"polar_train.table") == b"trajectories"
 
 
-def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
-                       rows_per_part: int = ROWS_PER_PART) -> list[Path]:
-    """Write ``part-NNNNN.parquet`` files under ``out``; returns their paths.
+def part_paths(out: str | Path, rows: int, rows_per_part: int = ROWS_PER_PART) -> list[Path]:
+    """The parts :func:`write_trajectories` writes for ``rows`` trajectories (a report names them
+    before they exist)."""
+    return [Path(out) / f"part-{n:05d}.parquet" for n in range(-(-rows // rows_per_part))]
 
-    Parts from an earlier build in ``out`` are removed once the new ones are complete; other
-    files (a call-log part, anything not written by this function) are never deleted.
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends (then arrive as usual): the swap of old parts
+    for new ones is a few renames, and an interrupt between them would leave half of each build."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives them
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
+                       rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None) -> list[Path]:
+    """Write ``part-NNNNN.parquet`` files (and ``extra``: file name -> bytes, e.g. the build
+    report) under ``out``; returns the parts' paths.
+
+    Everything is written under temporary names first; then, with SIGINT/SIGTERM held back, parts
+    from an earlier build that the new set does not replace are removed and the new files renamed
+    into place, so that ``out`` holds the old build or the new one, never a mix. A file in the
+    way that this function did not write (a call-log part, a user's file) is never replaced or
+    deleted: :class:`FileExistsError` before anything is written.
     """
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"--out is a file, not a folder: {out_dir}")
+    finals = part_paths(out_dir, len(trajectories), rows_per_part)
+    for final in finals:
+        if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
+            raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
+                                  "or choose another folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_paths: list[tuple[Path, Path]] = []
+    remove_stale_temps(out_dir)
+    written: list[tuple[Path, Path]] = []
     try:
-        for n, start in enumerate(range(0, len(trajectories), rows_per_part)):
-            table = trajectories_table(trajectories[start:start + rows_per_part])
-            final = out_dir / f"part-{n:05d}.parquet"
-            tmp = out_dir / f".{final.name}.tmp{os.getpid()}"
-            pq.write_table(table, tmp)
-            tmp_paths.append((tmp, final))
-    except BaseException:
-        for tmp, _ in tmp_paths:
-            tmp.unlink(missing_ok=True)
-        raise
-    finals = {final for _, final in tmp_paths}
-    for old in out_dir.glob(PART_GLOB):
-        if old not in finals and is_trajectory_part(old):
-            old.unlink()  # only our own earlier output: never a call-log part or a foreign file
-    for tmp, final in tmp_paths:
-        os.replace(tmp, final)
-    return [final for _, final in tmp_paths]
+        for n, final in enumerate(finals):
+            start = n * rows_per_part
+            tmp = _temp_name(final)
+            written.append((tmp, final))
+            pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp)
+        for name, data in (extra or {}).items():
+            final = out_dir / name
+            tmp = _temp_name(final)
+            written.append((tmp, final))
+            tmp.write_bytes(data)
+        with _signals_held():
+            new = set(finals)
+            for old in out_dir.glob(PART_GLOB):
+                if old not in new and is_trajectory_part(old):
+                    old.unlink()  # only our own earlier output: never a call-log part or a foreign file
+            for tmp, final in written:
+                os.replace(tmp, final)
+    finally:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)  # after a failure or an interrupt: no temp file stays
+    return finals
