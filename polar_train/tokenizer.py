@@ -138,7 +138,9 @@ def load_tokenizer(path: str | os.PathLike):
     """Load the tokenizer of a model directory, with a clear error when it is not one."""
     from transformers import AutoTokenizer
 
-    p = Path(path)
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise NotADirectoryError(f"tokenizer {p} is a file; name the model or tokenizer folder it is in")
     if not p.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {p}")
     if not (p / "tokenizer.json").exists() and not (p / "tokenizer_config.json").exists():

@@ -207,6 +207,10 @@ def test_a_tokenizer_folder_that_does_not_load_is_one_line(tmp_path, capture, ti
     err = capsys.readouterr().err
     assert err.startswith(f"polar-train build: error: cannot load the tokenizer in {broken}: ")
     assert err.strip().count("\n") == 0 and "Traceback" not in err
+    tokenizer_file = broken / "tokenizer.json"
+    assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer_file)]) == 2
+    assert capsys.readouterr().err == (f"polar-train build: error: tokenizer {tokenizer_file} is a file; name the "
+                                       "model or tokenizer folder it is in\n")
 
 
 def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture, capsys):
