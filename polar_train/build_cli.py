@@ -8,9 +8,10 @@ exit non-zero (2 for unusable input, 1 when no trajectory came out of readable i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+
+from .paths import cannot_write_folder
 
 REPORT_NAME = "build_report.json"
 
@@ -23,26 +24,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _writable_folder_problem(out: Path) -> str | None:
-    """Why ``--out`` cannot be written (None: it can), found before the build reads anything."""
-    if out.is_symlink() and not out.exists():
-        return f"--out {out} is a broken symbolic link"
-    if out.exists():
-        if not out.is_dir():
-            return f"--out is a file, not a folder: {out}"
-        if not os.access(out, os.W_OK | os.X_OK):
-            return f"--out {out}: permission denied (the folder is not writable)"
-        return None
-    parent = out.absolute().parent
-    while not parent.exists() and not parent.is_symlink():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"--out {out}: {parent} is a file, not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {out}: permission denied (cannot create it in {parent})"
-    return None
 
 
 def _foreign_files(out: Path) -> str | None:
@@ -73,7 +54,7 @@ def _check_out(out: Path, captures: Path) -> None:
     """Refuse an ``--out`` the build could not write, or should not: before the (long) read."""
     from .cli import UserError
 
-    problem = _writable_folder_problem(out)
+    problem = cannot_write_folder(out, "--out")
     if problem:
         raise UserError(problem)
     if captures.exists():

@@ -1,8 +1,10 @@
 """What is wrong with a path a user named, said the same way by every command: a file that is
-not one, or a folder we would write into that holds someone else's files."""
+not one, a folder that cannot be written, or a folder we would write into that holds someone
+else's files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -24,3 +26,26 @@ def holds_other_files(folder: str | Path, *ours: str) -> bool:
     run of the command leaves there): writing into it could replace a user's files."""
     p = Path(folder)
     return p.is_dir() and any(p.iterdir()) and not any((p / name).is_file() for name in ours)
+
+
+def cannot_write_folder(folder: str | Path, what: str) -> str | None:
+    """Why the folder ``folder`` (named by the option ``what``) cannot be written or created; None
+    when it can. Checked before slow work, so that a typo fails in a second, not after a build or
+    a model load."""
+    out = Path(folder)
+    if out.is_symlink() and not out.exists():
+        return f"{what} {out} is a broken symbolic link"
+    if out.exists():
+        if not out.is_dir():
+            return f"{what} is a file, not a folder: {out}"
+        if not os.access(out, os.W_OK | os.X_OK):
+            return f"{what} {out}: permission denied (the folder is not writable)"
+        return None
+    parent = out.absolute().parent
+    while not parent.exists() and not parent.is_symlink():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{what} {out}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{what} {out}: permission denied (cannot create it in {parent})"
+    return None

@@ -160,8 +160,20 @@ def _empty(c):
     return {k: [] for k in c}
 
 
+def _inf_reward(c):
+    c["reward"][0] = math.inf
+    return c
+
+
+def _probabilities(c):
+    c["logprobs"][0] = [0.5 if m else math.nan for m in c["loss_mask"][0]]  # probabilities, not logs
+    return c
+
+
 @pytest.mark.parametrize("fn, message", [
     (_no_rewards, "no trajectory .* has a reward"),
+    (_inf_reward, r"reward inf is not finite"),
+    (_probabilities, r"logprob 0.5 is above 0 \(a probability above 1\)"),
     (_no_trainable, r"no trajectory .* has a trainable \(loss_mask 1\) token"),
     (_big_id, "token id 10000000 is outside the model's vocabulary"),
     (_short_mask, "differ in length"),
@@ -203,6 +215,40 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("max_completion_length=0", "max_completion_length must be >= 1, got 0")):
         with pytest.raises(UserError, match=message):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
+    # ... each of which trained (or crashed mid-run) before: a reversed gradient, nothing learned, a
+    # division by zero, torch's TypeError on a null learning rate
+    for setting, message in (("num_generations=0", "num_generations must be at least 2 .*, got 0"),
+                             ("beta=-0.5", r"beta \(the KL coefficient\) must be >= 0, got -0.5"),
+                             ("vllm_importance_sampling_clip_max=-1", "must be above 0, got -1"),
+                             ("temperature=0", "temperature must be a number above 0 .*, got 0"),
+                             ("max_steps=0", r"max_steps must be at least 1, or -1 .*, got 0"),
+                             ("max_steps=-5", "max_steps must be at least 1, or -1"),
+                             ("num_train_epochs=0", "num_train_epochs must be above 0"),
+                             ("learning_rate=-1", "learning_rate must be >= 0"),
+                             ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1"),
+                             ("lora_r=0", "lora_r must be at least 1"),
+                             ("lora_dropout=2", r"lora_dropout must be in \[0, 1\)"),
+                             ("report_to=wandb", "report_to wandb: not installed here"),
+                             ("output_dir=/elsewhere", "the run folder is --output")):
+        with pytest.raises(UserError, match=message):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
+    for text, message in (("learning_rate: null\n", "learning_rate: expected a value, got null"),
+                          ("learning_rate: {a: 1}\n", "learning_rate: expected a value, got a mapping"),
+                          ("1: 2\n", "unknown option.*1"),
+                          ("num_generations: 0\n", "num_generations must be at least 2")):
+        bad_yaml.write_text(text)
+        with pytest.raises(UserError, match=message):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))
+    bad_yaml.write_text("lora_target_modules: q_proj\n")  # one module, not written as a list
+    assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))[0].lora_target_modules == [
+        "q_proj"]
+    no_tokenizer = tmp_path / "model-without-tokenizer"
+    no_tokenizer.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.name not in ("tokenizer.json", "tokenizer_config.json") and f.is_file():
+            (no_tokenizer / f.name).symlink_to(f)
+    with pytest.raises(UserError, match="no tokenizer .*the model folder supplies the tokenizer too"):
+        prepare(ns(sampled, no_tokenizer, tmp_path / "r"))
     config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "loss_type=cispo", "epsilon_high=5"))
     assert (config.loss_type, config.epsilon_high) == ("cispo", 5.0)
 

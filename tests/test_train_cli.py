@@ -32,13 +32,13 @@ def trajectories(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
-                       "--set", "learning_rate=5e-3", "--set", "max_steps=1", "--set", "save_steps=1")
+                       "--set", "learning_rate=5e-3", "--set", "max_steps=2", "--set", "save_steps=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "data: 2 GRPO groups of 4" in proc.stdout
     assert "logprob mismatch |trainer - sampler|" in proc.stdout
 
     summary = json.loads((out / "train_summary.json").read_text())
-    assert summary["steps"] == 1
+    assert summary["steps"] == 2
     assert summary["logprob_mismatch_first_step"] < 1e-3
     assert summary["adapter_max_abs_change"] > 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -61,11 +61,28 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
         after = tuned(input_ids=ids).logits
     assert float((after - before).abs().max()) > 0
 
+    # a finished run is not resumed: its schedule ended at learning rate 0 (a resumed step changed nothing)
+    for steps in ("2", "3"):
+        done = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                           "--set", f"max_steps={steps}", "--resume")
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"the run in {out} finished (step 2 of 2)" in done.stderr
+        assert f"--set init_adapter={out / 'adapter'} --output NEW_FOLDER" in done.stderr
+    # a run stopped after its first checkpoint continues from it to the end of its schedule
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-2")
+    shutil.rmtree(out / "adapter")
+    before = (out / "checkpoint-1" / "adapter_model.safetensors").read_bytes()
+    reshaped = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                           "--set", "max_steps=2", "--set", "lora_r=8", "--resume")
+    assert reshaped.returncode == 2 and "Traceback" not in reshaped.stderr
+    assert "--resume: lora_r=8 (checkpoint: 16): a resumed run keeps its LoRA shape" in reshaped.stderr
     again = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
-                        "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
+                        "--set", "learning_rate=5e-3", "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
-    assert (out / "checkpoint-2").is_dir()
+    assert (out / "checkpoint-2" / "adapter_model.safetensors").read_bytes() != before  # step 2 learned
 
 
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):
@@ -119,6 +136,27 @@ def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, 
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == f"polar-train train: error: --output is a file, not a folder: {a_file}"
     assert a_file.read_text() == "notes"
+
+
+def test_weights_cut_short_or_a_config_of_wrong_types_is_one_error(tiny_model_dir, tmp_path):
+    """safetensors' own error type and transformers' dataclass validation error escaped as
+    tracebacks (from serve and train alike: both load through load_causal_lm)."""
+    import torch
+
+    from polar_train.model_load import ModelLoadError, load_causal_lm
+
+    cut, typed = tmp_path / "cut", tmp_path / "typed"
+    for folder in (cut, typed):
+        folder.mkdir()
+        for f in tiny_model_dir.iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    config = json.loads((typed / "config.json").read_text())
+    (typed / "config.json").write_text(json.dumps({**config, "hidden_size": "abc"}))
+    for folder in (cut, typed):
+        with pytest.raises(ModelLoadError, match=f"cannot load the model in {folder}: "):
+            load_causal_lm(folder, torch.float32)
 
 
 def test_an_adapter_of_another_base_model_names_the_mismatch(tmp_path):

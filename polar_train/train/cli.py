@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import UserError
-from ..paths import holds_other_files
+from ..paths import cannot_write_folder, holds_other_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +64,9 @@ def _check_temperature(config, report) -> None:
             f"({shown}): set --set temperature={recorded[0]:g} (or --set allow_temperature_mismatch=true)")
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def prepare(args: argparse.Namespace):
     """Config + checked, grouped data, before any model weights are loaded."""
     from .data import DataReport, load_trajectories, make_groups, modal_group_size, parquet_files
@@ -71,6 +74,10 @@ def prepare(args: argparse.Namespace):
     parquet_files(args.data)  # a missing or empty folder fails before the slow imports
     if not Path(args.model).exists():
         raise UserError(f"--model {args.model}: not found")
+    if Path(args.model).is_dir() and not any((Path(args.model) / f).is_file() for f in _TOKENIZER_FILES):
+        # transformers would build an empty tokenizer without a word, and save it with every checkpoint
+        raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(_TOKENIZER_FILES)}); the model folder "
+                        "supplies the tokenizer too")
     from .config import load_config, user_options
 
     raw = user_options(args.config, args.sets)
@@ -79,7 +86,7 @@ def prepare(args: argparse.Namespace):
     trajs = load_trajectories(args.data, vocab_size=vocab,
                               max_completion_length=_max_completion_length(raw), report=report)
     # options the data decides when the user did not: the group size, one group per micro-batch
-    g = raw.get("num_generations") or max(2, modal_group_size(trajs))
+    g = raw["num_generations"] if "num_generations" in raw else max(2, modal_group_size(trajs))
     defaults = {"num_generations": g, "per_device_train_batch_size": g}
     config = load_config(args.config, args.sets, args.output,
                          {k: v for k, v in defaults.items() if k not in raw})
@@ -108,15 +115,16 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
 RUN_MARKER = ".polar-train-run"
 
 
-def _check_output(out: Path, resume: bool) -> str | None:
+def _check_output(out: Path, resume: bool, config) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output is a file, not a folder: {out}")
+    if (problem := cannot_write_folder(out, "--output")) is not None:
+        raise UserError(problem)
     if resume:
         last = get_last_checkpoint(str(out)) if out.is_dir() else None
         if last is None:
             raise UserError(f"--resume: no checkpoint-* folder in {out}")
+        _check_resumable(Path(last), config)
         return last
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")
@@ -124,6 +132,35 @@ def _check_output(out: Path, resume: bool) -> str | None:
         # TRL writes its model card as README.md there, and runs/ and checkpoint-*/: a user's would go
         raise UserError(f"--output {out} is not empty and holds no run of ours: give a new or empty folder")
     return None
+
+
+def _check_resumable(checkpoint: Path, config) -> None:
+    """Refuse a resume that cannot do what the user asks, before the weights load: a run that
+    already finished (its saved schedule ends at learning rate 0: the trainer took one more step
+    that changed nothing and called it trained, also with a higher ``max_steps``), or a LoRA of
+    another shape than the checkpoint's (torch's size-mismatch traceback)."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        step = int(state.get("global_step", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        raise UserError(f"--resume: {checkpoint} has no readable trainer_state.json") from None
+    planned = int(state.get("max_steps") or 0)
+    if (config.max_steps > 0 and step >= config.max_steps) or (planned > 0 and step >= planned):
+        # resuming continues the saved optimizer and schedule, which ended at learning rate 0
+        raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}); "
+                        f"to train its adapter further, start a new run from it: --set "
+                        f"init_adapter={checkpoint.parent / 'adapter'} --output NEW_FOLDER")
+    if config.init_adapter:
+        return  # its own LoRA shape, checked when it loads
+    try:
+        saved = json.loads((checkpoint / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return  # not a LoRA checkpoint of ours: the trainer says what it finds
+    wanted = {"lora_r": (saved.get("r"), config.lora_r), "lora_alpha": (saved.get("lora_alpha"), config.lora_alpha)}
+    changed = [f"{k}={now} (checkpoint: {then})" for k, (then, now) in wanted.items() if then is not None and then != now]
+    if changed:
+        raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA shape; give the "
+                        "checkpoint's values or start a new --output")
 
 
 def build_trainer(args: argparse.Namespace):
@@ -136,7 +173,7 @@ def build_trainer(args: argparse.Namespace):
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
-    checkpoint = _check_output(out, args.resume)
+    checkpoint = _check_output(out, args.resume, config)
     if config.init_adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
 

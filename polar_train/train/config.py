@@ -8,6 +8,7 @@ TRL config (flat keys, ``env:`` block), every ``GRPOConfig`` option works unchan
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,52 @@ class TrainConfig(GRPOConfig):
                              f"{self.epsilon:g} and {self.epsilon_high}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
+        if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
+            self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        self._check_ranges()
         super().__post_init__()
+        self._check_reporting()
+
+    def _check_ranges(self) -> None:
+        """Values TRL, transformers or torch refuse only after the weights load, with a traceback
+        (``num_generations=0``: a division by zero), or never: a negative ``beta`` or importance-weight
+        cap trains "successfully" with a reversed gradient, ``max_steps=0`` writes an untrained adapter."""
+        def need(ok: bool, what: str, value: Any) -> None:
+            if not ok:
+                raise ValueError(f"{what}, got {value}")
+
+        if self.num_generations is not None:
+            need(self.num_generations >= 2, "num_generations must be at least 2 (GRPO compares the "
+                 "trajectories of a group)", self.num_generations)
+        need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1",
+             self.per_device_train_batch_size)
+        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1",
+             self.gradient_accumulation_steps)
+        need(math.isfinite(self.temperature) and self.temperature > 0, "temperature must be a number above 0 "
+             "(the sampler's temperature)", self.temperature)
+        need(self.beta >= 0, "beta (the KL coefficient) must be >= 0", self.beta)
+        if self.vllm_importance_sampling_clip_max is not None:
+            need(self.vllm_importance_sampling_clip_max > 0, "vllm_importance_sampling_clip_max (the cap of the "
+                 "importance weight) must be above 0", self.vllm_importance_sampling_clip_max)
+        need(self.learning_rate >= 0, "learning_rate must be >= 0", self.learning_rate)
+        need(self.max_steps >= 1 or self.max_steps == -1, "max_steps must be at least 1, or -1 (then "
+             "num_train_epochs decides)", self.max_steps)
+        if self.max_steps == -1:
+            need(self.num_train_epochs > 0, "num_train_epochs must be above 0 (or set max_steps)",
+                 self.num_train_epochs)
+        need(self.lora_r >= 1, "lora_r must be at least 1", self.lora_r)
+        need(0 <= self.lora_dropout < 1, "lora_dropout must be in [0, 1)", self.lora_dropout)
+
+    def _check_reporting(self) -> None:
+        """An integration named in ``report_to`` whose package is missing fails in transformers only
+        once the weights are loaded (``WandbCallback requires wandb to be installed``)."""
+        from transformers.integrations import get_available_reporting_integrations
+
+        available = get_available_reporting_integrations()
+        missing = [name for name in self.report_to or [] if name not in available]
+        if missing:
+            raise ValueError(f"report_to {', '.join(missing)}: not installed here (installed: "
+                             f"{', '.join(available) or 'none'}); pip install it or --set report_to=none")
 
     def lora_config(self):
         from peft import LoraConfig
@@ -170,6 +216,8 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
             raise UserError(f"--set expects key=value, got {item!r}")
         if key not in _FIELDS:
             raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
+        if key == "output_dir":
+            raise UserError("--set output_dir: the run folder is --output")
         out[key] = value
     return out
 
@@ -186,9 +234,20 @@ def read_yaml(path: str | None) -> dict[str, Any]:
         raise UserError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: must contain a YAML mapping of option: value")
-    unknown = sorted(k for k in data if k != "env" and k not in _FIELDS)
+    unknown = sorted(str(k) for k in data if k != "env" and k not in _FIELDS)
     if unknown:
         raise UserError(f"{p}: unknown option(s) {', '.join(unknown)} (see docs/train.md)")
+    if "output_dir" in data:
+        raise UserError(f"{p}: output_dir: the run folder is given as --output")
+    for key, value in data.items():
+        # TRL hands YAML values to the dataclass unconverted: a null or a mapping reached torch's
+        # optimizer (a TypeError mid-training) instead of being refused here
+        if key == "env":
+            continue
+        if isinstance(value, dict):
+            raise UserError(f"{p}: {key}: expected a value, got a mapping")
+        if value is None and "None" not in str(_FIELDS[key].type) and "Optional" not in str(_FIELDS[key].type):
+            raise UserError(f"{p}: {key}: expected a value, got null (leave the option out for its default)")
     return data
 
 

@@ -22,6 +22,9 @@ from ..cli import UserError
 from ..schema import TRAJECTORY_SCHEMA, missing_columns
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
+#: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
+_LOGPROB_SLACK = 1e-3
+
 REQUIRED = ("trajectory_id", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward")
 _OPTIONAL = ("group_id", "task_id", "temperature", "truncated")
 
@@ -146,6 +149,10 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
                             f"and logprobs ({len(lps)}) differ in length")
         if any(m not in (0, 1) for m in mask):
             raise UserError(f"trajectory {tid}: loss_mask holds values other than 0 and 1")
+        if any(v > _LOGPROB_SLACK for v in lps):  # NaN compares False: missing ones stay allowed
+            bad = max(v for v in lps if not math.isnan(v))
+            raise UserError(f"trajectory {tid}: logprob {bad:g} is above 0 (a probability above 1): these are "
+                            "not log-probabilities (another column, or probabilities?)")
         ids = prompt + comp
         if ids and (max(ids) >= vocab_size or min(ids) < 0):
             bad = max(ids) if max(ids) >= vocab_size else min(ids)
@@ -155,6 +162,9 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         if reward is None or (isinstance(reward, float) and math.isnan(reward)):
             report.dropped_no_reward += 1
             continue
+        if math.isinf(reward):  # one inf makes its group's mean and std inf: every advantage NaN or 0
+            raise UserError(f"trajectory {tid}: reward {reward} is not finite: fix the reward script "
+                            "(a missing reward may be null or NaN: such trajectories are left out)")
         any_reward = True
         if max_completion_length is not None and len(comp) > max_completion_length:
             comp, mask, lps = (comp[:max_completion_length], mask[:max_completion_length],
