@@ -110,6 +110,8 @@ def _base_logits(model_dir, prompt):
     (["--model", "{tmp}/no-weights"], "cannot load the model in"),
     (["--model", "{tmp}/broken-config"], "config.json cannot be read as JSON"),
     (["--model", "{model}", "--max-model-len", "0"], "--max-model-len must be >= 1"),
+    (["--model", "{model}", "--chunk-delay-ms", "inf"], "--chunk-delay-ms must be a finite number"),
+    (["--model", "{model}", "--chunk-delay-ms", "nan"], "--chunk-delay-ms must be a finite number"),
 ])
 def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsys, args, msg):
     from polar_train.cli import main

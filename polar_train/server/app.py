@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -24,8 +24,9 @@ from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
 from .engine import Engine, Finish, TokenStep
-from .errors import ApiError, BadRequest
-from .prompt import encode, normalize_tool, render
+from .errors import ApiError, BadRequest, BodyParseError, VllmError
+from .fields import flag
+from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
 
 log = logging.getLogger("polar_train.server")
@@ -70,11 +71,49 @@ async def _json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
         body = json.loads(raw or b"{}")
+    except RecursionError:  # nested past Python's limit: FastAPI's generic answer
+        raise BodyParseError() from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+#: What a field of an unexpected shape raises when it slips past the explicit checks.
+_MALFORMED = (TypeError, AttributeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
+
+
+def _guarded(prepare: Callable[..., Any], *args: Any) -> Any:
+    """Run request preparation so that no malformed field can become a 500: what slips past the
+    explicit checks is answered as vLLM's fallback answers ValueError/TypeError (400, its text)."""
+    try:
+        return prepare(*args)
+    except _MALFORMED as exc:
+        raise VllmError(str(exc)) from None
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work`` but cancel it when the client goes away (as vLLM aborts the request), then
+    return None: the cancelled token iterator stops its worker thread, so the model is not kept
+    busy for no one."""
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watch.cancelled() or not watch.done():
+            raise  # the handler itself was cancelled (shutdown), not the client gone
+        return None
 
 
 def _error(exc: Exception, anthropic: bool = False) -> JSONResponse:
@@ -118,10 +157,13 @@ def build_app(server: Server) -> Starlette:
             try:
                 body = await _json_body(request)
                 # rendering a 20k-token prompt takes a while: off the event loop, like generation
-                req = await asyncio.to_thread(_prepare, module, body)
+                req = await asyncio.to_thread(_guarded, _prepare, module, body)
                 if req["stream"]:
                     return _sse(module.stream(server, req))
-                return JSONResponse(await module.respond(server, req))
+                result = await _unless_disconnected(request, module.respond(server, req))
+                if result is None:
+                    return Response(status_code=499)  # the client is gone; nobody reads this
+                return JSONResponse(result)
             except Exception as exc:  # noqa: BLE001 - every error becomes the API's error shape
                 return _error(exc, anthropic)
         return handler
@@ -129,28 +171,30 @@ def build_app(server: Server) -> Starlette:
     async def count_tokens(request: Request) -> Response:
         try:
             body = await _json_body(request)
-            req = messages.prepare(server, body, count_only=True)
+            req = _guarded(messages.prepare, server, body, True)
             n = len(req["prompt_ids"])
             return JSONResponse({"input_tokens": n, "context_management": {"original_input_tokens": n}})
         except Exception as exc:  # noqa: BLE001
             return _error(exc, anthropic=True)
 
+    def _tokenize_ids(body: dict[str, Any]) -> list[int]:
+        check_model(body, server.served_name)
+        if "messages" in body:
+            tools = [normalize_tool(t) for t in body.get("tools") or []]
+            text = render(server.tokenizer, body["messages"], tools or None,
+                          add_generation_prompt=flag(body, "add_generation_prompt", True),
+                          continue_final_message=flag(body, "continue_final_message"))
+            return encode_prompt(server.engine, text)
+        if isinstance(body.get("prompt"), str):
+            return encode_prompt(server.engine, body["prompt"],
+                                 add_special_tokens=flag(body, "add_special_tokens", True))
+        raise BadRequest("give either 'prompt' (a string) or 'messages'")
+
     async def tokenize(request: Request) -> Response:
         try:
             body = await _json_body(request)
-            check_model(body, server.served_name)
-            if "messages" in body:
-                tools = [normalize_tool(t) for t in body.get("tools") or []]
-                text = render(server.tokenizer, body["messages"], tools or None,
-                              add_generation_prompt=body.get("add_generation_prompt", True),
-                              continue_final_message=bool(body.get("continue_final_message", False)))
-                ids = encode(server.tokenizer, text)
-            elif isinstance(body.get("prompt"), str):
-                ids = list(server.tokenizer.encode(body["prompt"],
-                                                   add_special_tokens=body.get("add_special_tokens", True)))
-            else:
-                raise BadRequest("give either 'prompt' (a string) or 'messages'")
-            strs = server.tokenizer.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
+            ids = _guarded(_tokenize_ids, body)
+            strs = server.tokenizer.convert_ids_to_tokens(ids) if flag(body, "return_token_strs") else None
             return JSONResponse({"count": len(ids), "max_model_len": server.engine.max_model_len,
                                  "tokens": ids, "token_strs": strs})
         except Exception as exc:  # noqa: BLE001

@@ -11,11 +11,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .common import check_model, integer, require_list, sampling
+from .common import check_model, integer, refuse_images, require_list, sampling
 from .completion import CompletionState
-from .errors import BadRequest
+from .errors import BadRequest, VllmError
+from .fields import flag, obj
 from .parse import random_id
-from .prompt import encode, normalize_tool, render
+from .prompt import encode_prompt, normalize_tool, render
 from .script import RequestView
 from .sse import sse_data
 
@@ -26,6 +27,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     """Validate the request and render its prompt; everything a chat call needs."""
     model = check_model(body, server.served_name)
     messages = require_list(body, "messages")
+    refuse_images(messages, model)
     tools_raw = body.get("tools")
     if tools_raw is not None and not isinstance(tools_raw, list):
         raise BadRequest("tools must be a list", param="tools")
@@ -34,23 +36,28 @@ def prepare(server, body: dict) -> dict[str, Any]:
     n = integer(body, "n", 1, lo=1)
     if n != 1:
         raise BadRequest("n > 1 is not supported by polar-train serve", param="n")
-    logprobs = bool(body.get("logprobs", False))
+    stream = flag(body, "stream")
+    stream_options = obj(body, "stream_options", "StreamOptions")
+    if body.get("stream_options") and not body.get("stream"):  # vLLM tests the raw values
+        raise VllmError("Stream options can only be defined when `stream=True`.",
+                        param="stream_options")
+    logprobs = flag(body, "logprobs")
     top = integer(body, "top_logprobs", 0, lo=0, hi=20) or 0
     if top and not logprobs:
         raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     text = render(server.tokenizer, messages, tools or None,
-                  add_generation_prompt=body.get("add_generation_prompt", True),
-                  continue_final_message=bool(body.get("continue_final_message", False)))
-    prompt_ids = encode(server.tokenizer, text)
+                  add_generation_prompt=flag(body, "add_generation_prompt", True),
+                  continue_final_message=flag(body, "continue_final_message"))
+    prompt_ids = encode_prompt(server.engine, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),
                       top_logprobs=top, clamp=server.script is not None)
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])
     return {
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view,
         "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
-        "return_token_ids": bool(body.get("return_token_ids", False)),
-        "stream": bool(body.get("stream", False)),
-        "include_usage": bool((body.get("stream_options") or {}).get("include_usage", False)),
+        "return_token_ids": flag(body, "return_token_ids"),
+        "stream": stream,
+        "include_usage": flag(stream_options, "include_usage", field="stream_options.include_usage"),
     }
 
 

@@ -74,8 +74,8 @@ def _serve(args: argparse.Namespace) -> int:
         from ..model_load import check_adapter_folder
 
         check_adapter_folder(args.adapter)
-    if args.chunk_delay_ms < 0:
-        raise UserError("--chunk-delay-ms must be >= 0")
+    if not 0 <= args.chunk_delay_ms < float("inf"):  # NaN fails too: a stream would never end
+        raise UserError(f"--chunk-delay-ms must be a finite number >= 0, got {args.chunk_delay_ms}")
     if not 0 < args.port < 65536:
         raise UserError("--port must be in 1..65535")
     if args.max_model_len < 1:

@@ -7,10 +7,12 @@ clear 400 for a bad value.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .engine import SamplingParams
-from .errors import BadRequest, NotFound
+from .errors import BadRequest, NotFound, VllmError
+from .fields import seed, to_float, to_int
 
 
 def _range_error(key: str, v: float, lo: float | None, hi: float | None) -> BadRequest:
@@ -27,8 +29,7 @@ def number(body: dict, key: str, default: float | None, lo: float | None = None,
     v = body.get(key, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise BadRequest(f"{key} must be a number", param=key)
+    v = to_float(v, key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise _range_error(key, v, lo, hi)
     return float(v)
@@ -39,8 +40,7 @@ def integer(body: dict, key: str, default: int | None, lo: int | None = None,
     v = body.get(key, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise BadRequest(f"{key} must be an integer", param=key)
+    v = to_int(v, key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise _range_error(key, v, lo, hi)
     return v
@@ -60,9 +60,10 @@ def check_model(body: dict, served_name: str, required: bool = False) -> str:
 
 def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
              top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False) -> SamplingParams:
-    """Sampling parameters; the token budget defaults to what is left of the context.
+    """Sampling parameters; the token budget defaults to what is left of the context, and one
+    beyond it is cut to fit (vLLM's ``get_max_tokens``).
 
-    ``clamp`` (scripted mode): a budget beyond the context is cut to fit instead of refused, so
+    ``clamp`` (scripted mode): even a budget beyond ``max_model_len`` is cut instead of refused, so
     Claude Code's ``max_tokens: 32000`` works with any ``--max-model-len``."""
     room = engine.max_model_len - prompt_len
     if room <= 0:
@@ -70,20 +71,8 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
             f"This model's maximum context length is {engine.max_model_len} tokens. However, your "
             f"request has {prompt_len} input tokens. Please reduce the length of the input messages.",
             param="input_tokens")
-    max_tokens = None
-    for key in max_keys:
-        max_tokens = integer(body, key, None, lo=1)
-        if max_tokens is not None:
-            break
-    if max_tokens is None:
-        max_tokens = room
-    elif max_tokens > room and clamp:
-        max_tokens = room
-    elif max_tokens > room:
-        raise BadRequest(
-            f"'{max_keys[0]}' is too large: {max_tokens}. This model's maximum context length is "
-            f"{engine.max_model_len} tokens and your request has {prompt_len} input tokens "
-            f"({max_tokens} > {engine.max_model_len} - {prompt_len}).", param=max_keys[0])
+    max_tokens = max_tokens_of(body, max_keys, engine.max_model_len, clamp)
+    max_tokens = room if max_tokens is None else min(max_tokens, room)
     stop = body.get(stop_key)
     if stop is None:
         stop = []
@@ -105,16 +94,73 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
             raise BadRequest(f"logit_bias token id {tid} is out of vocabulary", param="logit_bias")
         bias[tid] = max(-100.0, min(100.0, b))
     top_k = integer(body, "top_k", 0, lo=-1)
+    check_penalties(body)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+        temperature=_temperature(body),
+        top_p=_top_p(body),
         top_k=0 if top_k in (-1, None) else top_k,
-        seed=integer(body, "seed", None),
+        seed=seed(body),
         top_logprobs=top_logprobs,
         stop=list(stop),
         logit_bias=bias,
     )
+
+
+def max_tokens_of(body: dict, keys: tuple[str, ...], max_model_len: int, clamp: bool) -> int | None:
+    """The first budget field given (vLLM: ``max_completion_tokens`` before ``max_tokens``); above
+    ``max_model_len`` it is refused with vLLM's message naming the field the request used."""
+    for key in keys:
+        v = body.get(key)
+        if v is None:
+            continue
+        n = to_int(v, key)
+        if n < 1:
+            raise VllmError(f"max_tokens must be at least 1, got {n}.", param="max_tokens", value=n)
+        if n > max_model_len and not clamp:
+            raise VllmError(f"{key}={n} cannot be greater than max_model_len={max_model_len}. "
+                            "Please request fewer output tokens.", param=key, value=n)
+        return n
+    return None
+
+
+def _temperature(body: dict) -> float:
+    """vLLM's ``SamplingParams`` checks, in its words."""
+    t = number(body, "temperature", 1.0)
+    if not math.isfinite(t):
+        raise VllmError(f"temperature must be a finite number, got {t}.", param="temperature", value=t)
+    if t < 0.0:
+        raise VllmError(f"temperature must be non-negative, got {t}.", param="temperature", value=t)
+    if t > 2.0:
+        raise VllmError(f"temperature must be in [0, 2], got {t}.", param="temperature", value=t)
+    return t
+
+
+def _top_p(body: dict) -> float:
+    p = number(body, "top_p", 1.0)
+    if not 0.0 < p <= 1.0:  # NaN fails too
+        raise VllmError(f"top_p must be in (0, 1], got {p}.", param="top_p", value=p)
+    return p
+
+
+def check_penalties(body: dict) -> None:
+    """``presence_penalty`` / ``frequency_penalty``: accepted (and ignored) only where vLLM accepts them."""
+    for key in ("presence_penalty", "frequency_penalty"):
+        v = number(body, key, 0.0)
+        if not -2.0 <= v <= 2.0:
+            raise VllmError(f"{key} must be in [-2, 2], got {v}.")
+
+
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def refuse_images(items: Any, served_name: str) -> None:
+    """vLLM's answer to an image part for a text-only model (its multimodal registry's ValueError)."""
+    for m in items if isinstance(items, list) else []:
+        content = m.get("content") if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                raise VllmError(f"{served_name} is not a multimodal model")
 
 
 def require_list(body: dict, key: str) -> list[Any]:

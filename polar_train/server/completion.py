@@ -49,8 +49,9 @@ async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenS
                 return
             if isinstance(item, BaseException):
                 raise item
-            if delay_s and isinstance(item, TokenStep) and not first:
-                await asyncio.sleep(delay_s)
+            # always give the loop a turn: a queue that is never empty would otherwise starve
+            # other tasks (the disconnect watch of a non-streamed request among them)
+            await asyncio.sleep(delay_s if delay_s and isinstance(item, TokenStep) and not first else 0)
             first = False
             yield item
     finally:

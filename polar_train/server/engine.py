@@ -74,6 +74,8 @@ class Engine:
         self.model = model
         self.max_model_len = max_model_len
         self.vocab_size = int(model.config.vocab_size)
+        #: the longest token's text: a prompt longer than max_model_len times this cannot fit
+        self.max_chars_per_token = max(len(t) for t in self.tokenizer.get_vocab())
         self.stop_token_ids = frozenset(
             self.tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT)
         )

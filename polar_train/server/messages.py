@@ -13,11 +13,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .common import check_model, integer, sampling
+from .common import check_model, integer, refuse_images, sampling
 from .completion import CompletionState
 from .errors import BadRequest
+from .fields import flag
 from .parse import random_id
-from .prompt import encode, render
+from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
 from ..wire.anthropic import chat_messages, chat_tools
@@ -25,9 +26,10 @@ from ..wire.anthropic import chat_messages, chat_tools
 def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     model = check_model(body, server.served_name, required=True)
     tools = chat_tools(body.get("tools"))
+    refuse_images(body.get("messages"), model)
     messages = chat_messages(body)
     text = render(server.tokenizer, messages, tools or None)
-    prompt_ids = encode(server.tokenizer, text)
+    prompt_ids = encode_prompt(server.engine, text)
     req: dict[str, Any] = {"model": model, "prompt_ids": prompt_ids, "stream": False}
     if count_only:
         return req
@@ -46,7 +48,7 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
                            stop_key="stop_sequences", clamp=server.script is not None),
         "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
         "tools_enabled": bool(tools) and tool_choice != "none",
-        "stream": bool(body.get("stream", False)),
+        "stream": flag(body, "stream"),
         "id": f"chatcmpl-{random_id()}",
     })
     return req

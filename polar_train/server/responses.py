@@ -14,11 +14,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .common import check_model, integer, number, sampling
+from .common import check_model, integer, number, refuse_images, sampling
 from .completion import CompletionState
-from .errors import BadRequest
+from .errors import BadRequest, ResponseNotFound
+from .fields import flag
 from .parse import random_id
-from .prompt import encode, render
+from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
@@ -58,13 +59,14 @@ def echo_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def prepare(server, body: dict) -> dict[str, Any]:
     model = check_model(body, server.served_name)
-    if body.get("previous_response_id"):
-        raise BadRequest("previous_response_id is not supported (send the whole input)",
-                         param="previous_response_id")
+    if body.get("previous_response_id"):  # nothing is stored, so no id is ever found (as vLLM's)
+        raise ResponseNotFound(f"Response with id '{body['previous_response_id']}' not found.",
+                       param="response_id")
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise BadRequest("tools must be a list", param="tools")
     ctools = chat_tools(tools)
+    refuse_images(body.get("input"), model)
     messages = input_messages(body)
     tool_choice = body.get("tool_choice", "auto")
     include = body.get("include") or []
@@ -73,7 +75,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     top = integer(body, "top_logprobs", None, lo=0, hi=20)
     want_logprobs = LOGPROBS_INCLUDE in include
     text = render(server.tokenizer, messages, ctools or None)
-    prompt_ids = encode(server.tokenizer, text)
+    prompt_ids = encode_prompt(server.engine, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
                       top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None)
     view = RequestView("openai.responses", messages, [t["function"]["name"] for t in ctools])
@@ -84,8 +86,8 @@ def prepare(server, body: dict) -> dict[str, Any]:
         "custom_names": {t["name"] for t in tools if t.get("type") == "custom"},
         "namespaces": namespace_map(tools),
         "logprobs": want_logprobs, "top_logprobs": top,
-        "response_messages": bool(body.get("enable_response_messages", False)),
-        "stream": bool(body.get("stream", False)),
+        "response_messages": flag(body, "enable_response_messages"),
+        "stream": flag(body, "stream"),
         "id": f"resp_{_uuid()}", "created": int(time.time()),
     }
 
