@@ -22,8 +22,12 @@ class ModelLoadError(ValueError):
 
 def first_line(exc: BaseException) -> str:
     """An exception's message as one line (libraries put details on the lines after)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].endswith(":") and len(lines) > 1:  # "Validation error for field 'x':" says why below
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:

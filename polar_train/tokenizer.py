@@ -147,7 +147,7 @@ def load_tokenizer(path: str | os.PathLike):
         raise FileNotFoundError(f"{p} holds no tokenizer (no tokenizer.json / tokenizer_config.json)")
     try:
         tok = AutoTokenizer.from_pretrained(str(p))
-    except (OSError, ValueError, KeyError) as exc:  # a broken config.json / tokenizer file
+    except Exception as exc:  # noqa: BLE001 - a broken or mistyped config.json / tokenizer file: the folder's
         from .model_load import first_line
 
         raise ValueError(f"cannot load the tokenizer in {p}: {first_line(exc)}") from None

@@ -167,6 +167,23 @@ def test_script_parsing_errors_are_one_line(tmp_path, tiny_model_dir, capsys):
         Script.from_data({"scenarios": [{"turns": [{"text": "x"}]}]})
     with pytest.raises(ScriptError, match="at least one turn"):
         Script.from_data({"scenarios": [{"name": "a"}]})
+    turn = {"content": "x"}
+    for data, message in (
+        ({"scenarios": [{"turns": 5}]}, r"scenarios\[0\]\.turns must be a list, got int"),
+        ({"scenarios": [{"turns": [{"tool_calls": 5}]}]}, r"turns\[0\]\.tool_calls must be a list"),
+        ({"scenarios": [{"turns": [turn]}], "side_calls": 5}, "side_calls must be a list"),
+        ({"scenarios": [{"turns": [turn], "bogus": 1}]}, r"scenarios\[0\]: unknown keys \['bogus'\]"),
+        ({"scenarios": [{"turns": [turn]}], "sidecalls": []}, r"unknown keys \['sidecalls'\]"),
+        ({"scenarios": [{"turns": [{"tool_calls": [{"name": "f", "arguements": {"a": 1}}]}]}]},
+         r"tool_calls\[0\]: unknown keys \['arguements'\]"),
+        ({"scenarios": [{"turns": [{}]}]}, r"turns\[0\]: an empty turn"),
+        ({"scenarios": [{"turns": [turn], "match": {"no_tools": "yes"}}]}, "match.no_tools must be a bool"),
+        ({"scenarios": [{"turns": [turn], "match": {"tool": [1, 2]}}]}, "match.tool must be a str"),
+        ({"scenarios": [{"turns": [turn], "name": [1]}]}, r"scenarios\[0\]\.name must be a string"),
+        ({"scenarios": [{"turns": [turn], "after_last": "stop"}]}, "after_last must be one of last_text, "),
+    ):
+        with pytest.raises(ScriptError, match=message):
+            Script.from_data(data)  # each started the server before (or failed with a TypeError)
     bad = tmp_path / "bad.yaml"
     bad.write_text("scenarios: [\n")
     from polar_train.cli import main

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+import json
 import ssl
 
 import httpx
@@ -112,6 +113,10 @@ def _base_logits(model_dir, prompt):
     (["--model", "{model}", "--max-model-len", "0"], "--max-model-len must be >= 1"),
     (["--model", "{model}", "--chunk-delay-ms", "inf"], "--chunk-delay-ms must be a finite number"),
     (["--model", "{model}", "--chunk-delay-ms", "nan"], "--chunk-delay-ms must be a finite number"),
+    (["--model", "{model}", "--ssl-certfile", "{tmp}/junk.pem", "--ssl-keyfile", "{tmp}/junk.pem"],
+     "not a PEM certificate and its key"),
+    (["--model", "{tmp}/cut-weights"], "cannot load the model in"),
+    (["--model", "{tmp}/typed-config"], "Field 'hidden_size' expected int, got str"),
 ])
 def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsys, args, msg):
     from polar_train.cli import main
@@ -126,6 +131,13 @@ def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsy
                 shutil.copy(f, folder / f.name)
         if config is not None:
             (folder / "config.json").write_text(config)
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    shutil.copytree(tiny_model_dir, tmp_path / "cut-weights")  # a copy that stopped half way
+    weights = tmp_path / "cut-weights" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    shutil.copytree(tiny_model_dir, tmp_path / "typed-config")  # huggingface_hub's own error type escaped
+    config = json.loads((tmp_path / "typed-config" / "config.json").read_text())
+    (tmp_path / "typed-config" / "config.json").write_text(json.dumps({**config, "hidden_size": "abc"}))
     argv = ["serve", *[a.format(tmp=tmp_path, model=tiny_model_dir) for a in args],
             "--port", str(free_port())]
     assert main(argv) == 2

@@ -59,6 +59,24 @@ def _check_can_listen(host: str, port: int) -> None:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _check_tls(certfile: str, keyfile: str) -> None:
+    """Load the certificate and key once before the model loads: a file that is no PEM, or a key
+    that does not belong to the certificate, is one line now, not uvicorn's ``ssl.SSLError``
+    traceback after the weights are in memory."""
+    import ssl
+
+    from ..cli import UserError
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as exc:
+        raise UserError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a PEM certificate and its "
+                        f"key ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise UserError(f"cannot read --ssl-certfile {certfile} / --ssl-keyfile {keyfile}: "
+                        f"{exc.strerror or exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..cli import UserError
 
@@ -70,6 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
     for f in (args.ssl_certfile, args.ssl_keyfile):
         if f and (problem := not_a_file(f)) is not None:
             raise UserError(problem)
+    if args.ssl_certfile:
+        _check_tls(args.ssl_certfile, args.ssl_keyfile)
     if args.adapter:
         from ..model_load import check_adapter_folder
 

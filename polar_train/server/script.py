@@ -19,8 +19,15 @@ from .errors import BadRequest
 from .prompt import encode, render
 
 APIS = ("openai.chat", "openai.responses", "anthropic.messages")
-_MATCH_KEYS = {"tool", "user_contains", "api", "no_tools", "system_contains"}
+#: Each match key with the type its value must have (a typo or a wrong type never matches silently).
+_MATCH_TYPES: dict[str, type] = {"tool": str, "user_contains": str, "api": str, "no_tools": bool,
+                                 "system_contains": str}
 _TURN_KEYS = {"reasoning", "content", "tool_calls"}
+_CALL_KEYS = {"name", "arguments", "input"}
+_SCENARIO_KEYS = {"name", "match", "turns", "after_last"}
+_SIDE_CALL_KEYS = {"match", "reply"}
+_FILE_KEYS = {"scenarios", "side_calls"}
+_AFTER_LAST = ("last_text", "repeat_last", "error")
 
 
 class ScriptError(ValueError):
@@ -101,31 +108,52 @@ def assistant_turns(messages: list[dict[str, Any]]) -> int:
     return count
 
 
+def _no_unknown_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ScriptError(f"{where}: unknown keys {sorted(map(str, unknown))} (allowed: {sorted(allowed)})")
+
+
+def _list(raw: Any, where: str) -> list[Any]:
+    """A list-valued key (absent or null: empty); ``turns: 5`` was a TypeError at start."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ScriptError(f"{where} must be a list, got {type(raw).__name__}")
+    return raw
+
+
+def _tool_call(c: Any, where: str) -> dict[str, Any]:
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        raise ScriptError(f"{where}: needs a 'name'")
+    _no_unknown_keys(c, _CALL_KEYS, where)  # `arguements:` would have become {} without a word
+    if "input" in c and "arguments" in c:
+        raise ScriptError(f"{where}: 'input' (a freeform tool) or 'arguments', not both")
+    if "input" in c:  # a freeform (custom) tool: vLLM's shim passes {"input": text}
+        args: Any = {"input": str(c["input"])}
+    else:
+        args = c.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise ScriptError(f"{where}.arguments is not JSON") from None
+    if not isinstance(args, dict):
+        raise ScriptError(f"{where}.arguments must be a mapping")
+    return {"name": c["name"], "arguments": args}
+
+
 def _turn(raw: Any, where: str) -> ScriptedTurn:
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}: a turn must be a mapping")
-    unknown = set(raw) - _TURN_KEYS
-    if unknown:
-        raise ScriptError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_TURN_KEYS)})")
-    calls = []
-    for j, c in enumerate(raw.get("tool_calls") or []):
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-            raise ScriptError(f"{where}.tool_calls[{j}]: needs a 'name'")
-        if "input" in c:  # a freeform (custom) tool: vLLM's shim passes {"input": text}
-            args: Any = {"input": str(c["input"])}
-        else:
-            args = c.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                raise ScriptError(f"{where}.tool_calls[{j}].arguments is not JSON") from None
-        if not isinstance(args, dict):
-            raise ScriptError(f"{where}.tool_calls[{j}].arguments must be a mapping")
-        calls.append({"name": c["name"], "arguments": args})
+    _no_unknown_keys(raw, _TURN_KEYS, where)
+    calls = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(_list(raw.get("tool_calls"),
+                                                                                  f"{where}.tool_calls"))]
     for key in ("reasoning", "content"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ScriptError(f"{where}.{key} must be a string")
+    if not (raw.get("reasoning") or raw.get("content") or calls):
+        raise ScriptError(f"{where}: an empty turn (give content, reasoning or tool_calls)")
     return ScriptedTurn(raw.get("reasoning"), raw.get("content"), calls)
 
 
@@ -133,9 +161,10 @@ def _match(raw: Any, where: str) -> dict[str, Any]:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}.match must be a mapping")
-    unknown = set(raw) - _MATCH_KEYS
-    if unknown:
-        raise ScriptError(f"{where}.match: unknown keys {sorted(unknown)}")
+    _no_unknown_keys(raw, set(_MATCH_TYPES), f"{where}.match")
+    for key, value in raw.items():
+        if not isinstance(value, _MATCH_TYPES[key]):
+            raise ScriptError(f"{where}.match.{key} must be a {_MATCH_TYPES[key].__name__}, got {value!r}")
     if "api" in raw and raw["api"] not in APIS:
         raise ScriptError(f"{where}.match.api must be one of {', '.join(APIS)}")
     return raw
@@ -166,27 +195,32 @@ class Script:
     def from_data(cls, data: Any, where: str = "script") -> "Script":
         if not isinstance(data, dict) or not isinstance(data.get("scenarios", []), list):
             raise ScriptError(f"{where}: expected a mapping with a 'scenarios' list")
+        _no_unknown_keys(data, _FILE_KEYS, where)
         scenarios, names = [], set()
-        for i, raw in enumerate(data.get("scenarios") or []):
+        for i, raw in enumerate(_list(data.get("scenarios"), f"{where}: scenarios")):
             w = f"{where}: scenarios[{i}]"
             if not isinstance(raw, dict):
                 raise ScriptError(f"{w} must be a mapping")
+            _no_unknown_keys(raw, _SCENARIO_KEYS, w)
+            if isinstance(raw.get("name"), (list, dict)):
+                raise ScriptError(f"{w}.name must be a string")
             name = str(raw.get("name") or f"scenario-{i}")
             if name in names:
                 raise ScriptError(f"{w}: duplicate name {name!r}")
             names.add(name)
-            turns = [_turn(t, f"{w}.turns[{k}]") for k, t in enumerate(raw.get("turns") or [])]
+            turns = [_turn(t, f"{w}.turns[{k}]") for k, t in enumerate(_list(raw.get("turns"), f"{w}.turns"))]
             if not turns:
                 raise ScriptError(f"{w}: needs at least one turn")
             after = raw.get("after_last", "last_text")
-            if after not in ("repeat_last", "error", "last_text"):
-                raise ScriptError(f"{w}.after_last must be repeat_last or error")
+            if after not in _AFTER_LAST:
+                raise ScriptError(f"{w}.after_last must be one of {', '.join(_AFTER_LAST)}")
             scenarios.append(Scenario(name, _match(raw.get("match"), w), turns, after))
         side = []
-        for i, raw in enumerate(data.get("side_calls") or []):
+        for i, raw in enumerate(_list(data.get("side_calls"), f"{where}: side_calls")):
             w = f"{where}: side_calls[{i}]"
             if not isinstance(raw, dict) or "reply" not in raw:
                 raise ScriptError(f"{w} needs 'match' and 'reply'")
+            _no_unknown_keys(raw, _SIDE_CALL_KEYS, w)
             side.append((_match(raw.get("match"), w), _turn(raw["reply"], f"{w}.reply")))
         if not scenarios and not side:
             raise ScriptError(f"{where}: no scenarios")

@@ -42,7 +42,7 @@ def _model_vocab_size(model: str) -> int:
 
     try:
         cfg = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - e.g. a config.json of wrong types (huggingface_hub's own error)
         raise UserError(f"--model {model}: not a model directory ({first_line(exc)})") from None
     return int(cfg.get_text_config().vocab_size)
 
