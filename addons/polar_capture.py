@@ -120,6 +120,9 @@ class PolarCapture:
             raise exceptions.OptionsError(str(exc)) from None
         if opts.tokenizer:
             tdir = Path(opts.tokenizer).expanduser()
+            if tdir.is_file():
+                raise exceptions.OptionsError(f"polar_tokenizer: {tdir} is a file; name the model or tokenizer "
+                                              "folder it is in")
             if not tdir.is_dir() or not ((tdir / "tokenizer.json").exists()
                                          or (tdir / "tokenizer_config.json").exists()):
                 raise exceptions.OptionsError(

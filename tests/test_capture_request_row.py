@@ -33,7 +33,8 @@ def _old_request_json(body: bytes, secrets: frozenset[str] = frozenset({SECRET})
 
 
 _keys = st.sampled_from(sorted(SECRET_KEYS) + ["Authorization", "API_KEY", "x-Api-Key", "content", "role",
-                                                "tools", "metadata", "user", "store", "/", "\u212aey"])
+                                                "tools", "metadata", "user", "store", "/", "\u212aey",
+                                                "OPENAI_API_KEY", "auth-token", "max_tokens", "db_password"])
 _texts = st.text(max_size=12) | st.sampled_from([SECRET, f"token {SECRET} here", "a/b", "caf\u00e9 \u2014", "\u212a"])
 _values = st.recursive(st.none() | st.booleans() | st.integers() | _texts,
                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys | _texts, inner, max_size=3),

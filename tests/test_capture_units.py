@@ -275,6 +275,32 @@ def test_redaction():
     text = scrub(json.dumps(redact_json(body)), secrets)
     assert "sk-abcdef" not in text and json.loads(text)["max_tokens"] == 3
     assert json.loads(text)["api_key"] == REDACTED
+    # keys that end in a secret's name, in any case; a schema under such a key is kept as sent
+    body = {"metadata": {"openai_api_key": "v1", "ANTHROPIC_API_KEY": "v2", "auth_token": "v3", "token": "v4",
+                         "private_key": "v5", "session_token": "v6", "db_password": 7, "max_tokens": 3},
+            "tools": [{"parameters": {"properties": {"api_token": {"type": "string"}}}}]}
+    redacted = redact_json(body)
+    assert set(redacted["metadata"].values()) == {REDACTED, 3} and redacted["metadata"]["max_tokens"] == 3
+    assert redacted["tools"] == body["tools"]
+    assert redacted_dumps(body, compact) == compact(redacted)
+
+
+def test_a_key_in_the_query_string_is_scrubbed_from_the_row():
+    """Google's ``?key=`` and Azure's ``?api-key=`` were stored in the row's ``path`` as sent."""
+    from polar_train.capture.identity import Identity
+
+    echoed = {"model": "m", "messages": [{"role": "user", "content": "my key is QSKEY-1234"}]}
+    state = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions?key=QSKEY-1234&api-version=2024",
+                             "c", Identity("r", "header"), record.utcnow(), "http://h",
+                             header_fields=((b"host", b"h"),), request_body=json.dumps(echoed).encode(),
+                             http_status=200, response_body=b"{}")
+    row = record.build_row(record.resolve_head(state, "x-polar-rollout", "x-polar-task", {}), None)
+    assert row["path"] == "/v1/chat/completions?key=[REDACTED]&api-version=2024"
+    assert "QSKEY-1234" not in row["request_json"]
+    from polar_train.capture.redact import query_secrets
+
+    assert query_secrets("/v1/messages?api-key=a%2Bb%3D%3D&x=1") == {"a%2Bb%3D%3D", "a+b=="}
+    assert query_secrets("/v1/messages?max_tokens=1234&model=abcd") == set()
 
 
 def _case_variants(key: str) -> st.SearchStrategy[str]:
@@ -286,7 +312,8 @@ def _case_variants(key: str) -> st.SearchStrategy[str]:
 
 
 _keys = (st.sampled_from(sorted(SECRET_KEYS)).flatmap(_case_variants)
-         | st.sampled_from(["content", "tools", "api", "key", "x-api", "secretive", "Authorization2", ":", '"'])
+         | st.sampled_from(["content", "tools", "api", "key", "x-api", "secretive", "Authorization2", ":", '"',
+                            "openai_api_key", "Session-Token", 'a"_token', "max_tokens", "tokens", "db_password"])
          | st.text(max_size=6))
 _json_with_keys = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=10) | _keys,
@@ -555,6 +582,10 @@ def test_a_tokenizer_that_does_not_load_is_said_once_and_each_row_keeps_its_call
     said = [r for r in caplog.records if "cannot load it" in r.getMessage()]
     assert len(said) == 1 and said[0].exc_info is None  # once, without a traceback
     assert not any(r.exc_info for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="polar_capture"):
+        Renderer(str(broken)).preload()  # the row worker loads it at start: said once, no traceback
+    assert [r.exc_info for r in caplog.records] == [None] and "cannot load it" in caplog.text
 
 
 def test_anthropic_to_chat_tool_round_trip():
@@ -799,6 +830,11 @@ def test_bad_options_give_clear_errors(tmp_path, caplog):
             tctx.configure(addon, polar_out=str(tmp_path), polar_port_rollouts="nonsense")
         with pytest.raises(exceptions.OptionsError, match="not a tokenizer folder"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_tokenizer=str(tmp_path / "missing"))
+        (tmp_path / "tokenizer.json").write_text("{}")
+        with pytest.raises(exceptions.OptionsError, match="tokenizer.json is a file; name the model or tokenizer"):
+            tctx.configure(addon, polar_out=str(tmp_path), polar_tokenizer=str(tmp_path / "tokenizer.json"))
+        with pytest.raises(exceptions.OptionsError, match="polar_flush_seconds: must be a finite number"):
+            tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="inf")
         with pytest.raises(exceptions.OptionsError, match="seconds"):
             tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="soon")
         for option, value, message in (("polar_flush_rows", 0, "polar_flush_rows: at least 1, got 0"),
@@ -1008,3 +1044,19 @@ def test_without_strip_the_client_gets_the_server_bytes_and_the_row_is_the_same(
         assert a["token_source"] == b["token_source"] == "server" and a["status"] == b["status"] == "ok"
         for key in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "response_json"):
             assert a[key] == b[key], key
+
+
+def test_an_existing_output_folder_keeps_its_mode_and_what_is_created_is_private(tmp_path):
+    """``polar_out=.`` (a repository), ``$HOME`` or a shared folder used to lose its mode (sticky bit
+    and all) to 0700; only the folders the addon creates are the owner's alone."""
+    from polar_train.capture.outdir import prepare_calls_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    prepare_calls_dir(shared / "calls")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE((shared / "calls").stat().st_mode) == 0o700
+    prepare_calls_dir(tmp_path / "new" / "deeper" / "calls")
+    for p in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "calls"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700, p

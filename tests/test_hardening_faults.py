@@ -232,6 +232,12 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
     ("polar_flush_row=10", "polar_capture: polar_flush_row: no such option (the addon's are polar_out, "),
     ("polar_out=", "polar_capture: polar_out: empty; give a value or leave the option out"),
     ("polar_out=a & polar_out=b", "polar_capture: polar_out: Received multiple values for polar_out"),
+    ("polar_flush_seconds=inf", "polar_capture: polar_flush_seconds: must be a finite number of seconds"),
+    # the same in the confdir's config.yaml, where values come typed (mitmproxy's TypeError traceback);
+    # a number for polar_flush_seconds is taken (the natural way to write it), so only the other line shows
+    ("yaml:polar_strip: maybe", "polar_capture: polar_strip: expected true or false, got 'maybe'"),
+    ("yaml:polar_flush_rows: abc", "polar_capture: polar_flush_rows: expected a whole number, got 'abc'"),
+    ("yaml:polar_flush_seconds: 2\npolar_flush_rows: 0", "polar_capture: polar_flush_rows: at least 1, got 0"),
 ])
 def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option: str, message: str) -> None:
     """As a user starts it: mitmdump exits 1 before serving, says what is wrong in one line, shows
@@ -241,11 +247,17 @@ def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option:
 
     out = tmp_path / "captures"
     given = [] if option.startswith("polar_out=") else ["--set", f"polar_out={out}"]  # a second one: two values
+    sets = [a for o in option.split(" & ") for a in ("--set", o)]
+    if option.startswith("yaml:"):
+        (tmp_path / "conf").mkdir()
+        (tmp_path / "conf" / "config.yaml").write_text(option.removeprefix("yaml:") + "\n")
+        sets = []
     proc = subprocess.run(
         [str(VENV_BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1", "-p", str(free_port()),
-         "--set", f"confdir={tmp_path / 'conf'}", *given, *[a for o in option.split(" & ") for a in ("--set", o)]],
+         "--set", f"confdir={tmp_path / 'conf'}", *given, *sets],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     text = proc.stdout + proc.stderr
+    assert "polar_capture: polar_flush_seconds" not in text or "flush_seconds" in message, text
     assert proc.returncode == 1, text
     assert message in text and "Error logged during startup, exiting" in text, text
     assert "Traceback" not in text

@@ -7,6 +7,7 @@ snapshot instead of mitmproxy's live options object.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,8 @@ def _seconds(text: str) -> float:
         raise ValueError(f"polar_flush_seconds: expected a number of seconds, got {text!r}") from None
     if not value > 0:
         raise ValueError(f"polar_flush_seconds: must be > 0, got {text!r}")
+    if math.isinf(value):  # "flush by row count only" is a large number: parts also close at shutdown
+        raise ValueError(f"polar_flush_seconds: must be a finite number of seconds, got {text!r}")
     return value
 
 
@@ -152,10 +155,29 @@ def parse_port_rollouts(text: str) -> dict[int, str]:
     return result
 
 
+def _typed_value_problem(deferred: dict[str, Any], name: str, typespec: Any) -> str | None:
+    """Why a typed deferred value does not fit its option (None: it does). A YAML number for a
+    text option (``polar_flush_seconds: 2``, the natural way to write it) is taken as its text;
+    any other mismatch would be mitmproxy's TypeError traceback at start."""
+    from mitmproxy.utils import typecheck
+
+    value = deferred[name]
+    if typespec is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        deferred[name] = str(value)
+        return None
+    try:
+        typecheck.check_option_type(name, value, typespec)
+    except TypeError:
+        kind = {bool: "true or false", int: "a whole number", str: "text"}.get(typespec, str(typespec))
+        return f"{name}: expected {kind}, got {value!r}"
+    return None
+
+
 def unusable_deferred(options: Any) -> list[str]:
-    """``polar_*`` values given before the addon loaded (``--set`` on the command line) that
-    mitmproxy could not convert, or whose name is no option of ours: one ``"<name>: <why>"`` each,
-    and each is taken out of mitmproxy's deferred values.
+    """``polar_*`` values given before the addon loaded (``--set`` on the command line, or the
+    confdir's ``config.yaml``) that mitmproxy could not convert or whose type does not fit, or
+    whose name is no option of ours: one ``"<name>: <why>"`` each, and each is taken out of
+    mitmproxy's deferred values.
 
     Why: mitmproxy converts those values right after the addon's ``load``; a failure there stops
     loading the script without a word (the proxy then serves and records nothing), and an unknown
@@ -176,9 +198,15 @@ def unusable_deferred(options: Any) -> list[str]:
             problems.append(f"{name}: no such option (the addon's are {', '.join(known)})")
             del deferred[name]
             continue
+        if parse is None or not isinstance(specs, dict) or name not in specs:
+            continue
         raw = getattr(deferred[name], "val", None)
-        if raw is None or parse is None or not isinstance(specs, dict) or name not in specs:
-            continue  # a typed value (set from Python): mitmproxy checks its type itself
+        if raw is None:  # a typed value: from the confdir's config.yaml, or set from Python
+            problem = _typed_value_problem(deferred, name, specs[name].typespec)
+            if problem:
+                problems.append(problem)
+                del deferred[name]
+            continue
         try:
             parse(specs[name], raw)
         except exceptions.OptionsError as exc:

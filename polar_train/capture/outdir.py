@@ -11,14 +11,12 @@ from pathlib import Path
 
 
 def prepare_calls_dir(calls_dir: Path) -> None:
-    """Create ``calls_dir`` (and its parent) with mode 0700; raises OSError."""
-    old = os.umask(0o077)
+    """Create ``calls_dir`` (and any missing parent) with mode 0700; raises OSError.
+
+    Only folders created here get that mode: an existing ``polar_out`` (a shared folder, the
+    user's repository, ``$HOME``) keeps its own, sticky bit and all."""
+    old = os.umask(0o077)  # what mkdir creates, parents included, is the owner's only
     try:
         calls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     finally:
         os.umask(old)
-    try:
-        os.chmod(calls_dir.parent, 0o700)
-        os.chmod(calls_dir, 0o700)
-    except OSError:
-        pass

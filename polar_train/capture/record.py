@@ -22,7 +22,7 @@ from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
 from .parsed import ParsedCall
-from .redact import header_secrets, redacted_dumps, scrub, value_secrets
+from .redact import header_secrets, query_secrets, redacted_dumps, scrub, value_secrets
 from .render import Renderer, TokenizerUnavailable, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
@@ -204,7 +204,7 @@ def resolve_head(state: CallState, rollout_header: str, task_header: str,
     headers = HeaderView(fields)
     identity = resolve_identity(headers, state.connect_auth, state.listen_port, rollout_header,
                                 task_header, port_rollouts)
-    secrets = header_secrets(headers) | state.secrets
+    secrets = header_secrets(headers) | query_secrets(state.path) | state.secrets
     if state.connect_auth:
         secrets |= value_secrets(state.connect_auth)
     if identity.source == "api_key" and identity.rollout_id:

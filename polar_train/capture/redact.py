@@ -1,9 +1,10 @@
 """Keep secrets out of everything the addon writes.
 
-Two layers: keys that name a secret (``authorization``, ``api_key``, ...) are replaced wherever they
-appear in a JSON body, and every secret value seen on the flow (bearer tokens, API keys, proxy
-credentials) is scrubbed from the final text, wherever it hides (a prompt that echoes a key, an
-upstream error that quotes it).
+Two layers: keys that name a secret (``authorization``, ``api_key``, ``openai_api_key``,
+``session_token``, ...) have their values replaced wherever they appear in a JSON body, and every
+secret value seen on the flow (bearer tokens, API keys in headers or the query string, proxy
+credentials) is scrubbed from the final text, wherever it hides (the stored path, a prompt that
+echoes a key, an upstream error that quotes it).
 """
 
 from __future__ import annotations
@@ -14,22 +15,45 @@ from collections.abc import Callable
 from typing import Any
 
 REDACTED = "[REDACTED]"
+#: Key names (lower case) that name a secret as they are ...
 SECRET_KEYS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "api_key", "apikey",
     "cookie", "set-cookie", "password", "secret", "client_secret", "access_token", "refresh_token",
-    "id_token", "bearer", "x-goog-api-key",
+    "id_token", "bearer", "x-goog-api-key", "token", "private_key",
 })
+#: ... or end with: ``openai_api_key``, ``ANTHROPIC_API_KEY``, ``auth_token``, ``session_token``,
+#: ``db_password``, ``aws_secret_access_key`` (a secret one writes in any case and separator).
+SECRET_KEY_SUFFIXES = ("api_key", "api-key", "apikey", "_token", "-token", "_secret", "-secret", "password",
+                       "private_key", "private-key", "access_key", "access-key", "secret_key", "secret-key")
 SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
                   "x-goog-api-key", "openai-api-key", "anthropic-api-key")
 _MIN_SECRET_LEN = 4
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a JSON key names a secret (:data:`SECRET_KEYS`, :data:`SECRET_KEY_SUFFIXES`)."""
+    if not isinstance(key, str):
+        return False
+    k = key.lower()
+    return k in SECRET_KEYS or k.endswith(SECRET_KEY_SUFFIXES)
+
+
+#: The end of a JSON-encoded key (lower-cased text) that :func:`is_secret_key` accepts, up to its
+#: closing quote: ``"name"`` for a whole name, or a suffix right before the quote (no escape can
+#: sit inside a suffix, so any key ending with one shows it so; a string value is never followed by
+#: ``":`` - a false match only costs the walk, which decides).
+QUOTED_SECRET_KEY = (b'(?:"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')|(?:'
+                     + b"|".join(re.escape(k.encode()) for k in SECRET_KEY_SUFFIXES) + b'))"')
 #: ``"key":`` for every secret key, in lower case, as bytes (one scan finds any of them).
-_QUOTED_SECRET_KEY = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')":')
+_QUOTED_SECRET_KEY = re.compile(QUOTED_SECRET_KEY + b":")
 
 
 def redact_json(value: Any) -> Any:
-    """A copy of ``value`` with every secret-named key's value replaced."""
+    """A copy of ``value`` with the value of every secret-named key replaced; where that value is
+    an object or a list it is walked instead (a tool's parameter schema for a ``password`` or an
+    ``api_token`` is no secret, and the record keeps it as sent)."""
     if isinstance(value, dict):
-        return {k: (REDACTED if isinstance(k, str) and k.lower() in SECRET_KEYS else redact_json(v))
+        return {k: (REDACTED if is_secret_key(k) and not isinstance(v, (dict, list)) else redact_json(v))
                 for k, v in value.items()}
     if isinstance(value, list):
         return [redact_json(v) for v in value]
@@ -80,6 +104,28 @@ def value_secrets(value: str) -> set[str]:
                 user, _, password = decoded.partition(":")
                 if password:
                     found.add(password)
+    return {s for s in found if len(s) >= _MIN_SECRET_LEN}
+
+
+#: Query parameters that carry a key although their name is no secret word (Google's ``?key=``,
+#: signed URLs' ``sig``).
+_SECRET_QUERY_NAMES = frozenset({"key", "sig", "signature", "auth", "code"})
+
+
+def query_secrets(path: str | None) -> set[str]:
+    """Values of secret-named query parameters in a request path (``?key=...``, ``?api-key=...``:
+    Google's and Azure's way to send a key), as written and decoded, so that scrubbing removes them
+    from the stored path and wherever else they show."""
+    if not path or "?" not in path:
+        return set()
+    from urllib.parse import unquote_plus
+
+    found: set[str] = set()
+    for item in path.split("?", 1)[1].split("#", 1)[0].split("&"):
+        name, sep, value = item.partition("=")
+        name = unquote_plus(name)
+        if sep and value and (is_secret_key(name) or name.lower() in _SECRET_QUERY_NAMES):
+            found |= {value, unquote_plus(value)}
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
 
 

@@ -52,6 +52,14 @@ class Renderer:
                     raise TokenizerUnavailable(self._failed) from None
             return self._tok
 
+    def preload(self) -> None:
+        """Load the tokenizer before the first call needs it; a folder that does not load is said
+        once (by :attr:`tokenizer`), not followed by a traceback of this job."""
+        try:
+            self.tokenizer
+        except TokenizerUnavailable:
+            pass
+
     def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   add_generation_prompt: bool) -> str:
         """The server's own rendering (:func:`polar_train.wire.render.render`: vLLM's normalisation

@@ -17,15 +17,14 @@ import re
 from typing import Any
 
 from .json_members import splice_utf8
-from .redact import SECRET_KEYS
+from .redact import QUOTED_SECRET_KEY
 from .request_walk import WalkedRequest
 
 #: Request fields left out of ``request_hash`` (they may change between retries of one request).
 VOLATILE_FIELDS = frozenset({"metadata", "user", "prompt_cache_key", "stream_options", "store"})
 
 #: ``"key"`` then ``:`` for any secret key, in lower case, JSON whitespace allowed between.
-_SECRET_KEY_AS_SENT = re.compile(b'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS))
-                                 + b')"[ \t\n\r]*:')
+_SECRET_KEY_AS_SENT = re.compile(QUOTED_SECRET_KEY + b"[ \t\n\r]*:")
 #: Escapes that write a character another way than the compact encoder does (``\u`` for any
 #: character, ``\/`` for ``/``): where the body has none, every string in it reads as the encoder
 #: writes it, so a secret value found in the re-encoded text is found in this one.

@@ -323,7 +323,7 @@ def main() -> int:
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
     attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
     if renderer is not None:
-        writer.submit(lambda: (renderer.tokenizer, None)[1], block=True)  # load it before the first call
+        writer.submit(renderer.preload, block=True)  # load it before the first call
     gc.freeze()  # what the imports left (pyarrow, the tokenizer): never walked again by the cyclic GC
     while (call := read_call(inp)) is not None:
         try:

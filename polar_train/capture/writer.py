@@ -146,7 +146,9 @@ class PartWriter:
         while True:
             wait = None
             if self._first_row_at is not None:
-                wait = max(0.0, self._first_row_at + self.flush_seconds - time.monotonic())
+                # at most the longest wait a lock accepts (a larger timeout is an OverflowError)
+                wait = min(max(0.0, self._first_row_at + self.flush_seconds - time.monotonic()),
+                           threading.TIMEOUT_MAX)
             try:
                 job = self._queue.get(timeout=wait)
             except queue.Empty:
