@@ -21,13 +21,14 @@ class UserError(Exception):
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import TinyModelSpec, write_tiny_model
+    from .tiny_model import MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
 
     target = Path(args.dir).expanduser()
     if target.exists() and not target.is_dir():
         raise UserError(f"{target} exists and is not a folder")
-    if not args.final_norm_weight > 0:
-        raise UserError(f"--final-norm-weight: more than 0, got {args.final_norm_weight:g}")
+    if not 0 < args.final_norm_weight <= MAX_FINAL_NORM_WEIGHT:  # inf: logits inf, NaN probabilities
+        raise UserError(f"--final-norm-weight: more than 0 and at most {MAX_FINAL_NORM_WEIGHT:g}, "
+                        f"got {args.final_norm_weight:g}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
     try:
         if holds_other_files(target, "polar_tiny_model.json"):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .cli import UserError
 from .paths import holds_other_files
+from .tiny_model import MAX_FINAL_NORM_WEIGHT
 
 BIN = Path(sys.executable).parent
 ADDON = Path(__file__).resolve().parent.parent / "addons" / "polar_capture.py"
@@ -42,6 +43,15 @@ TASKS = [
 ]
 FOLLOW_UP = "Thanks. Now say it once more, shorter."
 SYSTEM = "You are a helpful assistant. Answer in plain English."
+
+#: The context length the demo serves its tiny model with (``polar-train serve --max-model-len``).
+MODEL_LEN = 4096
+#: ``--max-tokens`` that fit MODEL_LEN: a session's second call holds ~60 prompt tokens, the first
+#: reply re-tokenised (measured 1024 sampled tokens -> ~1050) and its own reply: 1024 -> ~2130.
+MAX_TOKENS = MODEL_LEN // 4
+#: ``--learning-rate`` above this is no LoRA fine-tuning: Adam moves every weight by about the
+#: learning rate per step, and huge ones overflow to nan (a server 500 a round later).
+MAX_LEARNING_RATE = 1.0
 
 
 def latin_share(text: str) -> float:
@@ -155,7 +165,7 @@ def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: P
     """Serve (with the adapter so far), capture G sessions per task through the proxy; mean reward."""
     serve_port, proxy_port = _free_port(), _free_port()
     serve = [str(BIN / "polar-train"), "serve", "--model", str(model_dir), "--port", str(serve_port),
-             "--served-model-name", "tiny"] + (["--adapter", str(adapter)] if adapter else [])
+             "--served-model-name", "tiny", "--max-model-len", str(MODEL_LEN)] + (["--adapter", str(adapter)] if adapter else [])
     mitm = [str(BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1",
             "--mode", f"reverse:http://127.0.0.1:{serve_port}@{proxy_port}",
             "--set", f"polar_out={out / 'captures'}", "--set", f"polar_tokenizer={model_dir}",
@@ -264,28 +274,36 @@ def run_demo(cfg: DemoConfig) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Refuse settings that cannot make a demo before anything starts (a GRPO group needs two
-    sessions to compare; 0 rounds captures the baseline only)."""
-    for name, value, low in (("--rounds", args.rounds, 0), ("--group-size", args.group_size, 2),
-                             ("--max-tokens", args.max_tokens, 1), ("--train-steps", args.train_steps, 1)):
+def _check(args: argparse.Namespace) -> Path:
+    """Refuse settings that cannot make a demo before anything starts, not after a model is built
+    and a round captured (a GRPO group needs two sessions to compare; 0 rounds captures the
+    baseline only; ``inf`` and ``nan`` parse as floats). Returns the work folder, ``~`` expanded."""
+    for name, value, low, high in (("--rounds", args.rounds, 0, None), ("--group-size", args.group_size, 2, None),
+                                   ("--max-tokens", args.max_tokens, 1, MAX_TOKENS),
+                                   ("--train-steps", args.train_steps, 1, None)):
         if value < low:
             raise UserError(f"{name}: at least {low}, got {value}")
-    for name, value in (("--learning-rate", args.learning_rate), ("--final-norm-weight", args.final_norm_weight)):
-        if not value > 0:
+        if high is not None and value > high:
+            raise UserError(f"{name}: at most {high} (the demo serves a {MODEL_LEN}-token context, and a "
+                            f"session's second call holds its first reply too), got {value}")
+    for name, value, high in (("--learning-rate", args.learning_rate, MAX_LEARNING_RATE),
+                              ("--final-norm-weight", args.final_norm_weight, MAX_FINAL_NORM_WEIGHT)):
+        if not value > 0:  # also nan
             raise UserError(f"{name}: more than 0, got {value:g}")
-    work = Path(args.workdir)
+        if not value <= high:
+            raise UserError(f"{name}: at most {high:g}, got {value:g}")
+    work = Path(args.workdir).expanduser()
     if work.exists() and not work.is_dir():
         raise UserError(f"--workdir is a file, not a folder: {work}")
     # older demos left no marker: their summary or tiny model says the folder is a demo's
     if holds_other_files(work, WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json"):
         # the demo replaces round<N>/ and tiny-model/ in it: someone else's would be lost
         raise UserError(f"--workdir {work} is not empty and holds no earlier demo: give a new or empty folder")
+    return work
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    _check(args)
-    cfg = DemoConfig(workdir=Path(args.workdir), rounds=args.rounds, group_size=args.group_size,
+    cfg = DemoConfig(workdir=_check(args), rounds=args.rounds, group_size=args.group_size,
                      max_tokens=args.max_tokens, train_steps=args.train_steps,
                      learning_rate=args.learning_rate, final_norm_weight=args.final_norm_weight)
     return run_demo(cfg)
@@ -297,11 +315,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", default=str(d.workdir), help=f"where the demo writes (default: {d.workdir})")
     p.add_argument("--rounds", type=int, default=d.rounds, help="training rounds (0: capture the baseline only)")
     p.add_argument("--group-size", type=int, default=d.group_size, help="sessions per task (GRPO group)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens per model call")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per model call (at most {MAX_TOKENS})")
     p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps per round")
     p.add_argument("--learning-rate", type=float, default=d.learning_rate,
-                   help=f"LoRA learning rate (default: {d.learning_rate:g})")
+                   help=f"LoRA learning rate, at most {MAX_LEARNING_RATE:g} (default: {d.learning_rate:g})")
     p.add_argument("--final-norm-weight", type=float, default=d.final_norm_weight,
-                   help="final RMSNorm weight of the tiny model: how peaked its random policy is "
-                        f"(default: {d.final_norm_weight:g}; the model is rebuilt when it changes)")
+                   help="final RMSNorm weight of the tiny model: how peaked its random policy is, at most "
+                        f"{MAX_FINAL_NORM_WEIGHT:g} (default: {d.final_norm_weight:g}; the model is rebuilt "
+                        "when it changes)")
     p.set_defaults(func=_cmd)

@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
+#: ``--final-norm-weight`` above this only makes the random policy more deterministic: from 32 up
+#: every sample of a group is the same (reward std 0, nothing for GRPO to learn; docs/demo.md);
+#: an infinite one makes the logits infinite and the probabilities NaN.
+MAX_FINAL_NORM_WEIGHT = 100.0
+
+
 @dataclass
 class TinyModelSpec:
     """Shape of the tiny model. The defaults are what ``polar-train tiny-model`` writes."""

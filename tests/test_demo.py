@@ -14,7 +14,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from polar_train.demo import DemoConfig, TASKS, _built_spec, capture_round, latin_share
+from polar_train.cli import build_parser, main
+from polar_train.demo import (MAX_FINAL_NORM_WEIGHT, MAX_LEARNING_RATE, MAX_TOKENS, MODEL_LEN, DemoConfig, TASKS,
+                              _built_spec, _check, capture_round, latin_share)
 
 POLAR = Path(sys.executable).parent / "polar-train"
 
@@ -57,6 +59,34 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, args: l
     assert done.returncode == 2 and f"polar-train demo: error: {message}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not work.exists()  # nothing was built or captured
+
+
+@pytest.mark.parametrize("args, message", [
+    # each was accepted and failed late: inf trained after a whole capture round, a norm weight of
+    # inf made a model whose server answered 500, 99999999 tokens after the model and server started
+    (["--learning-rate", "inf"], "--learning-rate: at most 1, got inf"),
+    (["--learning-rate", "1e300"], "--learning-rate: at most 1, got 1e+300"),
+    (["--final-norm-weight", "inf"], "--final-norm-weight: at most 100, got inf"),
+    (["--final-norm-weight=-inf"], "--final-norm-weight: more than 0, got -inf"),
+    (["--learning-rate", "nan"], "--learning-rate: more than 0, got nan"),
+    (["--max-tokens", "99999999"], f"--max-tokens: at most {MAX_TOKENS} (the demo serves a {MODEL_LEN}-token "
+                                   "context, and a session's second call holds its first reply too), got 99999999"),
+    (["--group-size", "-5"], "--group-size: at least 2, got -5"),
+])
+def test_out_of_range_settings_are_one_line_before_anything_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
+    work = tmp_path / "demo"
+    assert main(["demo", "--workdir", str(work), *args]) == 2
+    assert capsys.readouterr().err == f"polar-train demo: error: {message}\n"
+    assert not work.exists()
+
+
+def test_the_largest_settings_in_range_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(["demo", "--workdir", "~/demo", "--max-tokens", str(MAX_TOKENS),
+                                      "--learning-rate", f"{MAX_LEARNING_RATE}",
+                                      "--final-norm-weight", f"{MAX_FINAL_NORM_WEIGHT}"])
+    assert _check(args) == tmp_path / "demo"  # `~` is the user's home, not a folder named "~"
 
 
 def test_a_file_as_workdir_is_refused_and_left_alone(tmp_path: Path) -> None:

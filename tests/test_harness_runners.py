@@ -9,6 +9,7 @@ clear error, a hung harness is killed with all its children.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import re
@@ -16,7 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+import threading
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,7 +28,8 @@ import pytest
 
 from polar_train.harnesses import (ClaudeCode, Codex, Harness, HarnessError, ModelServer, Pi, Proxy,
                                    find_binary, get_harness)
-from polar_train.harnesses.base import REPO_ROOT
+from polar_train.cli import main
+from polar_train.harnesses.base import MAX_TIMEOUT_S, REPO_ROOT
 from tests.support.harness import require_harnesses
 from tests.support.procs import free_port
 
@@ -128,7 +132,7 @@ def test_claude_code_command_is_non_interactive_and_preapproves_tools(tmp_path) 
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9000"
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == env["DISABLE_TELEMETRY"] == "1"
     argv = harness.command(Path("claude"), "do it", tmp_path, tmp_path, ModelServer("http://h:1", "m"))
-    assert argv[:3] == ["claude", "-p", "do it"]
+    assert argv[:2] == ["claude", "-p"] and argv[-2:] == ["--", "do it"]
     assert "--dangerously-skip-permissions" not in argv  # refused when running as root
     assert argv[argv.index("--allowedTools") + 1] == "Bash Read Edit"
 
@@ -150,6 +154,7 @@ def _file(folder: Path) -> Path:
     (lambda p: Pi().run(_file(p), "x", ModelServer("http://127.0.0.1:1")), "work directory is a file, not a folder"),
     (lambda p: Pi().run(p, " \n", ModelServer("http://127.0.0.1:1")), "the prompt is empty"),
     (lambda p: Pi().run(p, "x", ModelServer("http://127.0.0.1:1"), home=_file(p)), "home is a file, not a folder"),
+    (lambda p: Pi().run(p, "x", ModelServer("http://127.0.0.1:1"), timeout=float("inf")), "timeout: more than 0"),
 ])
 def test_bad_input_is_one_clear_error(make, message, tmp_path) -> None:
     with pytest.raises(HarnessError, match=re.escape(message)):
@@ -171,11 +176,16 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path) -> None:
                                    "(the id the calls are recorded under)")
     proc = subprocess.run([*cmd[:-2], "--timeout", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2  # not a session killed at once
-    assert proc.stderr.strip() == "polar-train harness: error: --timeout: more than 0 seconds, got 0"
+    assert proc.stderr.strip() == (f"polar-train harness: error: --timeout: more than 0 and at most "
+                                   f"{MAX_TIMEOUT_S} seconds, got 0")
     # a CA given without a proxy would be ignored: the user meant to capture
     proc = subprocess.run([*cmd[:-2], "--ca-cert", str(tmp_path / "ca.pem")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "polar-train harness: error: --ca-cert needs --proxy-port"
+    proc = subprocess.run([*cmd[:-2], "--home", ""], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2  # not a temporary home taken in silence
+    assert proc.stderr.strip() == ("polar-train harness: error: --home is empty: name a folder, or leave it out "
+                                   "for a temporary one")
 
 
 def test_a_server_or_proxy_that_does_not_listen_is_refused_before_the_session(tmp_path) -> None:
@@ -309,3 +319,125 @@ def test_sigterm_to_the_command_ends_the_harness_session(tmp_path) -> None:
             for p in [proc, *session]:
                 with contextlib.suppress(psutil.Error, ProcessLookupError):
                     p.kill()
+
+
+@pytest.mark.parametrize("value", ["inf", "1e7", "nan", "-1"])
+def test_a_timeout_subprocess_cannot_wait_for_is_refused_before_the_session(value, tmp_path, capsys) -> None:
+    # inf and 1e7 were an OverflowError traceback from communicate() once the session had started
+    home = tmp_path / "home"
+    assert main(["harness", "pi", "fix it", "--server", "http://127.0.0.1:1", "--workdir", str(tmp_path),
+                 "--home", str(home), "--timeout", value]) == 2
+    assert capsys.readouterr().err == (f"polar-train harness: error: --timeout: more than 0 and at most "
+                                       f"{MAX_TIMEOUT_S} seconds, got {float(value):g}\n")
+    assert not home.exists()
+
+
+def test_the_timeout_bound_is_the_longest_wait_subprocess_accepts() -> None:
+    """``communicate()`` waits in ``poll()`` (milliseconds in a C int): the bound must be what it takes."""
+    with subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.communicate(b"x", timeout=MAX_TIMEOUT_S) == (b"x", None)
+    with subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        try:
+            with pytest.raises(OverflowError):
+                proc.communicate(b"x", timeout=MAX_TIMEOUT_S + 1)
+        finally:
+            proc.kill()
+
+
+@dataclass
+class _EnvSession(_ShellSession):
+    """A 'harness' that prints where it runs and the paths it was given."""
+
+    def command(self, exe, prompt, workdir, home, server):
+        return [str(exe), "-c", 'echo "$HOME"; echo "$NODE_EXTRA_CA_CERTS"; pwd']
+
+
+def test_relative_and_home_relative_paths_are_the_callers(tmp_path, monkeypatch) -> None:
+    # the harness runs in the work directory: a relative home or CA file passed on as given would
+    # name a folder inside the user's repository (Pi created wd/h-rel/.pi there and found no provider)
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "x.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    monkeypatch.chdir(tmp_path)
+    run = _EnvSession().run("wd", "x", ModelServer("http://127.0.0.1:1"), Proxy(1, "r", Path("conf/x.pem")),
+                            home="~/h", timeout=30)
+    assert run.ok, run.describe()
+    base = tmp_path.resolve()
+    assert run.stdout.splitlines() == [str(base / "me" / "h"), str(base / "conf" / "x.pem"), str(base / "wd")]
+    assert run.home == base / "me" / "h" and run.workdir == base / "wd"
+    assert sorted(p.name for p in (tmp_path / "wd").iterdir()) == []
+
+
+class _RefusingServer(http.server.BaseHTTPRequestHandler):
+    """A model server that records every request body and answers 400: the session ends at once."""
+
+    bodies: list[dict]
+
+    def do_POST(self) -> None:
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers.get("content-length") or 0))))
+        payload = b'{"error": {"message": "recorded", "type": "invalid_request_error"}}'
+        self.send_response(400)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_HEAD(self) -> None:  # Claude Code's connection warm-up
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[tuple[str, list[dict]]]:
+    bodies: list[dict] = []
+    handler = type("Handler", (_RefusingServer,), {"bodies": bodies})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string in a decoded JSON request."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_prompt_that_starts_with_a_dash_reaches_the_model_as_typed(name, tmp_path, refusing_server) -> None:
+    """A markdown bullet is a prompt, not an option: each real CLI used to refuse it (Pi "Unknown
+    option", Codex "unexpected argument", Claude Code "unknown option") before any model call."""
+    require_harnesses(name)
+    url, bodies = refusing_server
+    prompt = "- fix the failing test\n- then run it"
+    run = get_harness(name).run(tmp_path, prompt, ModelServer(url), home=tmp_path / "home", timeout=120)
+    assert bodies, run.describe()
+    assert any(prompt in _strings(body) for body in bodies), run.describe()
+
+
+def test_a_relative_home_is_not_made_inside_the_work_directory(tmp_path, monkeypatch, refusing_server) -> None:
+    """`--workdir wd --home h-rel`: Pi reads the config the command wrote (it asks the server),
+    and nothing is written into the user's repository."""
+    require_harnesses("pi")
+    url, bodies = refusing_server
+    (tmp_path / "wd").mkdir()
+    monkeypatch.chdir(tmp_path)
+    main(["harness", "pi", "say hi", "--server", url, "--workdir", "wd", "--home", "h-rel", "--timeout", "120"])
+    assert bodies  # was: Error: Unknown provider "polar"
+    assert (tmp_path / "h-rel" / ".pi" / "agent" / "models.json").is_file()
+    assert list((tmp_path / "wd").iterdir()) == []

@@ -51,6 +51,10 @@ def test_bad_targets_and_settings_are_refused(tmp_path, capsys):
     assert a_file.read_text() == "keep me"
     assert main(["tiny-model", str(tmp_path / "m"), "--final-norm-weight", "0"]) == 2
     assert "--final-norm-weight: more than 0" in capsys.readouterr().err
+    for huge in ("inf", "1e300"):  # logits inf, probabilities NaN: the server answered 500s
+        assert main(["tiny-model", str(tmp_path / "m"), "--final-norm-weight", huge]) == 2
+        assert "--final-norm-weight: more than 0 and at most 100" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
     assert not (tmp_path / "m").exists()
 
 

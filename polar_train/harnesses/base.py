@@ -42,9 +42,26 @@ _ROLLOUT_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 #: Placeholder key: local servers ignore it, but every harness refuses to start without one.
 DEFAULT_API_KEY = "polar-local"
 
+#: The longest session a run can wait for: ``subprocess`` waits in ``poll()``, which takes a C int of
+#: milliseconds (a larger timeout is an OverflowError after the session has started). About 24.8 days.
+MAX_TIMEOUT_S = (2**31 - 1) // 1000
+
 
 class HarnessError(Exception):
     """The harness could not be run (missing binary, bad option): one clear line for the user."""
+
+
+def absolute(path: Path | str) -> Path:
+    """``path`` with ``~`` expanded, made absolute against the caller's directory: the harness runs
+    in the work directory, where a relative home or CA file would name another place."""
+    return Path(path).expanduser().resolve()
+
+
+def check_timeout(seconds: float, name: str = "timeout") -> float:
+    """``seconds``, once known to be a timeout a session can be waited for (finite, in range)."""
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # also refuses nan
+        raise HarnessError(f"{name}: more than 0 and at most {MAX_TIMEOUT_S} seconds, got {seconds:g}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,10 @@ class Proxy:
         if not _ROLLOUT_ID.fullmatch(self.rollout_id or ""):
             raise HarnessError("rollout id must be 1-128 characters of A-Z a-z 0-9 . _ ~ - "
                                f"(it is sent as the proxy user name), got {self.rollout_id!r}")
-        if self.ca_cert is not None and not Path(self.ca_cert).is_file():
-            raise HarnessError(f"proxy CA certificate not found: {self.ca_cert}")
+        if self.ca_cert is not None:
+            object.__setattr__(self, "ca_cert", absolute(self.ca_cert))  # Node reads it from the work dir
+            if not self.ca_cert.is_file():
+                raise HarnessError(f"proxy CA certificate not found: {self.ca_cert}")
 
     @property
     def url(self) -> str:
@@ -151,7 +170,12 @@ class Harness(ABC):
 
     @abstractmethod
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
-        """The argv of one non-interactive session."""
+        """The argv of one non-interactive session (a prompt in it must follow ``--``: it may start
+        with ``-``, as a markdown bullet does)."""
+
+    def prompt_input(self, prompt: str) -> str | None:
+        """What the session reads on stdin: None (closed) when the prompt is in the argv."""
+        return None
 
     def final_message(self, stdout: str, home: Path) -> str:
         """The harness's final answer (default: its stdout, stripped)."""
@@ -172,7 +196,8 @@ class Harness(ABC):
     @staticmethod
     def check_inputs(workdir: Path | str, prompt: str, home: Path | str | None = None) -> Path:
         """The session's work directory, resolved, once the user's inputs are known to be usable."""
-        workdir = Path(workdir).resolve()
+        workdir = absolute(workdir)
+        home = absolute(home) if home is not None else None
         if not workdir.exists():
             raise HarnessError(f"work directory not found: {workdir}")
         if not workdir.is_dir():
@@ -193,19 +218,22 @@ class Harness(ABC):
 
         On timeout the whole process group is killed: harnesses spawn shells and helpers.
         """
+        check_timeout(timeout)
         workdir = self.check_inputs(workdir, prompt, home)
         exe = find_binary(self.binary, self.prefix)
-        home = Path(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
+        home = absolute(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
         home.mkdir(parents=True, exist_ok=True)
         (home / HOME_MARKER).touch()  # a later run may reuse this home (see check_inputs)
         env = self.environment(home, server, proxy)
         argv = self.command(exe, prompt, workdir, home, server)
+        stdin_text = self.prompt_input(prompt)
         start = time.monotonic()
         timed_out = False
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+                                text=True, errors="replace", start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(stdin_text, timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             with contextlib.suppress(ProcessLookupError):

@@ -43,8 +43,8 @@ class ClaudeCode(Harness):
         return env
 
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
-        argv = [str(exe), "-p", prompt, "--model", server.model, "--output-format", "text",
+        argv = [str(exe), "-p", "--model", server.model, "--output-format", "text",
                 "--no-session-persistence", "--allowedTools", " ".join(self.allowed_tools)]
         if self.tools is not None:
             argv += ["--tools", ",".join(self.tools)]
-        return argv + list(self.extra_args)
+        return [*argv, *self.extra_args, "--", prompt]

@@ -44,7 +44,7 @@ def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
 
     parts = urlsplit(url)
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise UserError(f"{what}: bad port in {url!r}") from None
     host = parts.hostname or ""
@@ -59,10 +59,10 @@ def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
+    from .base import absolute, check_timeout
 
-    if not args.timeout > 0:
-        raise UserError(f"--timeout: more than 0 seconds, got {args.timeout:g}")
     try:
+        check_timeout(args.timeout, "--timeout")
         server = ModelServer(args.server, args.model, os.environ.get("POLAR_API_KEY") or DEFAULT_API_KEY)
         proxy = None
         if args.proxy_port is not None:
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
             if not args.rollout:
                 raise UserError("--proxy-port needs --rollout (the id the calls are recorded under)")
             ca = Path(args.ca_cert or Path.home() / ".mitmproxy" / "mitmproxy-ca-cert.pem")
-            proxy = Proxy(args.proxy_port, args.rollout, ca)
+            proxy = Proxy(args.proxy_port, args.rollout, ca)  # made absolute there
         elif args.rollout or args.ca_cert:
             raise UserError(f"{'--rollout' if args.rollout else '--ca-cert'} needs --proxy-port")
         options = {}
@@ -79,12 +79,15 @@ def _run(args: argparse.Namespace) -> int:
             if args.name != "codex":
                 raise UserError("--freeform-apply-patch is a Codex option")
             options["freeform_apply_patch"] = True
-        Harness.check_inputs(args.workdir, args.prompt, args.home)
+        # relative to the caller, not to the work directory the harness runs in
+        if args.home is not None and not args.home.strip():
+            raise HarnessError("--home is empty: name a folder, or leave it out for a temporary one")
+        workdir = Harness.check_inputs(args.workdir, args.prompt, args.home)
+        home = absolute(args.home) if args.home else None
         _check_listening(server.base_url, "the model server")
         if proxy is not None:
             _check_listening(f"http://{proxy.host}:{proxy.port}", "the proxy (mitmdump -s addons/polar_capture.py)")
-        run = get_harness(args.name, **options).run(Path(args.workdir), args.prompt, server, proxy,
-                                         Path(args.home) if args.home else None, args.timeout)
+        run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout)
     except HarnessError as exc:
         raise UserError(str(exc)) from None
     sys.stdout.write(run.stdout)

@@ -101,7 +101,7 @@ class Codex(Harness):
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
         return [str(exe), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
                 "--ephemeral", "--color", "never", "-C", str(workdir),
-                "-o", str(home / LAST_MESSAGE_FILE), prompt]
+                "-o", str(home / LAST_MESSAGE_FILE), "--", prompt]
 
     def final_message(self, stdout: str, home: Path) -> str:
         path = home / LAST_MESSAGE_FILE

@@ -52,4 +52,9 @@ class Pi(Harness):
 
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
         return [str(exe), "-p", "--no-session", "--provider", PROVIDER, "--model", server.model,
-                *self.extra_args, prompt]
+                *self.extra_args]
+
+    def prompt_input(self, prompt: str) -> str | None:
+        """Pi's parser has no ``--``: it refuses an argument that starts with ``-`` and reads one that
+        starts with ``@`` as a file to attach. Piped stdin is taken as the message as it is (trimmed)."""
+        return prompt
