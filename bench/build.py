@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.turns) < 1:
         ap.error(f"--turns: at least 1 each, got {min(args.turns)}")
-    if not args.min_input_tokens > 0:
-        ap.error(f"--min-input-tokens: more than 0, got {args.min_input_tokens:g}")
+    if not 0 < args.min_input_tokens <= 1e9:  # nan and inf fail too; 1e9 tokens is hours of building
+        ap.error(f"--min-input-tokens: more than 0 and at most 1e9, got {args.min_input_tokens:g}")
+    args.turns = list(dict.fromkeys(args.turns))  # a size given twice is measured once
     storage = "compact (prefix ref + suffix)" if args.compact else "full prompts"
     print(f"per turn {COMPLETION_TOKENS} sampled + {GLUE_TOKENS} tool tokens; system prompt "
           f"{SYSTEM_TOKENS}; storage {storage}; {os.cpu_count()} CPUs")
@@ -154,4 +155,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from polar_train.cli import run_script
+
+    sys.exit(run_script(main))

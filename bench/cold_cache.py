@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeats: at least 3")
     if args.echo_kb < 1:  # below that response.created is short enough for the JSON path: not this work
         ap.error("--echo-kb: at least 1 (the Codex-sized call whose walks are timed)")
-    if args.pauses[0] != 0 or any(p < 0 for p in args.pauses):
-        ap.error("--pauses: start with 0 (the loop every ratio is taken against), none negative")
+    if args.pauses[0] != 0 or not all(0 <= p <= 60_000 for p in args.pauses):  # nan and inf fail too
+        ap.error("--pauses: start with 0 (the loop every ratio is taken against), each 0 to 60000 ms")
 
     work = workloads(args.echo_kb)
     # each pause's runs of every work item side by side, in one pass: the machine drifts between passes
@@ -114,4 +114,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from polar_train.cli import run_script
+
+    sys.exit(run_script(main))

@@ -31,6 +31,7 @@ import base64
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import statistics
@@ -734,8 +735,17 @@ def main(argv: list[str] | None = None) -> int:
                              ("--tokens", args.tokens, 1), ("--chunk-delay-ms", args.chunk_delay_ms, 0),
                              ("--think-ms", args.think_ms, 0), ("--echo-kb", args.echo_kb, 0),
                              ("--request-kb", args.request_kb, 0), ("--proxies", args.proxies, 1)):
-        if value < low:
-            ap.error(f"{name}: at least {low}, got {value}")
+        if not low <= value < math.inf:  # nan and inf too: an endless delay hung every stream
+            ap.error(f"{name}: a finite number, at least {low}, got {value}")
+    if len(set(args.configs)) != len(args.configs):
+        ap.error(f"--configs: each configuration once, got {' '.join(args.configs)}")
+    if args.profile:
+        outputs = [Path(f"{args.profile}-{name}.txt") for name in args.configs if name != "direct"]
+        folder = outputs[0].absolute().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            ap.error(f"--profile: {folder} is not a folder it can write to")
+        if taken := [str(o) for o in outputs if o.exists()]:
+            ap.error(f"--profile: {', '.join(taken)} exists already; choose another PREFIX")
     if args.echo_kb and args.api != "responses":
         ap.error("--echo-kb: Responses only (--api responses); a chat request has no echoed instructions")
     if args.configs[0] != "direct" or not {"bare", "addon"} <= set(args.configs):
@@ -855,6 +865,9 @@ def main(argv: list[str] | None = None) -> int:
         for profiler in profilers:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(60)
+            if profiler.returncode:  # its own messages go nowhere: at least say which one failed
+                print(f"warning: py-spy {' '.join(profiler.args[1:])} failed (exit {profiler.returncode})",
+                      file=sys.stderr)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
         for p in proxy_procs["addon"]:  # the addon's last part is written on exit
@@ -1009,4 +1022,6 @@ def paired(runs: list[RunStats], concurrency: int, a: str, b: str, metric: str) 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from polar_train.cli import run_script
+
+    sys.exit(run_script(main))

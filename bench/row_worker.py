@@ -103,4 +103,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from polar_train.cli import run_script
+
+    sys.exit(run_script(main))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -38,8 +39,8 @@ def main() -> None:
                              ("--tokens", a.tokens, 1), ("--steps", a.steps, 2), ("--threads", a.threads, 0)):
         if value < low:  # a GRPO group needs two completions; the timing leaves the first step out
             ap.error(f"{name}: at least {low}, got {value}")
-    if a.model and not Path(a.model).is_dir():
-        ap.error(f"--model: {a.model} is not a model folder")
+    if a.model and not (Path(a.model) / "config.json").is_file():
+        ap.error(f"--model: {a.model} is not a model folder (no config.json)")
 
     import torch
 
@@ -52,96 +53,101 @@ def main() -> None:
     from polar_train.train.sampling import sample_trajectories
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    model = a.model or str(write_tiny_model(tmp / "tiny"))
-    t0 = time.perf_counter()
-    sample_trajectories(model, tmp / "traj", num_tasks=a.groups, group_size=a.group_size,
-                        turn_tokens=(a.tokens, a.tokens // 2), seed=0)
-    sample_s = time.perf_counter() - t0
-    args = argparse.Namespace(data=str(tmp / "traj"), model=model, output=str(tmp / "run"), config=None,
-                              resume=False, sets=[f"max_steps={a.steps}", "learning_rate=1e-4",
-                                                  "report_to=none", "save_strategy=no"])
-    trainer, report, _ = build_trainer(args)
+    try:
+        model = a.model or str(write_tiny_model(tmp / "tiny"))
+        t0 = time.perf_counter()
+        sample_trajectories(model, tmp / "traj", num_tasks=a.groups, group_size=a.group_size,
+                            turn_tokens=(a.tokens, a.tokens // 2), seed=0)
+        sample_s = time.perf_counter() - t0
+        args = argparse.Namespace(data=str(tmp / "traj"), model=model, output=str(tmp / "run"), config=None,
+                                  resume=False, sets=[f"max_steps={a.steps}", "learning_rate=1e-4",
+                                                      "report_to=none", "save_strategy=no"])
+        trainer, report, _ = build_trainer(args)
 
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    acc: dict[str, float] = defaultdict(float)
-    per_step: list[dict[str, float]] = []
-    mark: dict[str, float] = {}
+        cuda = torch.cuda.is_available()
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        acc: dict[str, float] = defaultdict(float)
+        per_step: list[dict[str, float]] = []
+        mark: dict[str, float] = {}
 
-    def pre(_m, _a, _k):
-        sync()
-        mark["fwd"] = time.perf_counter()
-
-    def post(_m, _a, _k, _o):
-        sync()
-        key = "forward (train)" if torch.is_grad_enabled() else "forward (scoring, no grad)"
-        acc[key] += time.perf_counter() - mark["fwd"]
-
-    trainer.model.register_forward_pre_hook(pre, with_kwargs=True)
-    trainer.model.register_forward_hook(post, with_kwargs=True)
-    backward = trainer.accelerator.backward
-
-    def timed_backward(loss, **kw):
-        sync()
-        s = time.perf_counter()
-        backward(loss, **kw)
-        sync()
-        acc["backward"] += time.perf_counter() - s
-
-    trainer.accelerator.backward = timed_backward
-    rollout = trainer.rollout_func
-
-    def timed_rollout(prompts, tr):
-        s = time.perf_counter()
-        out = rollout(prompts, tr)
-        acc["rollout lookup"] += time.perf_counter() - s
-        return out
-
-    trainer.rollout_func = timed_rollout
-
-    class Steps(TrainerCallback):
-        def on_step_begin(self, *_a, **_k):
+        def pre(_m, _a, _k):
             sync()
-            acc.clear()
-            mark["step"] = time.perf_counter()
+            mark["fwd"] = time.perf_counter()
 
-        def on_pre_optimizer_step(self, *_a, **_k):
+        def post(_m, _a, _k, _o):
             sync()
-            mark["opt"] = time.perf_counter()
+            key = "forward (train)" if torch.is_grad_enabled() else "forward (scoring, no grad)"
+            acc[key] += time.perf_counter() - mark["fwd"]
 
-        def on_optimizer_step(self, *_a, **_k):
+        trainer.model.register_forward_pre_hook(pre, with_kwargs=True)
+        trainer.model.register_forward_hook(post, with_kwargs=True)
+        backward = trainer.accelerator.backward
+
+        def timed_backward(loss, **kw):
             sync()
-            acc["optimizer step"] += time.perf_counter() - mark["opt"]
-
-        def on_step_end(self, *_a, **_k):
+            s = time.perf_counter()
+            backward(loss, **kw)
             sync()
-            acc["step total"] = time.perf_counter() - mark["step"]
-            per_step.append(dict(acc))
+            acc["backward"] += time.perf_counter() - s
 
-    trainer.add_callback(Steps())
-    trainer.train()
+        trainer.accelerator.backward = timed_backward
+        rollout = trainer.rollout_func
 
-    steps = per_step[1:] if len(per_step) > 1 else per_step  # the first step warms up
-    keys = ["forward (scoring, no grad)", "forward (train)", "backward", "rollout lookup", "optimizer step"]
-    mean = {k: statistics.mean(s.get(k, 0.0) for s in steps) for k in keys + ["step total"]}
-    total = mean["step total"]
-    model_s = mean[keys[0]] + mean[keys[1]] + mean["backward"]
-    outside = total - model_s
-    tokens = report.trainable_tokens / max(1, report.rows_out) * (trainer.args.per_device_train_batch_size
-                                                                  / trainer.num_generations)
-    print(f"\nmodel {model} | {report.rows_out} groups x {trainer.num_generations} | "
-          f"batch {trainer.args.per_device_train_batch_size} trajectories/step (~{tokens:.0f} trainable "
-          f"tokens) | {'CUDA bf16' if trainer.args.bf16 else 'CPU float32'} | "
-          f"torch threads {torch.get_num_threads()} | sampling took {sample_s:.1f} s")
-    print(f"{'part of an optimizer step':34s} {'mean s':>9s} {'share':>7s}")
-    for k in keys:
-        print(f"{k:34s} {mean[k]:9.3f} {mean[k] / total:7.1%}")
-    other = outside - mean["rollout lookup"] - mean["optimizer step"]
-    print(f"{'other (TRL bookkeeping, metrics)':34s} {other:9.3f} {other / total:7.1%}")
-    print(f"{'step total':34s} {total:9.3f} {1:7.1%}")
-    print(f"{'OUTSIDE forward/backward':34s} {outside:9.3f} {outside / total:7.1%}"
-          f"   (averaged over {len(steps)} steps after the first)")
+        def timed_rollout(prompts, tr):
+            s = time.perf_counter()
+            out = rollout(prompts, tr)
+            acc["rollout lookup"] += time.perf_counter() - s
+            return out
+
+        trainer.rollout_func = timed_rollout
+
+        class Steps(TrainerCallback):
+            def on_step_begin(self, *_a, **_k):
+                sync()
+                acc.clear()
+                mark["step"] = time.perf_counter()
+
+            def on_pre_optimizer_step(self, *_a, **_k):
+                sync()
+                mark["opt"] = time.perf_counter()
+
+            def on_optimizer_step(self, *_a, **_k):
+                sync()
+                acc["optimizer step"] += time.perf_counter() - mark["opt"]
+
+            def on_step_end(self, *_a, **_k):
+                sync()
+                acc["step total"] = time.perf_counter() - mark["step"]
+                per_step.append(dict(acc))
+
+        trainer.add_callback(Steps())
+        trainer.train()
+
+        steps = per_step[1:] if len(per_step) > 1 else per_step  # the first step warms up
+        keys = ["forward (scoring, no grad)", "forward (train)", "backward", "rollout lookup", "optimizer step"]
+        mean = {k: statistics.mean(s.get(k, 0.0) for s in steps) for k in keys + ["step total"]}
+        total = mean["step total"]
+        model_s = mean[keys[0]] + mean[keys[1]] + mean["backward"]
+        outside = total - model_s
+        tokens = report.trainable_tokens / max(1, report.rows_out) * (trainer.args.per_device_train_batch_size
+                                                                      / trainer.num_generations)
+        print(f"\nmodel {model} | {report.rows_out} groups x {trainer.num_generations} | "
+              f"batch {trainer.args.per_device_train_batch_size} trajectories/step (~{tokens:.0f} trainable "
+              f"tokens) | {'CUDA bf16' if trainer.args.bf16 else 'CPU float32'} | "
+              f"torch threads {torch.get_num_threads()} | sampling took {sample_s:.1f} s")
+        print(f"{'part of an optimizer step':34s} {'mean s':>9s} {'share':>7s}")
+        for k in keys:
+            print(f"{k:34s} {mean[k]:9.3f} {mean[k] / total:7.1%}")
+        other = outside - mean["rollout lookup"] - mean["optimizer step"]
+        print(f"{'other (TRL bookkeeping, metrics)':34s} {other:9.3f} {other / total:7.1%}")
+        print(f"{'step total':34s} {total:9.3f} {1:7.1%}")
+        print(f"{'OUTSIDE forward/backward':34s} {outside:9.3f} {outside / total:7.1%}"
+              f"   (averaged over {len(steps)} steps after the first)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the tiny model, the trajectories, the run: ~90 MB
 
 
 if __name__ == "__main__":
-    main()
+    from polar_train.cli import run_script
+
+    sys.exit(run_script(main))

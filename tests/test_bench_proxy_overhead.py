@@ -71,12 +71,16 @@ def test_interleave_is_refused_above_concurrency_1() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--rounds", "0"], "--rounds: at least 1, got 0"),
-    (["--concurrency", "1", "0"], "--concurrency: at least 1, got 0"),
-    (["--tokens", "0"], "--tokens: at least 1, got 0"),
-    (["--chunk-delay-ms", "-1"], "--chunk-delay-ms: at least 0, got -1.0"),
-    (["--request-kb", "-3"], "--request-kb: at least 0, got -3"),
+    (["--rounds", "0"], "--rounds: a finite number, at least 1, got 0"),
+    (["--concurrency", "1", "0"], "--concurrency: a finite number, at least 1, got 0"),
+    (["--tokens", "0"], "--tokens: a finite number, at least 1, got 0"),
+    (["--chunk-delay-ms", "-1"], "--chunk-delay-ms: a finite number, at least 0, got -1.0"),
+    (["--chunk-delay-ms", "inf"], "--chunk-delay-ms: a finite number, at least 0, got inf"),  # hung every stream
+    (["--think-ms", "nan"], "--think-ms: a finite number, at least 0, got nan"),
+    (["--request-kb", "-3"], "--request-kb: a finite number, at least 0, got -3"),
     (["--echo-kb", "8"], "--echo-kb: Responses only"),
+    (["--configs", "direct", "bare", "addon", "addon"], "--configs: each configuration once"),
+    (["--profile", "/nonexistent-folder/p"], "--profile: /nonexistent-folder is not a folder it can write to"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(args: list[str], message: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), *args],
@@ -108,3 +112,48 @@ def test_several_proxies_refuse_what_follows_one_proxy() -> None:
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "--proxies" in proc.stderr.splitlines()[-1], proc.stderr
+
+
+def test_a_profile_prefix_never_overwrites_a_file(tmp_path) -> None:
+    notes = tmp_path / "p-addon.txt"
+    notes.write_text("my notes")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--profile",
+                           str(tmp_path / "p")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"--profile: {notes} exists already" in proc.stderr, proc.stderr
+    assert notes.read_text() == "my notes"
+
+
+def test_sigterm_stops_the_proxies_and_upstream_and_removes_the_temp_folder(tmp_path) -> None:
+    """``kill``/``timeout`` used to leave both mitmdumps and the fake upstream running (in sessions
+    of their own) and the temp folder behind: SIGTERM now unwinds like Ctrl-C."""
+    import signal
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "proxy_overhead.py"), "--concurrency", "1",
+                             "--rounds", "1000", "--tokens", "8", "--chunk-delay-ms", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in proc.stdout:  # the first measured call: every child is up
+            if "round 1" in line:
+                break
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+        assert len(children) >= 3, children  # the fake upstream, bare mitmdump, the addon's mitmdump
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 143
+    finally:
+        if proc.poll() is None:  # a failed assertion above: still leave nothing running
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    deadline = time.monotonic() + 60
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and
+                 open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+        if alive:
+            time.sleep(0.1)  # polling the observable (the processes' state), not synchronising on time
+    assert alive == [] and list(tmp_path.iterdir()) == []
