@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                              ("--tool", args.tool, 0), ("--rows-per-part", min(args.rows_per_part), 1)):
         if value < low:
             ap.error(f"{name}: at least {low}, got {value}")
+    ids = args.sessions * args.turns * (args.system + args.turns * (args.completion + args.tool))
+    if ids > 5e8:  # every call's full prompt is built in memory (4 bytes an id, several copies)
+        ap.error(f"these sizes make about {ids:.2g} token ids (every call's full prompt); at most 5e8 fit in "
+                 "memory: lower --sessions, --turns or the token counts")
 
     print(f"storage: {args.sessions} sessions x {args.turns} turns, system {args.system}, "
           f"completion {args.completion}, tool output {args.tool} tokens; Parquet zstd\n")

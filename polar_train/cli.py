@@ -29,6 +29,8 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     if not 0 < args.final_norm_weight <= MAX_FINAL_NORM_WEIGHT:  # inf: logits inf, NaN probabilities
         raise UserError(f"--final-norm-weight: more than 0 and at most {MAX_FINAL_NORM_WEIGHT:g}, "
                         f"got {args.final_norm_weight:g}")
+    if not 0 <= args.seed < 2**63:  # torch's seed is an int64: refused here, before the folder exists
+        raise UserError(f"--seed: 0 to {2**63 - 1}, got {args.seed}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
     try:
         if holds_other_files(target, "polar_tiny_model.json"):

@@ -68,12 +68,15 @@ def summarize(table, top: int = 20) -> str:
         c["retries"] += (r.get("attempt") or 1) > 1
         c["tokens"] += len(r.get("prompt_token_ids") or []) + len(r.get("completion_token_ids") or [])
     ranked = sorted(per_rollout.items(), key=lambda kv: -kv[1]["calls"])
-    roll_rows = [[k, c["calls"], c["ok"], c["retries"], c["tokens"]] for k, c in ranked[:top]]
-    more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
-    out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"], roll_rows)
-               + more)
+    if top == 0:  # totals only: the count, no table of rollouts
+        out.append(f"\n{len(ranked)} rollouts")
+    else:
+        roll_rows = [[k, c["calls"], c["ok"], c["retries"], c["tokens"]] for k, c in ranked[:top]]
+        more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
+        out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
+                          roll_rows) + more)
     errors = Counter((r["status"] or "(none)", (r.get("error") or "")[:80]) for r in rows if r["status"] != "ok")
-    if errors:
+    if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
                           [[s, k, e] for (s, e), k in errors.most_common(top)]))
     return "\n".join(out)

@@ -47,6 +47,7 @@ def test_train_step_bench_splits_a_step() -> None:
     ("build.py", ["--min-input-tokens", "0"], "--min-input-tokens: more than 0"),
     ("build.py", ["--min-input-tokens", "inf"], "--min-input-tokens: more than 0 and at most 1e9, got inf"),
     ("cold_cache.py", ["--pauses", "0", "nan"], "--pauses: start with 0"),
+    ("storage.py", ["--system", "99999999999"], "at most 5e8 fit in memory"),  # was a 745 GiB MemoryError
     ("cold_cache.py", ["--pauses", "0", "inf"], "--pauses: start with 0"),
     ("train_step.py", ["--steps", "1"], "--steps: at least 2, got 1"),
     ("train_step.py", ["--group-size", "1"], "--group-size: at least 2, got 1"),

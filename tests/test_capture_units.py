@@ -876,6 +876,9 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2 with the usage and the reason
         main(["inspect", str(tmp_path), "--top", "-1"])
     assert exited.value.code == 2 and "--top: must be 0 or more, got -1" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path), "--top", "0"]) == 0  # totals only: no table of rollouts
+    out = capsys.readouterr().out
+    assert "\n2 rollouts" in out and "per rollout" not in out and "more rollouts" not in out
     # a folder whose only part is not Parquet: an error naming it, not an empty summary
     broken = tmp_path / "broken" / "calls"
     broken.mkdir(parents=True)

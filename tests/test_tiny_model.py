@@ -55,6 +55,8 @@ def test_bad_targets_and_settings_are_refused(tmp_path, capsys):
         assert main(["tiny-model", str(tmp_path / "m"), "--final-norm-weight", huge]) == 2
         assert "--final-norm-weight: more than 0 and at most 100" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+    assert main(["tiny-model", str(tmp_path / "m"), "--seed", str(2**64)]) == 2  # left an empty folder
+    assert "--seed: 0 to 9223372036854775807" in capsys.readouterr().err and not (tmp_path / "m").exists()
     assert not (tmp_path / "m").exists()
 
 
