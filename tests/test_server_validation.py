@@ -48,6 +48,10 @@ def test_overlong_prompt_is_refused_before_tokenising(polar_base_url):
     ({"max_tokens": "four"}, "int_parsing"),
     ({"max_tokens": 2.5}, "int_from_float"),
     ({"temperature": "hot"}, "float_parsing"),
+    ({"stream": " true "}, "bool_parsing"),  # pydantic trims no boolean text
+    ({"max_tokens": "\u0664"}, "int_parsing"),  # an Arabic-Indic four: int() takes it, pydantic not
+    ({"max_tokens": "4."}, "int_parsing"),
+    ({"max_tokens": "4.5"}, "int_parsing"),  # text with a fraction: not int_from_float
 ])
 def test_field_type_errors_are_pydantics(polar_base_url, extra, kind):
     r = post(polar_base_url, "/v1/chat/completions", {**CHAT, **extra})
@@ -190,3 +194,13 @@ def test_client_disconnect_stops_a_non_streamed_generation(tiny_tokenizer):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_top_logprobs_text_and_an_empty_previous_response_id_as_vllm(polar_base_url):
+    """vLLM's check_logprobs looks at the raw value, and it asks ``is not None`` of a previous id."""
+    r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "2"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "`top_logprobs` must be an integer. (parameter=top_logprobs, value=2)")
+    r = post(polar_base_url, "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2,
+                                               "previous_response_id": ""})
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Response with id '' not found."

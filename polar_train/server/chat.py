@@ -42,6 +42,10 @@ def prepare(server, body: dict) -> dict[str, Any]:
         raise VllmError("Stream options can only be defined when `stream=True`.",
                         param="stream_options")
     logprobs = flag(body, "logprobs")
+    raw_top = body.get("top_logprobs")
+    if raw_top is not None and not isinstance(raw_top, (int, float)):
+        # vLLM's check_logprobs looks at the raw value: no lax reading of a string here
+        raise VllmError("`top_logprobs` must be an integer.", param="top_logprobs", value=raw_top)
     top = integer(body, "top_logprobs", 0, lo=0, hi=20) or 0
     if top and not logprobs:
         raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")

@@ -59,7 +59,7 @@ def echo_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def prepare(server, body: dict) -> dict[str, Any]:
     model = check_model(body, server.served_name)
-    if body.get("previous_response_id"):  # nothing is stored, so no id is ever found (as vLLM's)
+    if body.get("previous_response_id") is not None:  # nothing is stored, so no id is ever found (as vLLM's)
         raise ResponseNotFound(f"Response with id '{body['previous_response_id']}' not found.",
                        param="response_id")
     tools = body.get("tools") or []
