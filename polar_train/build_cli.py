@@ -38,7 +38,7 @@ def _foreign_files(out: Path) -> str | None:
         return None
     entries = [p for p in out.iterdir() if not p.name.startswith(".")]
     ours = [p for p in out.glob(PART_GLOB) if p.is_file() and is_trajectory_part(p)]
-    theirs = sorted(p.name for p in out.rglob("*.parquet")
+    theirs = sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet")
                     if p not in ours and not any(s.startswith(".") for s in p.relative_to(out).parts))
     if theirs:
         shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")

@@ -99,11 +99,16 @@ def test_rebuild_replaces_old_parts(tmp_path, capture):
     assert (out / "notes.txt").read_text() == "mine: must survive"
     assert json.loads((out / "build_report.json").read_text())["output_parts"] == [
         "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
-    assert not list(out.glob(".*"))  # no temp files left
+    assert not _temps(out)  # no temp files left
+
+
+def _temps(folder: Path) -> list[str]:
+    """Dot-files a build left, other than its lock (which stays, empty: see the writer)."""
+    return [p.name for p in folder.glob(".*") if p.name != ".polar-build.lock"]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != ".polar-build.lock"}
 
 
 def test_an_out_folder_holding_files_no_build_wrote_is_refused_untouched(tmp_path, capture, capsys):
@@ -245,8 +250,13 @@ def test_an_interrupt_during_the_swap_waits_until_the_new_build_is_whole(tmp_pat
     calls = []
 
     def replace_then_interrupt(src, dst):
-        if not calls:
-            signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C at the first rename
+        if not calls:  # the user presses Ctrl-C at the first rename; the kernel may hand the signal to
+            # any thread (a signal mask on the main thread alone let it through mid-swap)
+            import threading
+
+            sender = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+            sender.start()
+            sender.join()
         calls.append(dst)
         real_replace(src, dst)
 
@@ -254,7 +264,7 @@ def test_an_interrupt_during_the_swap_waits_until_the_new_build_is_whole(tmp_pat
     assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "2"]) == 130
     parts, report = _built(out)
     assert parts == report["output_parts"] == ["part-00000.parquet", "part-00001.parquet"]
-    assert len(calls) == 3 and not list(out.glob(".*"))
+    assert len(calls) == 3 and not _temps(out)
 
 
 def test_a_write_that_fails_leaves_the_earlier_build_whole(tmp_path, capture, monkeypatch, capsys):
@@ -283,11 +293,39 @@ def test_a_write_that_fails_leaves_the_earlier_build_whole(tmp_path, capture, mo
     err = capsys.readouterr().err
     assert err == (f"polar-train build: error: cannot write to --out {out}: No space left on device; "
                    "the folder holds what it held before\n")
-    assert _snapshot(out) == before and not list(out.glob(".*"))
+    assert _snapshot(out) == before and not _temps(out)
     monkeypatch.setattr(writer.pq, "write_table", real_write)
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process id no process has any more: its writer was killed
     (out / f".part-00000.parquet.tmp{gone.pid}").write_bytes(b"half")
     (out / f".build_report.json.tmp{gone.pid}").write_bytes(b"{")
     assert main(["build", str(capture), "--out", str(out)]) == 0
-    assert not list(out.glob(".*"))
+    assert not _temps(out)
+
+
+def test_a_second_build_into_the_same_folder_meanwhile_is_refused(tmp_path, capture, capsys):
+    """One build suspended mid-swap (Ctrl-Z) and another run to the end left parts of both and
+    trajectories twice: a build holds the folder's lock while it writes."""
+    import fcntl
+
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out)]) == 0
+    before = _snapshot(out)
+    with open(out / ".polar-build.lock", "a") as lock:  # what a running build holds
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        capsys.readouterr()
+        assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 2
+        assert f"another polar-train build is writing into {out}" in capsys.readouterr().err
+    assert _snapshot(out) == before
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 0  # once it is gone
+
+
+def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, capture, monkeypatch):
+    from polar_train.trajectories import writer
+
+    def interrupted(table, where, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer.pq, "write_table", interrupted)
+    assert main(["build", str(capture), "--out", str(tmp_path / "new" / "deep" / "traj")]) == 130
+    assert not (tmp_path / "new").exists()

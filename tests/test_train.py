@@ -218,13 +218,18 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
     # ... each of which trained (or crashed mid-run) before: a reversed gradient, nothing learned, a
     # division by zero, torch's TypeError on a null learning rate
     for setting, message in (("num_generations=0", "num_generations must be at least 2 .*, got 0"),
-                             ("beta=-0.5", r"beta \(the KL coefficient\) must be >= 0, got -0.5"),
+                             ("beta=-0.5", r"beta \(the KL coefficient\) must be a finite number >= 0, got -0.5"),
                              ("vllm_importance_sampling_clip_max=-1", "must be above 0, got -1"),
                              ("temperature=0", "temperature must be a number above 0 .*, got 0"),
                              ("max_steps=0", r"max_steps must be at least 1, or -1 .*, got 0"),
                              ("max_steps=-5", "max_steps must be at least 1, or -1"),
-                             ("num_train_epochs=0", "num_train_epochs must be above 0"),
-                             ("learning_rate=-1", "learning_rate must be >= 0"),
+                             ("num_train_epochs=0", "num_train_epochs must be a finite number above 0"),
+                             ("learning_rate=-1", "learning_rate must be a finite number >= 0"),
+                             ("learning_rate=inf", "learning_rate must be a finite number >= 0"),  # NaN adapter
+                             ("beta=inf", "beta .* must be a finite number >= 0"),
+                             ("num_train_epochs=inf", "num_train_epochs must be a finite number above 0"),
+                             ("lora_alpha=0", r"lora_alpha must be above 0 \(the LoRA scale is alpha / r\)"),
+                             ("min_group_size=0", "min_group_size must be at least 1"),
                              ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1"),
                              ("lora_r=0", "lora_r must be at least 1"),
                              ("lora_dropout=2", r"lora_dropout must be in \[0, 1\)"),

@@ -78,6 +78,9 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
                            "--set", "max_steps=2", "--set", "lora_r=8", "--resume")
     assert reshaped.returncode == 2 and "Traceback" not in reshaped.stderr
     assert "--resume: lora_r=8 (checkpoint: 16): a resumed run keeps its LoRA shape" in reshaped.stderr
+    retargeted = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                             "--set", "max_steps=2", "--set", "lora_target_modules=q_proj", "--resume")
+    assert retargeted.returncode == 2 and "--resume: lora_target_modules=q_proj (checkpoint: " in retargeted.stderr
     again = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
                         "--set", "learning_rate=5e-3", "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]

@@ -141,10 +141,11 @@ def _check_resumable(checkpoint: Path, config) -> None:
     another shape than the checkpoint's (torch's size-mismatch traceback)."""
     try:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
-        step = int(state.get("global_step", 0))
+        step, planned = int(state.get("global_step", 0)), int(state.get("max_steps") or 0)
     except (OSError, ValueError, TypeError, AttributeError):
         raise UserError(f"--resume: {checkpoint} has no readable trainer_state.json") from None
-    planned = int(state.get("max_steps") or 0)
+    if not isinstance(state.get("max_steps", 0), int):  # "3" would reach the trainer: a TypeError there
+        raise UserError(f"--resume: {checkpoint}/trainer_state.json: max_steps is not a number")
     if (config.max_steps > 0 and step >= config.max_steps) or (planned > 0 and step >= planned):
         # resuming continues the saved optimizer and schedule, which ended at learning rate 0
         raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}); "
@@ -158,6 +159,11 @@ def _check_resumable(checkpoint: Path, config) -> None:
         return  # not a LoRA checkpoint of ours: the trainer says what it finds
     wanted = {"lora_r": (saved.get("r"), config.lora_r), "lora_alpha": (saved.get("lora_alpha"), config.lora_alpha)}
     changed = [f"{k}={now} (checkpoint: {then})" for k, (then, now) in wanted.items() if then is not None and then != now]
+    targets, saved_targets = config.lora_target_modules, saved.get("target_modules")
+    if targets != ["all-linear"] and isinstance(saved_targets, (list, str)):  # all-linear: peft saves the names
+        then = {saved_targets} if isinstance(saved_targets, str) else set(saved_targets)
+        if set(targets) != then:
+            changed.append(f"lora_target_modules={','.join(targets)} (checkpoint: {','.join(sorted(then))})")
     if changed:
         raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA shape; give the "
                         "checkpoint's values or start a new --output")

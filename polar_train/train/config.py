@@ -162,17 +162,21 @@ class TrainConfig(GRPOConfig):
              self.gradient_accumulation_steps)
         need(math.isfinite(self.temperature) and self.temperature > 0, "temperature must be a number above 0 "
              "(the sampler's temperature)", self.temperature)
-        need(self.beta >= 0, "beta (the KL coefficient) must be >= 0", self.beta)
+        need(math.isfinite(self.beta) and self.beta >= 0, "beta (the KL coefficient) must be a finite number "
+             ">= 0", self.beta)
         if self.vllm_importance_sampling_clip_max is not None:
             need(self.vllm_importance_sampling_clip_max > 0, "vllm_importance_sampling_clip_max (the cap of the "
                  "importance weight) must be above 0", self.vllm_importance_sampling_clip_max)
-        need(self.learning_rate >= 0, "learning_rate must be >= 0", self.learning_rate)
+        need(math.isfinite(self.learning_rate) and self.learning_rate >= 0, "learning_rate must be a finite "
+             "number >= 0", self.learning_rate)  # inf trained "successfully" into an adapter of NaNs
         need(self.max_steps >= 1 or self.max_steps == -1, "max_steps must be at least 1, or -1 (then "
              "num_train_epochs decides)", self.max_steps)
         if self.max_steps == -1:
-            need(self.num_train_epochs > 0, "num_train_epochs must be above 0 (or set max_steps)",
-                 self.num_train_epochs)
+            need(0 < self.num_train_epochs < math.inf, "num_train_epochs must be a finite number above 0 "
+                 "(or set max_steps)", self.num_train_epochs)
         need(self.lora_r >= 1, "lora_r must be at least 1", self.lora_r)
+        need(self.lora_alpha > 0, "lora_alpha must be above 0 (the LoRA scale is alpha / r)", self.lora_alpha)
+        need(self.min_group_size >= 1, "min_group_size must be at least 1", self.min_group_size)
         need(0 <= self.lora_dropout < 1, "lora_dropout must be in [0, 1)", self.lora_dropout)
 
     def _check_reporting(self) -> None:

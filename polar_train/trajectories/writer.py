@@ -8,6 +8,7 @@ an interrupt cannot split.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from .stitch import Trajectory
 
 ROWS_PER_PART = 2000
 PART_GLOB = "part-*.parquet"
+#: The lock a build holds on its --out folder while it writes (a dot-file: readers skip it).
+LOCK_NAME = ".polar-build.lock"
 
 
 def _list_array(chunks: Sequence[np.ndarray], value_type: pa.DataType, dtype) -> pa.Array:
@@ -91,7 +94,7 @@ def _temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp{os.getpid()}")
 
 
-_TEMP = re.compile(r"\.(?:part-\d+\.parquet|[^/]+\.json)\.tmp(\d+)")
+_TEMP = re.compile(r"\.(?:part-\d+\.parquet|build_report\.json)\.tmp(\d+)")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -135,16 +138,39 @@ def part_paths(out: str | Path, rows: int, rows_per_part: int = ROWS_PER_PART) -
 @contextmanager
 def _signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block ends (then arrive as usual): the swap of old parts
-    for new ones is a few renames, and an interrupt between them would leave half of each build."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    for new ones is a few renames, and an interrupt between them would leave half of each build.
+
+    Why handlers and not a signal mask: the kernel hands a process signal to any thread that does
+    not block it (pyarrow's pool among them), and Python then runs the handler in the main thread
+    all the same; a handler that only notes the signal holds it whichever thread took it."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread receives them
+        yield  # only the main thread may set handlers (and Python runs them there alone)
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)  # now the usual handler: KeyboardInterrupt, or the CLI's SIGTERM exit
+
+
+@contextmanager
+def _only_writer(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir``'s lock while writing: two builds into one folder (one suspended mid-swap
+    with Ctrl-Z, say) could otherwise leave parts of both and trajectories twice."""
+    import fcntl
+
+    with open(out_dir / LOCK_NAME, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileExistsError(f"another polar-train build is writing into {out_dir}; wait for it to end or "
+                                  "choose another folder") from None
+        yield  # the lock goes with the file's closing
 
 
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
@@ -156,7 +182,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     from an earlier build that the new set does not replace are removed and the new files renamed
     into place, so that ``out`` holds the old build or the new one, never a mix. A file in the
     way that this function did not write (a call-log part, a user's file) is never replaced or
-    deleted: :class:`FileExistsError` before anything is written.
+    deleted, and a second build writing into the same folder meanwhile is refused (a lock):
+    :class:`FileExistsError` before anything is written. Folders made for a build that did not
+    finish are removed again.
     """
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
@@ -166,28 +194,37 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
             raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
                                   "or choose another folder")
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)
     written: list[tuple[Path, Path]] = []
+    swapped = False
     try:
-        for n, final in enumerate(finals):
-            start = n * rows_per_part
-            tmp = _temp_name(final)
-            written.append((tmp, final))
-            pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp)
-        for name, data in (extra or {}).items():
-            final = out_dir / name
-            tmp = _temp_name(final)
-            written.append((tmp, final))
-            tmp.write_bytes(data)
-        with _signals_held():
-            new = set(finals)
-            for old in out_dir.glob(PART_GLOB):
-                if old not in new and is_trajectory_part(old):
-                    old.unlink()  # only our own earlier output: never a call-log part or a foreign file
-            for tmp, final in written:
-                os.replace(tmp, final)
+        with _only_writer(out_dir):
+            remove_stale_temps(out_dir)
+            for n, final in enumerate(finals):
+                start = n * rows_per_part
+                tmp = _temp_name(final)
+                written.append((tmp, final))
+                pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp)
+            for name, data in (extra or {}).items():
+                final = out_dir / name
+                tmp = _temp_name(final)
+                written.append((tmp, final))
+                tmp.write_bytes(data)
+            with _signals_held():
+                new = set(finals)
+                for old in out_dir.glob(PART_GLOB):
+                    if old not in new and is_trajectory_part(old):
+                        old.unlink()  # only our own earlier output: never a call-log part or a foreign file
+                for tmp, final in written:
+                    os.replace(tmp, final)
+                swapped = True
     finally:
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)  # after a failure or an interrupt: no temp file stays
+        if not swapped and created:  # nothing was built here after all: the folders made for it go again
+            (out_dir / LOCK_NAME).unlink(missing_ok=True)
+            for folder in created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
     return finals
