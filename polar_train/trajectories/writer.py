@@ -72,28 +72,17 @@ def trajectories_table(trajectories: Sequence[Trajectory]) -> pa.Table:
     return pa.Table.from_arrays([cols[f.name] for f in TRAJECTORY_SCHEMA], schema=TRAJECTORY_SCHEMA)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = _temp_name(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(path, json_bytes(obj))
-
-
 def json_bytes(obj: Any) -> bytes:
+    """A report as written beside the parts: indented, keys in their order, one final newline."""
     return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
 
 
 def _temp_name(final: Path) -> Path:
+    """Where ``final`` is written first: a dot-file (readers skip it) naming this process."""
     return final.with_name(f".{final.name}.tmp{os.getpid()}")
 
 
+#: The temp files a build writes (:func:`_temp_name`): only these are removed as stale.
 _TEMP = re.compile(r"\.(?:part-\d+\.parquet|build_report\.json)\.tmp(\d+)")
 
 
