@@ -34,6 +34,7 @@ from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_d
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
+from polar_train.tokenizer import holds_tokenizer
 
 log = logging.getLogger("polar_capture")
 
@@ -123,8 +124,7 @@ class PolarCapture:
             if tdir.is_file():
                 raise exceptions.OptionsError(f"polar_tokenizer: {tdir} is a file; name the model or tokenizer "
                                               "folder it is in")
-            if not tdir.is_dir() or not ((tdir / "tokenizer.json").exists()
-                                         or (tdir / "tokenizer_config.json").exists()):
+            if not tdir.is_dir() or not holds_tokenizer(tdir):
                 raise exceptions.OptionsError(
                     f"polar_tokenizer: {tdir} is not a tokenizer folder (no tokenizer.json)")
         if self.writer is None or opts.worker_settings() != self.opts.worker_settings():

