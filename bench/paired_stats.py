@@ -49,3 +49,37 @@ def verdict(low: float, high: float, cover: float, target: float, higher_is_bett
     if higher_is_better:
         return "met" if low >= target else "missed" if high < target else "unresolved"
     return "met" if high <= target else "missed" if low > target else "unresolved"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The interval and verdict for ratios measured elsewhere (e.g. copied from a run's table), so
+    a reader can check a verdict by hand."""
+    import argparse
+    import statistics
+
+    parser = argparse.ArgumentParser(
+        prog="paired_stats.py",
+        description="Median of per-round ratios with a distribution-free confidence interval, and "
+                    "the verdict against a target (as bench/proxy_overhead.py reports them).")
+    parser.add_argument("ratios", nargs="+", type=float, metavar="RATIO",
+                        help="one ratio per round, e.g. addon/bare calls/s")
+    parser.add_argument("--target", type=float, required=True, help="e.g. 0.95 or 1.05")
+    parser.add_argument("--lower-is-better", action="store_true",
+                        help="the target is a ceiling (a time ratio), not a floor (a throughput ratio)")
+    parser.add_argument("--level", type=float, default=LEVEL, help="coverage asked (default %(default)s)")
+    args = parser.parse_args(argv)
+    if not all(math.isfinite(v) for v in [*args.ratios, args.target]):
+        parser.error("ratios and --target must be finite numbers")
+    if not 0.0 < args.level < 1.0:
+        parser.error("--level must lie between 0 and 1")
+    low, high, cover = median_ci(args.ratios, args.level)
+    result = verdict(low, high, cover, args.target, not args.lower_is_better, args.level)
+    print(f"median {statistics.median(args.ratios):.3f} [{low:.3f}, {high:.3f}] "
+          f"(coverage {cover:.3f}, {len(args.ratios)} rounds): {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

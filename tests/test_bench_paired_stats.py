@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
 import sys
 
 import pytest
@@ -54,3 +55,19 @@ def test_verdict_follows_the_interval():
     assert verdict(1.06, 1.20, 0.94, 1.05, higher_is_better=False) == "missed"
     assert verdict(1.00, 1.10, 0.94, 1.05, higher_is_better=False) == "unresolved"
     assert verdict(0.98, 0.99, 0.75, 0.95, higher_is_better=True) == "too few rounds"
+
+
+def test_the_script_gives_a_verdict_for_ratios_given_by_hand():
+    """A reader checks a table's verdict from its per-round ratios (the script printed nothing)."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "bench" / "paired_stats.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    met = run("0.96", "0.97", "0.99", "0.95", "0.98", "--target", "0.95")
+    assert met.returncode == 0 and met.stdout.strip().endswith(": met"), met
+    assert "[0.950, 0.990]" in met.stdout
+    missed = run("1.2", "1.3", "1.1", "1.4", "1.25", "1.3", "--target", "1.05", "--lower-is-better")
+    assert missed.stdout.strip().endswith(": missed"), missed
+    assert run("1", "2", "--target", "1.5").stdout.strip().endswith(": too few rounds")
+    bad = run("1", "nan", "--target", "1")
+    assert bad.returncode == 2 and "must be finite" in bad.stderr and "Traceback" not in bad.stderr
