@@ -85,24 +85,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (``kill``, ``timeout``, a job scheduler) unwinds like Ctrl-C: the ``finally`` blocks
-    that stop a command's child processes (the demo's server and proxy, a harness session, both
-    in sessions of their own) run, where Python's default would leave them running."""
-    raise SystemExit(128 + signum)
+class _Unwinding:
+    """Signal handlers for a command's run. SIGTERM (``kill``, ``timeout``, a job scheduler)
+    unwinds like Ctrl-C: the ``finally`` blocks that stop a command's child processes (the demo's
+    server and proxy, a harness session, a benchmark's proxies, all in sessions of their own) run,
+    where Python's default would leave them running. A second signal while those blocks run is
+    noted, not raised: it used to cut the clean-up short and leave the children behind. A third
+    quits at once, for a clean-up that hangs."""
+
+    def __init__(self) -> None:
+        self.signals = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        if self.signals == 2:
+            print("polar-train: still stopping child processes and removing temporary files; "
+                  "interrupt once more to quit at once", file=sys.stderr, flush=True)
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
 
 
 @contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
-    """:func:`_exit_on_sigterm` for the block (from the main thread only: the one that may set it)."""
+    """:class:`_Unwinding` for the block (from the main thread only: the one that may set it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    handler = _Unwinding()
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, old in previous.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)
 
 
 def run_script(main_function: Callable[[], int | None]) -> int:

@@ -1,0 +1,74 @@
+"""A command's clean-up (stopping its child processes, removing its temporary folders) runs to
+the end even when Ctrl-C or SIGTERM comes again while it runs; a third signal quits at once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.support.procs import REPO
+
+# main() waits until interrupted; its clean-up then waits for a line on stdin, which the test sends
+# only once the second signal has been handled: the signal arrives in the middle of the clean-up.
+SCRIPT = textwrap.dedent("""
+    import sys, threading
+    from polar_train.cli import run_script
+
+    def main():
+        try:
+            print("ready", flush=True)
+            threading.Event().wait()
+        finally:
+            print("cleaning", flush=True)
+            sys.stdin.readline()
+            print("cleaned", flush=True)
+
+    sys.exit(run_script(main))
+""")
+
+
+def _start() -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+@pytest.mark.parametrize("first,second,code", [
+    (signal.SIGINT, signal.SIGINT, 130),
+    (signal.SIGTERM, signal.SIGINT, 128 + signal.SIGTERM),
+    (signal.SIGTERM, signal.SIGTERM, 128 + signal.SIGTERM),
+])
+def test_a_second_signal_does_not_cut_the_clean_up_short(first, second, code) -> None:
+    proc = _start()
+    try:
+        proc.send_signal(first)
+        assert proc.stdout.readline() == "cleaning\n"
+        proc.send_signal(second)
+        assert "still stopping child processes" in proc.stderr.readline()
+        proc.stdin.write("go on\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "cleaned\n"  # it used to end here with a traceback
+        assert proc.wait(60) == code
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_third_signal_quits_at_once() -> None:
+    proc = _start()
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "cleaning\n"
+        proc.send_signal(signal.SIGINT)
+        assert "interrupt once more to quit at once" in proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130  # without the line on stdin: the clean-up was given up
+        assert proc.stdout.read() == "" and "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
