@@ -170,6 +170,30 @@ def test_stream_tap_passthrough_is_byte_exact():
     assert out == data and tap(b"") == [] and state.stream_raw == data
 
 
+@pytest.mark.parametrize("tail", [b"", b"\n"])
+def test_an_unterminated_last_event_is_stripped_too_and_stays_unterminated(tail):
+    """A server that ends its body without the last blank line: the injected ids reached the
+    client in that event (some SSE clients dispatch it), and a terminator must not be invented."""
+    state = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", None,  # type: ignore[arg-type]
+                             record.utcnow(), "http://h")
+    asked = openai_chat.inject({"messages": []}).asked
+    events = WIRE["chat_inj_sse"].encode().split(b"\n\n")
+    last = events[-3]  # the last JSON event (then [DONE] and the end)
+    assert b'"token_ids":[7348]' in last
+    tap = StreamTap(state, lambda o: openai_chat.strip(o, asked), None, False, lambda: None)
+    head = tap(b"\n\n".join(events[:-3]) + b"\n\n")
+    end = tap(last + tail)
+    assert end == []  # held until the body ends: it may still be completed
+    out = tap(b"")
+    assert len(out) == 1 and out[0].endswith(b"}" + tail)
+    plain_last = WIRE["chat_plain_sse"].encode().split(b"\n\n")[-3]
+    assert _mask(json.loads(out[0][6:])) == _mask(json.loads(plain_last[6:]))
+    assert b"7348" not in b"".join(head if isinstance(head, list) else [head]) + out[0]
+    cut = StreamTap(state, lambda o: openai_chat.strip(o, asked), None, False, lambda: None)
+    cut(last[:-40])
+    assert cut(b"") == [last[:-40]]  # cut short: no client can parse it; handed on as it came
+
+
 @pytest.mark.parametrize("size", [37, 10_000])  # events split across reads / several events per read
 def test_a_failing_strip_hands_on_every_remaining_byte_unchanged(size):
     """A bug in stripping must cost the call its row status, never a byte of the client's stream."""

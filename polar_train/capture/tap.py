@@ -124,11 +124,22 @@ class StreamTap:
             return b""
 
     def _finish(self) -> list[bytes]:
-        """End of the upstream's body: hand on an unterminated trailing event unchanged."""
-        if self.strip is None:
+        """End of the upstream's body: hand on an unterminated trailing event, stripped where it
+        is whole (a server that omits the last blank line; some SSE clients still dispatch it),
+        as it came where it is cut short (no client can parse it)."""
+        if self.strip is None or self.broken is not None:
             return []  # every byte was handed on as it came
         pending = self.splitter.pending
-        return [pending] if pending else []
+        if not pending:
+            return []
+        try:
+            out = self._rewrite(pending)
+        except Exception:  # a cut event the format's fast path cannot read
+            return [pending]
+        if out is pending:
+            return [pending]
+        # the rewrite ends an event with a blank line; this one had none, and gets none
+        return [out.rstrip(b"\r\n") + pending[len(pending.rstrip(b"\r\n")):]]
 
     def _rewrite(self, raw: bytes) -> bytes:
         if self.fast is not None:
