@@ -316,3 +316,21 @@ def test_init_adapter_continues_an_existing_lora(sampled, tiny_model_dir, tmp_pa
     assert lora_b and all(p.requires_grad for p in lora_b.values())
     assert all(torch.allclose(p, torch.full_like(p, 0.01)) for p in lora_b.values())
     assert not any("k_proj" in n for n in lora_b)  # the saved adapter's targets, not a fresh all-linear LoRA
+
+
+def test_a_step_without_sampler_logprobs_logs_no_mismatch(sampled, tiny_model_dir, tmp_path):
+    """Rendered calls (Anthropic messages: no server ids) have no sampler logprob. TRL logged a
+    mismatch of 0 for such a step - a perfect match, averaged into the first-epoch mean."""
+
+    def rendered(cols):
+        cols["logprobs"] = [[math.nan] * len(lps) for lps in cols["logprobs"]]
+        return cols
+
+    data = rewrite(sampled, tmp_path / "rendered", rendered)
+    trainer, report, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run", "max_steps=1"))
+    assert report.trainable_tokens_without_logprob == report.trainable_tokens > 0
+    trainer.train()
+    step = next(row for row in trainer.state.log_history if "loss" in row)
+    assert step["sampling/sampling_logp_difference/mean"] is None
+    assert step["sampling/sampling_logp_difference/max"] is None
+    assert len(trainer.first_epoch_mismatch) == 1 and math.isnan(trainer.first_epoch_mismatch[0])

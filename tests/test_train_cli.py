@@ -40,6 +40,10 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 2
     assert summary["logprob_mismatch_first_step"] < 1e-3
+    # where the run's parts are, for a reader of the summary alone (the notebook, a later run)
+    assert summary["trajectories"] == str(trajectories.resolve()) and summary["model"] == str(tiny_model_dir.resolve())
+    assert summary["adapter"] == str((out / "adapter").resolve()) and summary["resumed_from"] is None
+    assert (out / "checkpoint-1" / "polar_first_epoch_mismatch.json").is_file()
     assert summary["adapter_max_abs_change"] > 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if "loss" in r)
@@ -73,6 +77,9 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
 
     shutil.rmtree(out / "checkpoint-2")
     shutil.rmtree(out / "adapter")
+    (out / "train_summary.json").unlink()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')  # the line being written when the run was killed
     before = (out / "checkpoint-1" / "adapter_model.safetensors").read_bytes()
     reshaped = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
                            "--set", "max_steps=2", "--set", "lora_r=8", "--resume")
@@ -84,8 +91,16 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     again = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
                         "--set", "learning_rate=5e-3", "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((out / "train_summary.json").read_text())["steps"] == 2
+    resumed = json.loads((out / "train_summary.json").read_text())
+    assert resumed["steps"] == 2 and resumed["resumed_from"] == str((out / "checkpoint-1").resolve())
     assert (out / "checkpoint-2" / "adapter_model.safetensors").read_bytes() != before  # step 2 learned
+    # the run's first step was taken before the checkpoint: its mismatch, not step 2's
+    assert resumed["logprob_mismatch_first_step"] == summary["logprob_mismatch_first_step"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]  # step 2 was logged twice
+    assert sum("train_runtime" in r for r in rows) == 1
+    # measured from the base (the seeded LoRA init), as the uninterrupted run measured it
+    assert resumed["adapter_max_abs_change"] == pytest.approx(summary["adapter_max_abs_change"], rel=1e-4)
 
 
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):

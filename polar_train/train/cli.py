@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
@@ -192,7 +193,7 @@ def build_trainer(args: argparse.Namespace):
     from transformers import AutoTokenizer
 
     from ..model_load import load_adapter, load_causal_lm
-    from .trainer import MetricsFileCallback, RecordedGRPOTrainer
+    from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
     model = load_causal_lm(args.model, dtype)
@@ -206,15 +207,22 @@ def build_trainer(args: argparse.Namespace):
         peft_config = config.lora_config()
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_MARKER).touch()
+    if checkpoint is not None:  # the steps after it are logged again
+        keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
+    trainer.add_callback(MismatchCheckpointCallback(trainer))
     return trainer, report, checkpoint
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
+    from .trainer import restore_first_epoch_mismatch
+
     trainer, report, checkpoint = build_trainer(args)
     out = Path(args.output)
+    # a resumed run's first step was taken before the checkpoint: its value comes from there
+    first_step_known = checkpoint is None or restore_first_epoch_mismatch(trainer, checkpoint)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     result = trainer.train(resume_from_checkpoint=checkpoint)
     changed = max((float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters()
@@ -222,20 +230,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     adapter_dir = out / "adapter"
     trainer.save_model(str(adapter_dir))
     mism = trainer.first_epoch_mismatch
+    measured = [v for v in mism if math.isfinite(v)]  # NaN: a step with no sampler logprob to compare
+    first = mism[0] if first_step_known and mism and math.isfinite(mism[0]) else None
     summary = {
         "steps": trainer.state.global_step,
         "train_loss": result.training_loss,
-        "adapter": str(adapter_dir),
+        "adapter": str(adapter_dir.resolve()),
+        "trajectories": str(Path(args.data).expanduser().resolve()),
+        "model": str(Path(args.model).expanduser().resolve()),
+        "resumed_from": str(Path(checkpoint).resolve()) if checkpoint else None,
         "adapter_max_abs_change": changed,
-        "logprob_mismatch_first_step": mism[0] if mism else None,
-        "logprob_mismatch_first_epoch_mean": sum(mism) / len(mism) if mism else None,
+        "logprob_mismatch_first_step": first,
+        "logprob_mismatch_first_epoch_mean": sum(measured) / len(measured) if measured and first_step_known else None,
         "data": report.__dict__,
     }
     if trainer.accelerator.is_main_process:
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         print(f"trained {summary['steps']} steps; adapter written to {adapter_dir}", flush=True)
-        if mism:
-            print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {mism[0]:.3g}, "
+        if first is not None:
+            print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
     return summary
 

@@ -117,10 +117,73 @@ class RecordedGRPOTrainer(GRPOTrainer):
         frac = out_of_range.float().mean() if ratio.numel() else torch.tensor(0.0, device=ratio.device)
         frac = self.accelerator.gather(frac.reshape(1)).mean().item()
         self._metrics[mode]["sampling/importance_sampling_ratio/clipped_frac"].append(frac)
+        self._no_mismatch_without_logprobs(out, mask, mode)
         if mode == "train" and self.state.epoch is not None and self.state.epoch < 1.0:
             delta = self._metrics[mode].get("sampling/sampling_logp_difference/mean")
             if delta:
                 self.first_epoch_mismatch.append(delta[-1])
+
+    def _no_mismatch_without_logprobs(self, out: dict[str, Any], mask: torch.Tensor, mode: str) -> None:
+        """A batch with no trainable token that has a sampler logprob (rendered calls only, e.g.
+        Anthropic messages) has no mismatch to measure: TRL logs 0 for it, which reads as a perfect
+        match and pulls the first-epoch mean down. Make it NaN (TRL's log leaves NaN out of its
+        averages and writes null when nothing is left)."""
+        scored = (mask.bool() & ~torch.isnan(out["sampling_per_token_logps"])).sum().reshape(1)
+        if self.accelerator.gather(scored).sum().item() > 0:
+            return
+        for key in ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"):
+            values = self._metrics[mode].get(key)
+            if values:
+                values[-1] = float("nan")
+
+
+#: Written into each checkpoint: the first-epoch mismatch list so far, so a resumed run's summary
+#: still reports the run's first step (the resumed process only sees the steps after the checkpoint).
+MISMATCH_FILE = "polar_first_epoch_mismatch.json"
+
+
+class MismatchCheckpointCallback(TrainerCallback):
+    """Keep :attr:`RecordedGRPOTrainer.first_epoch_mismatch` with every checkpoint."""
+
+    def __init__(self, trainer: RecordedGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            values = [v if math.isfinite(v) else None for v in self.trainer.first_epoch_mismatch]
+            (folder / MISMATCH_FILE).write_text(json.dumps(values) + "\n")
+
+
+def restore_first_epoch_mismatch(trainer: RecordedGRPOTrainer, checkpoint: str | Path) -> bool:
+    """Load the list :class:`MismatchCheckpointCallback` saved; False for a checkpoint without it
+    (then the first step's value is not known)."""
+    try:
+        values = json.loads((Path(checkpoint) / MISMATCH_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(values, list):
+        return False
+    trainer.first_epoch_mismatch = [float("nan") if v is None else float(v) for v in values]
+    return True
+
+
+def keep_metrics_until(path: Path, step: int) -> None:
+    """Drop the logged rows after ``step`` from ``metrics.jsonl``: a run resumed from the checkpoint
+    of ``step`` logs the later steps again (each would be there twice)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a line cut short when the run was killed
+        if isinstance(row_step, int) and row_step <= step:
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
 
 
 class MetricsFileCallback(TrainerCallback):
