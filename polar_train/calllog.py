@@ -108,6 +108,10 @@ def _short(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:200]
 
 
+#: Files of a ``polar-train train`` output folder: a folder given in place of a capture.
+_RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapter")
+
+
 def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLog:
     """Read every finished part under ``folder`` into one table with the full call-log schema.
 
@@ -124,7 +128,10 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
     if not parts and unreadable:
         raise CallLogError(f"cannot read {unreadable[0].path}: {unreadable[0].message.removeprefix('unreadable folder: ')}")
     if not parts:
-        raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}")
+        hint = ""
+        if root.is_dir() and any((root / name).exists() for name in _RUN_FILES):
+            hint = f": {root} is a training run (what `polar-train train` writes), not a capture"
+        raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []
     for path in parts:

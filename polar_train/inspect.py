@@ -22,7 +22,7 @@ def load_calls(path: str | Path):
 
     root = Path(path).expanduser()
     if not root.exists():
-        raise UserError(f"{root} is not a folder")
+        raise UserError(f"{root} not found" if not root.is_symlink() else f"{root} is a broken link")
     try:
         log = read_call_log(root)
     except CallLogError as exc:

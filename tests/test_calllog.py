@@ -184,3 +184,19 @@ def test_inspect_summarises_rows_without_an_api_or_status(tmp_path, session_rows
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "4 calls" in out and "\n(none) " in out
+
+
+def test_inspect_names_a_run_folder_and_a_missing_path(tmp_path, capsys):
+    """Two common slips: a training run's folder given for a capture, and a mistyped path (it said
+    "is not a folder")."""
+    from polar_train.cli import main
+
+    run = tmp_path / "r1"
+    (run / "adapter").mkdir(parents=True)
+    (run / "train_summary.json").write_text("{}")
+    assert main(["inspect", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"polar-train inspect: error: no call-log parts (*.parquet) in {run}: {run} is a training run "
+        "(what `polar-train train` writes), not a capture")
+    assert main(["inspect", str(tmp_path / "captres")]) == 2
+    assert capsys.readouterr().err.strip() == f"polar-train inspect: error: {tmp_path / 'captres'} not found"
