@@ -89,7 +89,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UserError(f"no readable call-log part in {args.dir}; skipped {problems[0]}{more}")
-    lines = [f"{args.dir}: {len(files)} part(s)", *(f"skipped: {p}" for p in problems),
+    folders = sorted({str(Path(f).parent) for f in files})
+    where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
+    lines = [f"{args.dir}: {len(files)} part(s){where}", *(f"skipped: {p}" for p in problems),
              summarize(table, top=args.top)]
     try:
         print("\n".join(lines), flush=True)

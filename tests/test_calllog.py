@@ -200,3 +200,16 @@ def test_inspect_names_a_run_folder_and_a_missing_path(tmp_path, capsys):
         "(what `polar-train train` writes), not a capture")
     assert main(["inspect", str(tmp_path / "captres")]) == 2
     assert capsys.readouterr().err.strip() == f"polar-train inspect: error: {tmp_path / 'captres'} not found"
+
+
+def test_inspect_of_a_parent_folder_names_the_captures_it_merged(tmp_path, session_rows, capsys):
+    from polar_train.cli import main
+
+    write_parts(tmp_path / "monday", session_rows[:2])
+    write_parts(tmp_path / "tuesday", session_rows[2:])
+    assert main(["inspect", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"{tmp_path}: 2 part(s) from 2 folders: {tmp_path / 'monday' / 'calls'}, "
+                     f"{tmp_path / 'tuesday' / 'calls'}")
+    assert main(["inspect", str(tmp_path / "monday")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{tmp_path / 'monday'}: 1 part(s)"
