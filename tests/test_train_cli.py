@@ -194,3 +194,25 @@ def test_an_adapter_of_another_base_model_names_the_mismatch(tmp_path):
     with pytest.raises(ModelLoadError, match=r"its weights do not fit .*another base model\?\): size mismatch for "
                                              r".*q_proj\.lora_A.*: adapter\(\[4, 32\]\), model\(\[4, 64\]\)$"):
         load_adapter(tiny(64), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("keep", [1000, 0.5])
+def test_an_adapter_with_weights_cut_short_is_one_error(tmp_path, keep):
+    """safetensors' SafetensorError is not an OSError: `serve --adapter` and `init_adapter` ended
+    in a traceback for a copy cut short."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from polar_train.model_load import ModelLoadError, load_adapter
+
+    def tiny() -> Qwen3ForCausalLM:
+        return Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+
+    adapter = tmp_path / "adapter"
+    get_peft_model(tiny(), LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(adapter)
+    weights = adapter / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
+    with pytest.raises(ModelLoadError, match=f"cannot load the adapter in {adapter}: "):
+        load_adapter(tiny(), adapter)
