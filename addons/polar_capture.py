@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 try:
     import polar_train  # noqa: F401
@@ -64,9 +65,13 @@ def _is_hosted(host: str) -> bool:
     return host in HOSTED_HOSTS or host.endswith(_HOSTED_SUFFIXES)
 
 
-def _client_side(msg: str) -> bool:
+def _client_side(flow: http.HTTPFlow, msg: str) -> bool:
     m = msg.lower()
-    return "client" in m or "peer closed" in m
+    if "peer closed" in m:
+        # h11's words for a body cut short by either peer: a client's request body, or the
+        # upstream's (chunked) response body; the side is the one whose connection has closed
+        return not flow.client_conn.state & ConnectionState.CAN_READ
+    return "client" in m
 
 
 def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
@@ -342,14 +347,14 @@ class PolarCapture:
             msg = flow.error.msg if flow.error else "unknown error"
             waited = (record.utcnow() - state.started_at).total_seconds()
             idle_limit = float(ctx.options.tcp_timeout)
-            if _client_side(msg) and state.http_status is None and waited >= 0.95 * idle_limit:
+            if _client_side(flow, msg) and state.http_status is None and waited >= 0.95 * idle_limit:
                 # mitmproxy's inactivity watchdog (tcp_timeout) closed a call the upstream never answered
                 state.fail("upstream_error", f"no response from the upstream within tcp_timeout ({idle_limit:g} s)")
-            elif _client_side(msg) and state.streamed:
+            elif _client_side(flow, msg) and state.streamed:
                 # complete if the stream already carried its final event (Codex leaves then); the row
                 # worker sees the whole stream and decides
                 state.client_error = msg
-            elif _client_side(msg):
+            elif _client_side(flow, msg):
                 state.fail("client_disconnected", msg)
             else:
                 state.fail("upstream_error", msg)

@@ -37,8 +37,12 @@ def chat(stream: bool, max_tokens: int = 400) -> dict:
             "max_tokens": max_tokens}
 
 
-def test_upstream_killed_mid_stream(tmp_path: Path) -> None:
-    with slow_upstream(tmp_path) as (base, upstream), fault_upstream() as (other, _):
+@pytest.mark.parametrize("chunked", [False, True], ids=["close-delimited", "chunked"])
+def test_upstream_killed_mid_stream(tmp_path: Path, chunked: bool) -> None:
+    """A chunked stream (vLLM's, uvicorn's) cut by the upstream gets h11's "peer closed connection
+    without sending complete message body", the words it uses for a client's cut request body
+    too: it was recorded as client_disconnected."""
+    with slow_upstream(tmp_path, chunked=chunked) as (base, upstream), fault_upstream() as (other, _):
         m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
         try:
             r = rid()
@@ -63,6 +67,30 @@ def test_upstream_killed_mid_stream(tmp_path: Path) -> None:
                 assert c.post(other + "/v1/chat/completions", json={"model": "ok", "messages": []}).status_code == 200
             (row2,) = poll(lambda: rows_of(m.out_dir, r2), 30, "row after the fault")
             assert row2["status"] == "ok"
+        finally:
+            m.stop()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_request_body_cut_by_the_client_is_the_clients(tmp_path: Path, framing: str) -> None:
+    """The same h11 words as an upstream's cut stream, from the other side: client_disconnected."""
+    import base64
+    import socket
+
+    with slow_upstream(tmp_path, chunked=True) as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
+        try:
+            r = rid()
+            auth = base64.b64encode(f"{r}:x".encode()).decode()
+            head = (f"POST {base}/v1/chat/completions HTTP/1.1\r\nHost: {base.split('//')[1]}\r\n"
+                    f"Proxy-Authorization: Basic {auth}\r\nContent-Type: application/json\r\n")
+            body = ("Content-Length: 1000\r\n\r\n{\"model\": \"x\", \"mess" if framing == "content-length"
+                    else "Transfer-Encoding: chunked\r\n\r\na\r\n{\"model\": ")
+            with socket.create_connection(("127.0.0.1", m.port)) as sock:
+                sock.sendall((head + body).encode())
+            (row,) = poll(lambda: rows_of(m.out_dir, r), 30, "row of the cut request")
+            assert row["status"] == "client_disconnected", row
+            assert "peer closed connection without sending complete message body" in row["error"]
         finally:
             m.stop()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from tests.support.procs import REPO, ManagedProcess, free_port, port_open
 
 DELAY_S = float(os.environ.get("POLAR_FAULT_DELAY_MS", "20")) / 1000
+CHUNKED = os.environ.get("POLAR_FAULT_CHUNKED") == "1"
 
 
 def chunk(i: int, finish: str | None = None) -> bytes:
@@ -53,27 +54,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
             return
         n = int(req.get("max_tokens") or 400)
+        chunked = CHUNKED  # as vLLM and uvicorn send a stream; else the end of the body is the close
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")
+        self.send_header("Transfer-Encoding" if chunked else "Connection", "chunked" if chunked else "close")
         self.end_headers()
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            self.wfile.flush()
+
         try:
             for i in range(n):
-                self.wfile.write(chunk(i, "stop" if i == n - 1 else None))
-                self.wfile.flush()
+                send(chunk(i, "stop" if i == n - 1 else None))
                 time.sleep(DELAY_S)  # the pace of a slow model, not synchronisation
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+            send(b"data: [DONE]\n\n")
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
-        self.close_connection = True
+        self.close_connection = not chunked
 
 
 @contextlib.contextmanager
-def slow_upstream(log_dir: Path, delay_ms: float = 20) -> Iterator[tuple[str, ManagedProcess]]:
+def slow_upstream(log_dir: Path, delay_ms: float = 20, chunked: bool = False) -> Iterator[tuple[str, ManagedProcess]]:
     """Start the upstream process; yields (base URL, process). The test may kill it at any time."""
     port = free_port()
-    env = {**os.environ, "POLAR_FAULT_DELAY_MS": str(delay_ms), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "POLAR_FAULT_DELAY_MS": str(delay_ms), "PYTHONPATH": str(REPO),
+           "POLAR_FAULT_CHUNKED": "1" if chunked else "0"}
     proc = ManagedProcess([sys.executable, "-m", "tests.support.faulty_upstream", str(port)],
                           log_dir / f"slow-upstream-{port}.log", env=env, cwd=str(REPO)).start()
     try:
