@@ -409,6 +409,26 @@ def test_writer_flushes_by_time(tmp_path):
     w.close()
 
 
+def test_a_write_failure_is_logged_once_and_its_end_too(tmp_path, caplog):
+    """A folder that cannot be written logged one line per retry (every flush interval: 9 lines
+    in 18 s); now once, again only when something changes, and once when writing works again."""
+    w = PartWriter(tmp_path, flush_rows=1000, flush_seconds=3600)
+    calls = tmp_path / "calls"
+    calls.write_text("not a folder")
+    w._rows = [_row(0)]
+    caplog.set_level(logging.INFO, logger="polar_capture")
+    for _ in range(5):
+        w._retry_at = 0.0  # as if a flush interval had passed
+        w._flush()
+    failures = [r for r in caplog.records if "cannot write a part" in r.getMessage()]
+    assert len(failures) == 1 and "1 rows kept in memory, retrying every 3600s" in failures[0].getMessage()
+    calls.unlink()
+    w._retry_at = 0.0
+    w._flush()
+    assert "parts can be written to" in caplog.text and "the 1 rows kept in memory are written" in caplog.text
+    assert pq.read_table(calls).num_rows == 1
+
+
 def test_writer_full_queue_drops_instead_of_blocking(tmp_path):
     w = PartWriter(tmp_path, flush_rows=10, flush_seconds=3600, queue_size=2)
     gate = threading.Event()

@@ -85,6 +85,59 @@ def test_a_killed_worker_is_replaced_and_later_calls_are_recorded(tmp_path: Path
         assert no_addon_traceback(m.proc.log())
 
 
+#: Imported at the start of each Python process of the test's proxy (sitecustomize): the row
+#: worker's tokenizer load waits until the test writes to a FIFO.
+_HOLD_TOKENIZER = """
+import os
+import polar_train.tokenizer as tokenizer
+
+_load = tokenizer.load_tokenizer
+
+
+def held(path):
+    with open(os.environ["POLAR_TEST_HOLD_TOKENIZER"]) as fifo:
+        fifo.read()
+    return _load(path)
+
+
+tokenizer.load_tokenizer = held
+"""
+
+
+def test_calls_with_the_servers_ids_are_written_while_the_tokenizer_loads(tmp_path: Path, tiny_model_dir: Path,
+                                                                          monkeypatch) -> None:
+    """The tokenizer (4-12 s to load here) was loaded on the writer's thread before any row: a
+    SIGKILL in that time lost every call, also those that need no rendering. Here the load is held
+    as long as the test likes, and the row of a call with the server's ids still comes."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_TOKENIZER)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("POLAR_TEST_HOLD_TOKENIZER", str(gate))
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, tokenizer=tiny_model_dir, options={"polar_flush_seconds": "0.2"})
+        try:
+            r = rid()
+            with proxy_client(m, r) as c:
+                assert c.post(base + "/v1/chat/completions", json=dict(OK, model="ok-ids")).status_code == 200
+            (row,) = poll(lambda: rows_of(m.out_dir, r), 30, "the row, while the tokenizer load is held")
+            assert row["status"] == "ok" and row["token_source"] == "server" and row["prompt_token_ids"] == [1, 2, 3]
+            rendered = rid()  # a call that needs the tokenizer waits for it, and is rendered then
+            with proxy_client(m, rendered) as c:
+                assert c.post(base + "/v1/chat/completions", json=OK).status_code == 200
+            os.close(os.open(gate, os.O_WRONLY))  # the worker holds it open for reading: release it
+            (row,) = poll(lambda: rows_of(m.out_dir, rendered), 60, "the rendered row, once loaded")
+            assert row["token_source"] == "rendered" and row["prompt_token_ids"]
+        finally:
+            try:  # never leave the worker blocked
+                os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # nobody has it open for reading
+            m.stop()
+
+
 def test_sigkill_of_the_proxy_leaves_the_worker_to_write_what_it_holds(tmp_path: Path) -> None:
     """Rows already handed over are written although the proxy dies before any flush is due."""
     with fault_upstream() as (base, _):

@@ -323,7 +323,10 @@ def main() -> int:
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
     attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
     if renderer is not None:
-        writer.submit(renderer.preload, block=True)  # load it before the first call
+        # loaded beside the writer, not on its thread: 4-12 s here, during which calls with the
+        # server's ids would otherwise wait unwritten (a SIGKILL then lost all of them); a call
+        # that needs rendering waits for it on the renderer's lock
+        threading.Thread(target=renderer.preload, name="polar-capture-tokenizer", daemon=True).start()
     gc.freeze()  # what the imports left (pyarrow, the tokenizer): never walked again by the cyclic GC
     while (call := read_call(inp)) is not None:
         try:

@@ -87,6 +87,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: While parts still cannot be written for the same reason, the log line is repeated this often.
+FAILURE_REPEAT_S = 60.0
+
+
 class PartWriter:
     """Buffers rows and writes ``<out>/calls/part-<UTC>-<pid>-<seq>.parquet`` every N rows / T s."""
 
@@ -108,6 +112,9 @@ class PartWriter:
         self.max_pending_rows = max(4 * flush_rows, queue_size)
         self.lost_rows = 0
         self._retry_at = 0.0
+        #: The reason parts cannot be written now (None: they can), and when it was last logged.
+        self._failing: str | None = None
+        self._failure_logged_at = 0.0
         self.parts: list[Path] = []
         self._thread: threading.Thread | None = None
 
@@ -186,6 +193,10 @@ class PartWriter:
             return
         try:
             self._write_part(rows)
+            if self._failing is not None:
+                log.warning("polar_capture: parts can be written to %s again; the %d rows kept in memory are "
+                            "written", self.calls_dir, len(rows))
+                self._failing = None
         except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
             if final:
                 self.lost_rows += len(rows)
@@ -200,10 +211,16 @@ class PartWriter:
             if lost and self._delta is not None:
                 self._delta.forget()  # later rows must not refer to the dropped ones
             self._rows, self._first_row_at = keep + self._rows, time.monotonic()
-            self._retry_at = time.monotonic() + self.flush_seconds
-            log.error("polar_capture: cannot write a part to %s: %s; %d rows kept in memory, retrying "
-                      "in %gs%s", self.calls_dir, exc.strerror or exc, len(keep), self.flush_seconds,
-                      f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
+            now = time.monotonic()
+            self._retry_at = now + self.flush_seconds
+            reason = str(exc.strerror or exc)
+            # one line when it starts, then only when something changes (another error, rows
+            # dropped) or a minute has passed: not one line per retry
+            if reason != self._failing or lost or now - self._failure_logged_at >= FAILURE_REPEAT_S:
+                self._failing, self._failure_logged_at = reason, now
+                log.error("polar_capture: cannot write a part to %s: %s; %d rows kept in memory, retrying "
+                          "every %gs%s", self.calls_dir, reason, len(keep), self.flush_seconds,
+                          f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
         except Exception:
             log.exception("polar_capture: writing a part of %d rows failed", len(rows))
             if self._delta is not None:

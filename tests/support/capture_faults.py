@@ -107,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, json.dumps(BODY).encode())
         if model == "fault-linger-after-done":  # the body goes on after [DONE] (the client leaves first)
             return self._stream([sse(CHUNK), b"data: [DONE]\n\n", b": keep-alive\n\n"], delay=1.5)
+        if model == "ok-ids":  # the server's own ids, as vLLM returns them when asked: nothing to render
+            return self._send(200, json.dumps({**BODY, "prompt_token_ids": [1, 2, 3], "choices": [
+                {**BODY["choices"][0], "token_ids": [4]}]}).encode())
         if model == "ok-stream":
             return self._stream([sse(CHUNK)] * 3 + [b"data: [DONE]\n\n"])
         return self._send(200, json.dumps(BODY).encode())
