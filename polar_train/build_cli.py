@@ -73,7 +73,7 @@ def _check_out(out: Path, captures: Path) -> None:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .cli import UserError
+    from .cli import UserError, print_out
     from .trajectories import BuildOptions, build_trajectories
     from .trajectories.writer import json_bytes, part_paths, write_trajectories
 
@@ -110,9 +110,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}; the folder holds what it held "
                         "before") from None
-    print(report.table())
-    print(f"wrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to {out}"
-          f" (report: {out / REPORT_NAME})")
+    print_out(f"{report.table()}\nwrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to {out}"
+              f" (report: {out / REPORT_NAME})")
     return 0
 
 

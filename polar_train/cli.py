@@ -7,6 +7,7 @@ torch/transformers, which take seconds to import.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -157,6 +158,18 @@ def _run_command(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `polar-train CMD | head`: the reader left; no traceback, as a shell's SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit
+        return 128 + signal.SIGPIPE
+
+
+def print_out(text: str) -> None:
+    """Print a command's result after its work is done (a build's table): a reader that left
+    (``| head``) is not an error then, and stdout goes nowhere from here on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

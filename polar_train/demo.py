@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -169,11 +170,14 @@ def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: P
     mitm = [str(BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1",
             "--mode", f"reverse:http://127.0.0.1:{serve_port}@{proxy_port}",
             "--set", f"polar_out={out / 'captures'}", "--set", f"polar_tokenizer={model_dir}",
-            "--set", f"confdir={out / 'mitmproxy'}", "--set", "flow_detail=0"]
+            "--set", "flow_detail=0"]
     rewards: list[dict] = []
+    # mitmproxy writes a CA with its private key into its confdir; the demo's reverse proxy speaks
+    # plain HTTP and needs none of it: a temporary confdir, removed with the proxy (docs/hardening.md)
     with running(serve, out / "logs" / "serve.log", ready_url=f"http://127.0.0.1:{serve_port}/health",
-                 what="polar-train serve"):
-        with running(mitm, out / "logs" / "mitmdump.log", ready_port=proxy_port, what="mitmdump"):
+                 what="polar-train serve"), tempfile.TemporaryDirectory(prefix="polar-demo-mitmproxy-") as conf:
+        with running([*mitm, "--set", f"confdir={conf}"], out / "logs" / "mitmdump.log", ready_port=proxy_port,
+                     what="mitmdump"):
             proxy = f"http://127.0.0.1:{proxy_port}"
             jobs = [(f"r{round_no}-{task}-{g}", task, prompt, g)
                     for task, prompt in TASKS for g in range(cfg.group_size)]
@@ -313,10 +317,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d = DemoConfig()
     p = sub.add_parser("demo", help="capture → build → train → capture again, on CPU (the embedded default)")
     p.add_argument("--workdir", default=str(d.workdir), help=f"where the demo writes (default: {d.workdir})")
-    p.add_argument("--rounds", type=int, default=d.rounds, help="training rounds (0: capture the baseline only)")
-    p.add_argument("--group-size", type=int, default=d.group_size, help="sessions per task (GRPO group)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per model call (at most {MAX_TOKENS})")
-    p.add_argument("--train-steps", type=int, default=d.train_steps, help="optimizer steps per round")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"training rounds (0: capture the baseline only; default: {d.rounds})")
+    p.add_argument("--group-size", type=int, default=d.group_size, help=f"sessions per task (GRPO group; default: {d.group_size})")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per model call, at most {MAX_TOKENS} (default: {d.max_tokens})")
+    p.add_argument("--train-steps", type=int, default=d.train_steps, help=f"optimizer steps per round (default: {d.train_steps})")
     p.add_argument("--learning-rate", type=float, default=d.learning_rate,
                    help=f"LoRA learning rate, at most {MAX_LEARNING_RATE:g} (default: {d.learning_rate:g})")
     p.add_argument("--final-norm-weight", type=float, default=d.final_norm_weight,

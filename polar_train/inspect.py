@@ -83,7 +83,7 @@ def summarize(table, top: int = 20) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .cli import UserError
+    from .cli import UserError, print_out
 
     table, files, problems = load_calls(args.dir)
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
@@ -93,13 +93,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
     lines = [f"{args.dir}: {len(files)} part(s){where}", *(f"skipped: {p}" for p in problems),
              summarize(table, top=args.top)]
-    try:
-        print("\n".join(lines), flush=True)
-    except BrokenPipeError:  # `polar-train inspect DIR | head`: not an error
-        import os
-        import sys
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print_out("\n".join(lines))  # `polar-train inspect DIR | head`: not an error
     return 0
 
 

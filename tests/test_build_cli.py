@@ -329,3 +329,17 @@ def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, captu
     monkeypatch.setattr(writer.pq, "write_table", interrupted)
     assert main(["build", str(capture), "--out", str(tmp_path / "new" / "deep" / "traj")]) == 130
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("command", ["build", "inspect"])
+def test_a_reader_that_left_the_pipe_is_no_traceback(tmp_path, capture, command):
+    """`polar-train build CAPTURE --out DIR | head -4`: the table's print raised BrokenPipeError
+    after the build was written (a traceback, exit 1)."""
+    args = [POLAR, command, str(capture), *(["--out", str(tmp_path / "traj")] if command == "build" else [])]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc.stdout.close()  # the reader is gone before anything is printed
+    err = proc.stderr.read()
+    assert proc.wait(120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    if command == "build":
+        assert (tmp_path / "traj" / "build_report.json").is_file()

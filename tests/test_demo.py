@@ -40,7 +40,10 @@ def test_demo_help_lists_the_options_with_their_defaults() -> None:
     for option in ("--workdir", "--rounds", "--group-size", "--max-tokens", "--train-steps",
                    "--learning-rate", "--final-norm-weight"):
         assert option in done.stdout
-    assert f"default: {d.final_norm_weight:g}" in done.stdout
+    text = " ".join(done.stdout.split())  # argparse wraps the help lines
+    for default in (d.workdir, d.rounds, d.group_size, d.max_tokens, d.train_steps, f"{d.learning_rate:g}",
+                    f"{d.final_norm_weight:g}"):
+        assert f"default: {default}" in text, default
     assert "Traceback" not in done.stderr
 
 
@@ -119,6 +122,8 @@ def test_one_capture_round_records_every_call_and_rewards_every_session(
     calls = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert len(calls) == 2 * len(TASKS)  # two model calls per session, each recorded once
     assert {c["rollout_id"] for c in calls} == {r["rollout_id"] for r in rewards}
+    # mitmproxy's CA private key is not left in the workdir (the reverse proxy needs no CA)
+    assert not [p for p in tmp_path.rglob("mitmproxy-ca*")], sorted(tmp_path.rglob("*"))
 
 
 def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
