@@ -1,28 +1,243 @@
-"""The notebooks run top to bottom in CI, on the committed sample data, and draw their plots."""
+"""The notebooks run top to bottom in CI: on the committed sample data (drawing their plots), and - through
+their environment variables POLAR_CAPTURE, POLAR_REWARDS, POLAR_RUN, POLAR_TRAJECTORIES - on the kinds of
+input a user has: a capture with failed calls, a one-call rollout and streamed calls without usage; a capture
+of rendered (Anthropic messages) calls only; a capture of failed calls only; a run that did not finish; a run
+whose summary names its trajectories and has no logprob mismatch. The inputs are made from the sample's own
+Parquet and metrics, so each execution takes seconds."""
 
 from __future__ import annotations
 
+import json
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import nbformat
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+from polar_train.calllog import read_calls
+from polar_train.inspect import summarize
+from polar_train.schema import CALL_LOG_SCHEMA
+from polar_train.trajectories import BuildOptions, build_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"  # the kernel's working directory, as in `jupyter lab notebooks/`
+NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
+SAMPLE = ROOT / "data" / "samples" / "demo"
+ENV_VARS = ("POLAR_CAPTURE", "POLAR_REWARDS", "POLAR_RUN", "POLAR_TRAJECTORIES")
+CAPTURE_NB = "01_explore_capture.ipynb"
+RUN_NB = "02_training_run.ipynb"
+DIFF = "sampling/sampling_logp_difference/mean"
 
 
-def test_there_are_notebooks() -> None:
-    assert len(NOTEBOOKS) >= 2
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes_and_plots(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:  # start from a clean slate: no committed output may hide an error
+def execute(name: str, monkeypatch: pytest.MonkeyPatch, **env: str | Path) -> nbformat.NotebookNode:
+    """Run notebook ``name`` from a clean slate with only ``env`` of its variables set; any cell error raises."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, str(value))  # the kernel inherits this process's environment
+    nb = nbformat.read(NB_DIR / name, as_version=4)
+    for cell in nb.cells:  # no committed output may hide an error
         if cell.cell_type == "code":
             cell.outputs = []
     NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
-    assert images, f"{path.name} drew no plot"
+                   resources={"metadata": {"path": str(NB_DIR)}}).execute()
+    return nb
+
+
+def outputs(nb: nbformat.NotebookNode) -> list[dict]:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+
+
+def text(nb: nbformat.NotebookNode) -> str:
+    """What the notebook printed and displayed as text (stderr too)."""
+    parts = []
+    for o in outputs(nb):
+        if o.get("output_type") == "stream":
+            parts.append(o["text"])
+        elif "text/plain" in o.get("data", {}):
+            parts.append(o["data"]["text/plain"])
+    return "\n".join(parts)
+
+
+def plots(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for o in outputs(nb))
+
+
+def inspect_tokens(capture: Path) -> tuple[int, int]:
+    """(prompt, completion) tokens in all, read off the per-api table of `polar-train inspect`."""
+    lines = summarize(read_calls(capture), top=0).splitlines()
+    start = lines.index("per api") + 1
+    header = lines[start].split()
+    rows = [line.split() for line in lines[start + 2:] if line.strip()]
+    rows = rows[:next((i for i, r in enumerate(rows) if len(r) != len(header)), len(rows))]
+    return (sum(int(r[header.index("prompt_tok")]) for r in rows),
+            sum(int(r[header.index("completion_tok")]) for r in rows))
+
+
+# --- inputs made from the sample --------------------------------------------------------------------
+
+def _write_capture(folder: Path, rows: list[dict]) -> Path:
+    (folder / "calls").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA), folder / "calls" / "part-00000.parquet")
+    return folder
+
+
+def _error_row(template: dict, call_id: str, rollout: str, status: str, error: str) -> dict:
+    row = {name: None for name in CALL_LOG_SCHEMA.names}
+    row.update(call_id=call_id, rollout_id=rollout, api="openai.chat", method="POST", path="/v1/chat/completions",
+               model="nope", attempt=1, stream=False, status=status, error=error, token_source="none",
+               http_status=404 if status == "upstream_error" else None,
+               started_at=template["started_at"] + timedelta(seconds=1),
+               finished_at=template["started_at"] + timedelta(seconds=2))
+    return row
+
+
+def _rendered(row: dict) -> dict:
+    """The call as the addon records an Anthropic messages call: ids rendered, no sampler logprobs."""
+    return {**row, "api": "anthropic.messages", "path": "/v1/messages", "token_source": "rendered",
+            "completion_logprobs": []}
+
+
+@pytest.fixture(scope="module")
+def sample_calls() -> list[dict]:
+    return sorted(read_calls(SAMPLE / "captures").to_pylist(), key=lambda r: (r["rollout_id"], r["started_at"]))
+
+
+@pytest.fixture(scope="module")
+def mixed_capture(sample_calls, tmp_path_factory) -> Path:
+    """Failed calls (null ids), a one-call rollout, a streamed rollout without usage, a rendered rollout."""
+    rollouts = sorted({r["rollout_id"] for r in sample_calls})
+    one, no_usage, rendered = rollouts[:3]
+    rows = []
+    for r in sample_calls:
+        if r["rollout_id"] == one and any(x["rollout_id"] == one for x in rows):
+            continue  # keep only its first call
+        if r["rollout_id"] == no_usage:  # streamed chat without stream_options.include_usage
+            r = {**r, "stream": True, "usage_prompt_tokens": None, "usage_completion_tokens": None, "usage_match": None}
+        if r["rollout_id"] == rendered:
+            r = _rendered(r)
+        rows.append(r)
+    rows.append(_error_row(sample_calls[-1], "err-1", "r-error", "upstream_error",
+                           'HTTP 404: {"error": {"message": "The model `nope` does not exist."}}'))
+    return _write_capture(tmp_path_factory.mktemp("mixed") / "capture", rows)
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory) -> dict[str, Path]:
+    lines = [json.loads(line) for line in (SAMPLE / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in lines if "train_runtime" not in r]
+    base = tmp_path_factory.mktemp("runs")
+    # killed during step 4: three steps logged, no end line, no train_summary.json; step 2 had no sampler logprobs
+    unfinished = base / "unfinished" / "run"
+    unfinished.mkdir(parents=True)
+    kept = [dict(r) for r in steps[:3]]
+    kept[1][DIFF] = None
+    (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    # finished, rendered tokens only: no mismatch on any step; the summary names its trajectories (absolute)
+    finished = base / "finished" / "run"
+    finished.mkdir(parents=True)
+    (finished / "metrics.jsonl").write_text("".join(
+        json.dumps({**r, DIFF: None} if "train_runtime" not in r else r) + "\n" for r in lines))
+    summary = json.loads((SAMPLE / "run" / "train_summary.json").read_text())
+    summary.update(trajectories=str(SAMPLE / "trajectories"), adapter=str(finished / "adapter"),
+                   logprob_mismatch_first_step=None, logprob_mismatch_first_epoch_mean=None)
+    (finished / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    return {"unfinished": unfinished, "finished": finished}
+
+
+# --- the sample -------------------------------------------------------------------------------------
+
+def test_there_are_notebooks() -> None:
+    assert {p.name for p in NOTEBOOKS} >= {CAPTURE_NB, RUN_NB}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_executes_and_plots(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = execute(path.name, monkeypatch)
+    assert plots(nb), f"{path.name} drew no plot"
+    out = text(nb)
+    if path.name == CAPTURE_NB:  # the notebook's build is `polar-train build`'s (no --realign): the committed report
+        report = json.loads((SAMPLE / "trajectories" / "build_report.json").read_text())
+        assert re.search(rf"^trajectories\s+{report['trajectories']}$", out, re.M), out
+        forks = ", ".join(f"{k} {v}" for k, v in sorted(report["forks"].items(), key=lambda kv: (-kv[1], kv[0])))
+        assert re.search(rf"^forks by cause\s+{forks}$", out, re.M), out
+        assert f"calls in {Path('data/samples/demo/captures')} " in out  # shown repository-relative
+    if path.name == RUN_NB:
+        table = [o["data"]["text/plain"] for o in outputs(nb) if "text/plain" in o.get("data", {})]
+        assert table and "NaN" not in table[0], "the end-of-training line of metrics.jsonl shows up as a step"
+        assert "build report of data/samples/demo/trajectories (next to the run)" in out
+
+
+# --- a user's own data ------------------------------------------------------------------------------
+
+def test_capture_notebook_on_failed_calls_one_call_rollouts_and_missing_usage(
+        mixed_capture: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rewards = "data/samples/demo/rewards.jsonl"  # relative: taken from the repository root, not notebooks/
+    nb = execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=mixed_capture, POLAR_REWARDS=rewards)
+    out = text(nb)
+    assert f"calls in {mixed_capture} " in out and f"rewards: {rewards}" in out
+    assert "1 failed call(s)" in out
+    prompt, completion = inspect_tokens(mixed_capture)
+    assert f"{prompt} prompt and {completion} completion tokens in all" in out  # as `polar-train inspect` counts
+    assert "on 29 of 29 call(s) that report usage; 2 call(s) report none" in out
+    assert "1 of 16 rollout(s) hold a single call" in out
+    assert "15 consecutive call pair(s)" in out
+    expected = build_trajectories(mixed_capture, BuildOptions(rewards=ROOT / rewards)).report.table()
+    assert expected in out, "the notebook's build differs from `polar-train build CAPTURE --rewards REWARDS`"
+    assert "without a sampler logprob (rendered calls" in out
+    assert plots(nb) == 2
+
+
+def test_capture_notebook_on_rendered_calls_only(sample_calls, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    capture = _write_capture(tmp_path / "messages", [_rendered(r) for r in sample_calls])
+    nb = execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture)
+    out = text(nb)
+    assert "384 trainable token(s) in 31 trajectories; 384 (100%) without a sampler logprob" in out
+    assert "no POLAR_REWARDS: trajectories are built without rewards" in out
+    assert "built without rewards" in out
+    assert plots(nb) == 2
+
+
+def test_capture_notebook_on_failed_calls_only(sample_calls, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    capture = _write_capture(tmp_path / "errors", [
+        _error_row(sample_calls[0], "err-1", "r1", "upstream_error", "HTTP 404: no such model"),
+        _error_row(sample_calls[0], "err-2", "r2", "proxy_error", "connection refused")])
+    out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture))
+    assert "2 failed call(s)" in out
+    assert "no successful call with token ids among the 2 call(s)" in out
+    assert "no trajectory could be built" in out and "no trajectories: nothing to show" in out
+
+
+def test_run_notebook_on_an_unfinished_run(run_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = execute(RUN_NB, monkeypatch, POLAR_RUN=run_dirs["unfinished"])
+    out = text(nb)
+    assert "holds no train_summary.json: the run did not finish" in out
+    assert "metrics.jsonl has 3 step(s)" in out
+    assert "no build report in" in out and "the build report is not shown" in out
+    assert "1 of 3 step(s) have no |logp trainer - logp sampler|" in out
+    assert "mismatch at step 1 (metrics.jsonl" in out
+    assert plots(nb) == 1
+
+
+def test_run_notebook_reads_the_trajectories_its_summary_names(run_dirs: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not (run_dirs["finished"].parent / "trajectories").exists()
+    nb = execute(RUN_NB, monkeypatch, POLAR_RUN=run_dirs["finished"])
+    out = text(nb)
+    assert "build report of data/samples/demo/trajectories (train_summary.json)" in out
+    assert "first-step mismatch: none" in out
+    assert "8 of 8 step(s) have no |logp trainer - logp sampler|" in out
+    assert plots(nb) == 1
+
+
+def test_a_missing_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError, match="no metrics.jsonl in .*POLAR_RUN names"):
+        execute(RUN_NB, monkeypatch, POLAR_RUN=tmp_path / "nothing")
