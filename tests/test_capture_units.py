@@ -604,6 +604,47 @@ def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
     assert row["usage_match"] is True
 
 
+@pytest.mark.parametrize("api,why", [
+    ("anthropic.messages", {"stop_reason": "stop_sequence", "stop_sequence": "e"}),
+    ("openai.chat", {"finish_reason": "stop", "stop_reason": "e"}),  # vLLM names the stop string
+    ("openai.chat", {"finish_reason": "stop", "stop_reason": 13}),  # ... or the stop token id
+])
+def test_a_reply_cut_by_a_stop_string_gets_no_invented_end_of_turn(tiny_model_dir, api, why):
+    """After a stop string the model sampled other tokens (cut from the text), not <|im_end|>: the
+    rendered completion ended in an <|im_end|> nobody sampled, trained with loss mask 1, and its
+    count could even make usage_match true."""
+    from polar_train.capture.render import Renderer
+
+    renderer = Renderer(str(tiny_model_dir))
+    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if api == "anthropic.messages":
+        req = {"model": "tiny", "max_tokens": 24, "stop_sequences": ["e"], "messages": [{"role": "user", "content": "Hi"}]}
+        body = {"id": "m", "type": "message", "role": "assistant", "model": "tiny",
+                "content": [{"type": "text", "text": "Tuesday 會是"}], **why, "usage": {"input_tokens": 1, "output_tokens": 9}}
+    else:
+        req = {"model": "tiny", "max_tokens": 24, "stop": ["e"], "messages": [{"role": "user", "content": "Hi"}]}
+        body = {"id": "c", "object": "chat.completion", "model": "tiny", "usage": {"prompt_tokens": 1, "completion_tokens": 9},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Tuesday 會是"}, "logprobs": None,
+                             **why}]}
+    row = record.build_row(_state(api, request=req, http_status=200, response_body=json.dumps(body).encode()), renderer)
+    assert row["token_source"] == "rendered"
+    assert row["completion_token_ids"] == renderer.encode("Tuesday 會是") and end not in row["completion_token_ids"]
+    ended = json.loads(json.dumps(body))  # the same reply ended by the model itself: the token is there
+    if api == "anthropic.messages":
+        ended["stop_reason"], ended["stop_sequence"] = "end_turn", None
+    else:
+        ended["choices"][0]["stop_reason"] = None
+    row = record.build_row(_state(api, request=req, http_status=200, response_body=json.dumps(ended).encode()), renderer)
+    assert row["completion_token_ids"][-1] == end
+
+
+@pytest.mark.parametrize("stop_reason,stopped", [(None, True), ("e", False), (13, False)])
+def test_a_streamed_chat_reply_says_whether_the_model_ended_it(stop_reason, stopped):
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "tiny",
+             "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop", "stop_reason": stop_reason}]}
+    assert openai_chat.parse_stream([(None, chunk)], True).stopped is stopped
+
+
 def test_a_tokenizer_that_does_not_load_is_said_once_and_each_row_keeps_its_call(tiny_model_dir, tmp_path, caplog):
     from polar_train.capture.render import Renderer
 

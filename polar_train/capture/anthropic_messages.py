@@ -47,7 +47,9 @@ def _finish(parsed: ParsedCall, content: list[Any], stop_reason: Any) -> None:
                           "function": {"name": block.get("name") or "",
                                        "arguments": args if isinstance(args, str) else json.dumps(args or {})}})
     parsed.finish_reason = stop_reason if isinstance(stop_reason, str) else None
-    parsed.stopped = stop_reason in ("end_turn", "tool_use", "stop_sequence")
+    # a stop sequence cut the text: the tokens sampled after it are not in the reply, and no
+    # end-of-turn token was sampled (rendering must not add one)
+    parsed.stopped = stop_reason in ("end_turn", "tool_use")
     parsed.tool_call_count = len(calls)
     assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:

@@ -220,10 +220,13 @@ def _usage(parsed: ParsedCall, usage: Any) -> None:
         parsed.usage_completion_tokens = as_int(usage.get("completion_tokens"))
 
 
-def _finish(parsed: ParsedCall, message: dict[str, Any]) -> None:
+def _finish(parsed: ParsedCall, message: dict[str, Any], stop_reason: Any = None) -> None:
     calls = message.get("tool_calls") or []
     parsed.tool_call_count = len(calls) if isinstance(calls, list) else 0
-    parsed.stopped = parsed.finish_reason in ("stop", "tool_calls")
+    # the model ended its turn itself (sampled the end-of-turn token) only when vLLM names no
+    # stop string or stop token id as the reason: after a stop string it sampled other tokens
+    # (cut from the text), and rendering must not invent an end-of-turn token for it
+    parsed.stopped = parsed.finish_reason in ("stop", "tool_calls") and stop_reason is None
     assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if reasoning:
@@ -246,7 +249,7 @@ def parse_body(obj: dict[str, Any]) -> ParsedCall:
     parsed.completion_logprobs = _logprob_values(choice.get("logprobs"))
     parsed.finish_reason = choice.get("finish_reason")
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    _finish(parsed, message)
+    _finish(parsed, message, choice.get("stop_reason"))
     return parsed
 
 
@@ -261,6 +264,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
     lps: list[float] | None = []
     base: dict[str, Any] = {}
     role = "assistant"
+    stop_reason: Any = None
     for _name, obj in events:
         if not isinstance(obj, dict):
             parsed.error = parsed.error or "stream chunk is not a JSON object"
@@ -309,6 +313,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
                 lps.extend(vals)
         if choice.get("finish_reason"):
             parsed.finish_reason = choice["finish_reason"]
+            stop_reason = choice.get("stop_reason")
     parsed.model = base.get("model") if isinstance(base.get("model"), str) else None
     parsed.completion_ids = ids if ids_seen else None
     parsed.completion_logprobs = lps if lps else None
@@ -327,7 +332,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
         "system_fingerprint": base.get("system_fingerprint"),
     }
     parsed.complete = done
-    _finish(parsed, message)
+    _finish(parsed, message, stop_reason)
     return parsed
 
 
