@@ -322,7 +322,8 @@ def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     assert result.report.rollouts == 2
 
 
-def test_interleaved_rollouts_and_truncation(tmp_path):
+@pytest.mark.parametrize("cut", ["length", "max_tokens"])  # chat and Responses; Anthropic Messages
+def test_interleaved_rollouts_and_truncation(tmp_path, cut):
     r1, r2 = Conversation(rollout_id="r1", name="x"), Conversation(rollout_id="r2", name="y")
     r1.user("same task")
     r2.user("same task")
@@ -331,7 +332,7 @@ def test_interleaved_rollouts_and_truncation(tmp_path):
     r1.tool("x")
     r2.tool("x")
     a2 = r1.assistant("done")
-    b2 = r2.assistant("partial answer", include_im_end=False, finish_reason="length")
+    b2 = r2.assistant("partial answer", include_im_end=False, finish_reason=cut)
     result = build(tmp_path, [a1, b1, b2, a2])
     by_rollout = {t.rollout_id: t for t in result.trajectories}
     assert_aligned(by_rollout["r1"], [a1, a2])

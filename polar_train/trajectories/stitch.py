@@ -56,6 +56,9 @@ _MAX_PROMPT_TAIL = 8
 
 FORK_CAUSES = ("retokenization", "history_rewrite", "compaction", "new_conversation", "branch",
                "sampler_change")
+#: Finish reasons of a reply cut at its token limit: chat and Responses ("length", as the capture
+#: records Responses' max_output_tokens), Anthropic Messages ("max_tokens").
+CUT_BY_MAX_TOKENS = frozenset({"length", "max_tokens"})
 #: Open trajectories kept per rollout (least recently extended are closed first).
 MAX_OPEN_PER_ROLLOUT = 32
 MAX_OPEN_ANONYMOUS = 128
@@ -152,7 +155,7 @@ class Trajectory:
             self.token_sources.add(call.token_source)
         self.last_prompt_len = self.match_len
         self.append_prompt_space(call.completion)
-        self.truncated = call.finish_reason == "length"
+        self.truncated = call.finish_reason in CUT_BY_MAX_TOKENS
         if self.task_id is None:
             self.task_id = call.task_id
 
