@@ -303,6 +303,31 @@ def test_two_completed_attempts_keep_the_last(tmp_path):
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_of_two_completed_attempts_the_one_the_rollout_went_on_from_is_kept(tmp_path, compact):
+    """The same request sent twice and both answered (a client that timed out and asked again):
+    the harness continued the first answer, and the build kept the second - training tokens the
+    harness never used, and forking the next call as a history rewrite."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one")  # the answer the conversation goes on with
+    second = conv.assistant("two", append=False, request_hash=first["request_hash"], attempt=2)
+    second["prompt_token_ids"] = first["prompt_token_ids"]
+    conv.user("and then?")
+    follow = conv.assistant("three")
+    rows = [first, second, follow]
+    if compact:  # stored as polar_prompt_delta stores it: the follow-up's prompt refers to the last call
+        from polar_train.capture.prompt_delta import PromptDeltaEncoder
+
+        encoder = PromptDeltaEncoder()
+        rows = [encoder.encode(dict(r)) for r in rows]
+        assert rows[2]["prompt_prefix_call_id"] is not None
+    result = build(tmp_path, rows)
+    (t,) = result.trajectories
+    assert t.call_ids == [first["call_id"], follow["call_id"]] and t.fork_cause is None
+    assert result.report.skipped == {"superseded_retry": 1}
+
+
 def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     a = Conversation(rollout_id=None, name="a")
     b = Conversation(rollout_id=None, name="b")

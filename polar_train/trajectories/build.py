@@ -70,10 +70,14 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
         if req[i]:
             groups.setdefault((rollout[i], req[i]), []).append(i)
     superseded: set[int] = set()
+    continued = _ContinuedAttempts(table, rollout, status, when)
     for rows in groups.values():
         ok = [i for i in rows if status[i] == "ok"]
         if len(rows) > 1 and ok:
-            keep = max(ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
+            # several attempts completed (a client that timed out and asked again, say): the one the
+            # rollout's next call goes on from is what the harness used; else the latest
+            candidates = continued.of(ok) if len(ok) > 1 else ok
+            keep = max(candidates or ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
             superseded.update(i for i in rows if i != keep)
     chosen = []
     seen_ids: set[str] = set()
@@ -97,6 +101,40 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             chosen.append(i)
     chosen.sort(key=lambda i: (when(i), attempt[i] or 0, call_id[i]))
     return chosen, skipped
+
+
+class _ContinuedAttempts:
+    """Which completed attempts of one request a later call of their rollout goes on from (its
+    prompt starts with the attempt's prompt + completion). Only asked for requests with several
+    completed attempts (rare), so the prompts are read - and compact ones resolved - on first need."""
+
+    def __init__(self, table: pa.Table, rollout: list, status: list, when) -> None:
+        self.table, self.rollout, self.status, self.when = table, rollout, status, when
+        self._prompts: list | None = None
+        self._completions: list | None = None
+        self._by_rollout: dict = {}
+
+    def _load(self) -> None:
+        resolved, _problems = resolve_prompt_prefixes(self.table)  # unresolvable prompts stay null
+        self._prompts = resolved.column("prompt_token_ids").to_pylist()
+        self._completions = resolved.column("completion_token_ids").to_pylist()
+        for i, r in enumerate(self.rollout):
+            self._by_rollout.setdefault(r, []).append(i)
+
+    def of(self, attempts: list[int]) -> list[int]:
+        if self._prompts is None:
+            self._load()
+        prompts, completions = self._prompts, self._completions
+        out = []
+        for a in attempts:
+            if prompts[a] is None or completions[a] is None:
+                continue
+            history = prompts[a] + completions[a]
+            later = (j for j in self._by_rollout[self.rollout[a]]
+                     if j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a))
+            if any(prompts[j] is not None and prompts[j][:len(history)] == history for j in later):
+                out.append(a)
+        return out
 
 
 def _token_bytes_factory(tokenizer_dir: str | Path | None):
