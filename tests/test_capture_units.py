@@ -1148,3 +1148,28 @@ def test_an_existing_output_folder_keeps_its_mode_and_what_is_created_is_private
     prepare_calls_dir(tmp_path / "new" / "deeper" / "calls")
     for p in (tmp_path / "new", tmp_path / "new" / "deeper", tmp_path / "new" / "deeper" / "calls"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+
+
+def test_a_streamed_messages_reply_keeps_the_thinking_signature_and_stop_sequence():
+    """The stored response of a streamed Anthropic call is the reply as a whole one would read:
+    the signature_delta events were dropped (the client got them)."""
+    from polar_train.capture import anthropic_messages
+
+    events = [
+        ("message_start", {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+                                                                "model": "tiny", "content": [], "usage": {"input_tokens": 3}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "signature_delta", "signature": "c2lnbmVk"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "stop_sequence", "stop_sequence": "e"},
+                           "usage": {"output_tokens": 2}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    parsed = anthropic_messages.parse_stream(events, True)
+    assert parsed.response["content"] == [{"type": "thinking", "thinking": "hmm", "signature": "c2lnbmVk"}]
+    assert parsed.response["stop_reason"] == "stop_sequence" and parsed.response["stop_sequence"] == "e"
+    assert parsed.stopped is False

@@ -109,11 +109,15 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
                 block["text"] = _str(block.get("text")) + _str(delta.get("text"))
             elif delta.get("type") == "thinking_delta":
                 block["thinking"] = _str(block.get("thinking")) + _str(delta.get("thinking"))
+            elif delta.get("type") == "signature_delta":  # the thinking block's signature, as in a whole reply
+                block["signature"] = _str(block.get("signature")) + _str(delta.get("signature"))
             elif delta.get("type") == "input_json_delta":
                 partial_json.setdefault(idx, []).append(delta.get("partial_json") or "")
         elif kind == "message_delta":
             d = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
             stop_reason = d.get("stop_reason", stop_reason)
+            if "stop_sequence" in d:
+                message["stop_sequence"] = d["stop_sequence"]
             _usage(parsed, obj.get("usage"))
     for idx, pieces in partial_json.items():
         try:
