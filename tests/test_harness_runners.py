@@ -441,3 +441,35 @@ def test_a_relative_home_is_not_made_inside_the_work_directory(tmp_path, monkeyp
     assert bodies  # was: Error: Unknown provider "polar"
     assert (tmp_path / "h-rel" / ".pi" / "agent" / "models.json").is_file()
     assert list((tmp_path / "wd").iterdir()) == []
+
+
+@pytest.mark.parametrize("succeeds", [True, False])
+def test_the_command_removes_a_temporary_home_after_a_good_session(succeeds, tmp_path, monkeypatch, capsys) -> None:
+    """One temporary home per session was left in /tmp, for every rollout of a training run; a
+    failed session's stays (its files say what happened), and is named."""
+    import polar_train.harnesses as harnesses
+
+    @dataclass
+    class Session(_QuickSession):
+        def command(self, exe, prompt, workdir, home, server):
+            return [str(exe), "-c", "echo done" if succeeds else "echo broken >&2; exit 3"]
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: Session())
+    work = tmp_path / "work"
+    work.mkdir()
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts: the server check passes
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        code = main(["harness", "pi", "fix it", "--server", url, "--workdir", str(work)])
+        homes = list(temp.iterdir())
+        if succeeds:
+            assert code == 0 and homes == []
+        else:
+            assert code == 3 and len(homes) == 1 and (homes[0] / ".codex" / "config.toml").is_file()
+            assert f"(home: {homes[0]})" in capsys.readouterr().err
+        # a home the user named is theirs to keep, whatever the session did
+        main(["harness", "pi", "fix it", "--server", url, "--workdir", str(work), "--home", str(tmp_path / "mine")])
+        assert (tmp_path / "mine" / ".codex" / "config.toml").is_file()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -92,9 +93,11 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
-    if not run.ok:
+    if not run.ok:  # the temporary home stays: its logs and session files say what happened
         print(f"polar-train harness: {run.harness} exited "
               f"{run.returncode}{' (timed out)' if run.timed_out else ''} after {run.seconds:.1f}s "
               f"(home: {run.home})", file=sys.stderr)
         return run.returncode if run.returncode > 0 else 1
+    if home is None:  # one temporary home per session would pile up over a training run's rollouts
+        shutil.rmtree(run.home, ignore_errors=True)
     return 0
