@@ -12,6 +12,7 @@ See docs/capture.md.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import gc
 import json
@@ -63,6 +64,15 @@ def _model_call_drops(opts: CaptureOptions) -> frozenset[bytes]:
 def _is_hosted(host: str) -> bool:
     host = host.lower()
     return host in HOSTED_HOSTS or host.endswith(_HOSTED_SUFFIXES)
+
+
+def _checked_credentials(flow: http.HTTPFlow) -> str | None:
+    """The proxy credentials mitmproxy's own ``proxyauth`` option checked, as a Basic value without
+    the password: that addon runs first and removes ``Proxy-Authorization`` from the request."""
+    checked = flow.metadata.get("proxyauth")
+    if not isinstance(checked, tuple) or not checked or not isinstance(checked[0], str):
+        return None
+    return "Basic " + base64.b64encode(f"{checked[0]}:".encode("utf-8")).decode("ascii")
 
 
 def _client_side(flow: http.HTTPFlow, msg: str) -> bool:
@@ -160,7 +170,7 @@ class PolarCapture:
     # -- connections -------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:
         try:
-            value = flow.request.headers.get("proxy-authorization")
+            value = flow.request.headers.get("proxy-authorization") or _checked_credentials(flow)
             if value:  # the tunnel's identity: its requests carry none of their own
                 self.connect_auth[flow.client_conn.id] = value
         except Exception:
@@ -188,6 +198,8 @@ class PolarCapture:
         headers = req.headers
         fields = headers.fields
         api = record.detect_api(req.method, req.path)
+        if flow.response is not None:  # answered by the proxy itself (proxyauth's 407): no model call
+            return
         if api is None:
             headers.fields = raw_headers.without(fields, _PROXY_AUTH)  # meant for us, never the upstream
             return
@@ -201,6 +213,9 @@ class PolarCapture:
                 port = None
         scheme, host, req_port = req.scheme, req.host, req.port
         base = f"{scheme}://{host}" + ("" if req_port == (443 if scheme == "https" else 80) else f":{req_port}")
+        checked = _checked_credentials(flow)
+        if checked is not None and not raw_headers.values(fields, b"proxy-authorization")[0]:
+            fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
         self.calls[flow.id] = record.CallState(
             api=api, method=req.method, host=host, path=req.path, client_conn_id=conn_id, identity=None,
             started_at=record.utcnow(), upstream_base=base, call_id=flow.id.replace("-", ""),

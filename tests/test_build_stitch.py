@@ -441,3 +441,17 @@ def test_a_call_log_part_in_out_is_never_deleted(tmp_path):
     assert calls_part.exists()
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == ["part-00000.parquet",
                                                                                  "part-00009.parquet"]
+
+
+def test_calls_without_a_rollout_are_no_retries_of_each_other(tmp_path):
+    """A GRPO group's sessions all send the same first prompt: without rollout ids (an id the
+    capture refused) they were taken for retries of one request, and all but one dropped."""
+    rows = []
+    for g in range(3):
+        conv = Conversation(rollout_id=None, name=f"s{g}")
+        conv.user("same task")
+        rows.append(conv.assistant(f"answer {g}"))
+    assert len({r["request_hash"] for r in rows}) == 1
+    result = build(tmp_path, rows)
+    assert result.report.skipped == {} and result.report.calls_used == 3
+    assert len(result.trajectories) == 3

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from polar_train.capture.identity import Identity
 from polar_train.capture import record
 from polar_train.capture.json_members import compact
 from polar_train.capture.redact import REDACTED, SECRET_KEYS, redacted_dumps, scrub
@@ -103,8 +104,11 @@ def test_retries_through_the_row_worker_count_attempts() -> None:
     rows = []
     for b in (body, body, body.replace(b'"try":1', b'"try":2')):
         state = record.CallState(api="openai.chat", method="POST", host="h", path="/v1/chat/completions",
-                                 client_conn_id="c", identity=None, started_at=datetime.now(timezone.utc),
-                                 upstream_base="http://h", request_body=b, request_unread=True)
+                                 client_conn_id="c", identity=Identity("r1", "header"),
+                                 started_at=datetime.now(timezone.utc), upstream_base="http://h", request_body=b,
+                                 request_unread=True)
         rows.append(record.build_row(state, None, attempts=attempts))
     assert [r["attempt"] for r in rows] == [1, 2, 3]
     assert len({r["request_hash"] for r in rows}) == 1
+    # without a rollout there is nothing to count on: a group's sessions all send one first prompt
+    assert attempts.next(None, rows[0]["request_hash"]) == attempts.next(None, rows[0]["request_hash"]) == 1

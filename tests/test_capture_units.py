@@ -235,12 +235,53 @@ def test_identity_precedence():
     assert (ident.rollout_id, ident.source, ident.task_id) == ("r1", "proxy_auth", "t9")
     h = _view({"x-polar-rollout": "r2", "authorization": "Bearer polar-r3"})
     assert resolve_identity(h, None, None, "x-polar-rollout", "x-polar-task", {}).source == "header"
-    assert resolve_identity(h, _basic("tunnel-1", "s"), None, "x-polar-rollout", "", {}).rollout_id == "tunnel-1"
+    # the request's own header before its tunnel's CONNECT credentials (a client reusing a tunnel
+    # for another rollout: every call went to the first CONNECT's rollout)
+    assert resolve_identity(h, _basic("tunnel-1", "s"), None, "x-polar-rollout", "", {}).rollout_id == "r2"
+    assert resolve_identity(_view({"authorization": "Bearer polar-r3"}), _basic("tunnel-1", "s"), None,
+                            "x-polar-rollout", "", {}).rollout_id == "tunnel-1"
     h = _view({"x-api-key": "polar-r3"})
     assert resolve_identity(h, None, None, "x-polar-rollout", "", {}).rollout_id == "r3"
     assert resolve_identity(_view({}), None, 8081, "x", "", {8081: "r4"}).source == "listen_port"
     assert resolve_identity(_view({}), None, 9999, "x", "", {8081: "r4"}).rollout_id is None
     assert resolve_identity(_view({}), "Basic !!!", None, "x", "", {}).source == "none"
+
+
+@pytest.mark.parametrize("sent,kept", [
+    ("r~1", "r~1"), ("rollout-é", "rollout-é"), ("任务-7", "任务-7"), ("my roll/out", "my roll/out"),
+    ("a%2Fb", "a%2Fb"),  # as sent: clients percent-decode the proxy URL's user name themselves
+    ("x" * 512, "x" * 512), ("x" * 513, None), ("", None), ("bad\x01id", None),
+])
+def test_any_printable_rollout_id_is_kept_as_sent(sent, kept, caplog):
+    """Ids outside [A-Za-z0-9._:@/+=-]{1,200} were silently null (and pooled: build then dropped
+    whole sessions as retries of each other); a percent-encoded user name was decoded twice."""
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+    for headers, connect in (({}, _basic(sent, "pw")), ({"x-polar-rollout": sent}, None)):
+        ident = resolve_identity(_view(headers), connect, None, "x-polar-rollout", "x-polar-task", {})
+        assert ident.rollout_id == kept
+    task = resolve_identity(_view({"x-polar-task": sent}), None, None, "x-polar-rollout", "x-polar-task", {})
+    assert task.task_id == kept
+    if kept is None and sent:
+        assert "refused" in caplog.text  # said, not silently dropped
+
+
+def test_a_rollout_header_that_is_not_utf8_gives_none():
+    """Decoded with surrogate escapes, it could not be written to Parquet at all."""
+    h = HeaderView([(b"x-polar-rollout", b"bad\xffid")])
+    assert resolve_identity(h, None, None, "x-polar-rollout", "", {}).rollout_id is None
+
+
+def test_a_header_sent_twice_gives_its_first_value():
+    h = HeaderView([(b"x-polar-rollout", b"dup-a"), (b"x-polar-rollout", b"dup-b")])
+    assert resolve_identity(h, None, None, "x-polar-rollout", "", {}).rollout_id == "dup-a"
+
+
+def test_a_port_rollout_follows_the_id_rule():
+    from polar_train.capture.options import parse_port_rollouts
+
+    assert parse_port_rollouts("8081=任务 1") == {8081: "任务 1"}
+    with pytest.raises(ValueError, match="rollout id for port 8081 longer than 512 characters"):
+        parse_port_rollouts("8081=" + "x" * 600)
 
 
 def test_resolve_head_collects_secrets_identity_and_host():
@@ -286,8 +327,8 @@ def test_raw_field_helpers_agree_with_mitmproxy(raw_fields, length):
 def test_malformed_proxy_credentials_are_ignored():
     assert rollout_from_proxy_auth("Basic !!!") is None
     assert rollout_from_proxy_auth("Bearer abc") is None
-    assert rollout_from_proxy_auth(_basic("has space", "x")) is None
-    assert rollout_from_proxy_auth(_basic("r%2F1", "x")) == "r/1"
+    assert rollout_from_proxy_auth("Basic " + base64.b64encode(b"\xff\xfe:x").decode()) is None  # not UTF-8
+    assert rollout_from_proxy_auth(_basic(" ", "x")) is None  # nothing but space
 
 
 def test_redaction():
@@ -307,6 +348,33 @@ def test_redaction():
     assert set(redacted["metadata"].values()) == {REDACTED, 3} and redacted["metadata"]["max_tokens"] == 3
     assert redacted["tools"] == body["tools"]
     assert redacted_dumps(body, compact) == compact(redacted)
+
+
+@pytest.mark.parametrize("key", ["null", "none", "true", 'tok"en\\abc-999', "clé-secrète-ü"])
+def test_a_secret_is_scrubbed_from_the_stored_json_without_breaking_it(key):
+    """The secret was replaced in the JSON *text*: a key `null` turned JSON's null into
+    [REDACTED] (the stored JSON no longer parsed), `none` rewrote "none" values, and a key with a
+    quote or backslash shows escaped in JSON text, where it was never found."""
+    from polar_train.capture.identity import Identity
+
+    request = {"model": "m", "tool_choice": "none" if key != "none" else None, "stream": False, "seed": None,
+               "messages": [{"role": "user", "content": f"my key is {key}, keep it"}]}
+    state = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", Identity("r", "header"),
+                             record.utcnow(), "http://h", header_fields=((b"authorization", f"Bearer {key}".encode()),))
+    state.request_body = json.dumps(request).encode()
+    state.http_status, state.response_body = 200, json.dumps({"id": "x", "choices": [{
+        "index": 0, "message": {"role": "assistant", "content": f"your key {key}"}, "logprobs": None,
+        "finish_reason": "stop"}]}).encode()
+    record.resolve_head(state, "x-polar-rollout", "x-polar-task", {})
+    row = record.build_row(state, None)
+    stored_request, stored_response = json.loads(row["request_json"]), json.loads(row["response_json"])
+    assert stored_request["messages"][0]["content"] == f"my key is {REDACTED}, keep it"
+    assert stored_response["choices"][0]["message"]["content"] == f"your key {REDACTED}"
+    assert stored_request["seed"] is None and stored_response["choices"][0]["logprobs"] is None  # JSON's own null
+    assert stored_request["stream"] is False
+    if len(key) > 4:  # a real key: in no form anywhere in the stored text
+        for text in (row["request_json"], row["response_json"]):
+            assert key not in text and json.dumps(key)[1:-1] not in text and json.dumps(key, ensure_ascii=False)[1:-1] not in text
 
 
 def test_a_key_in_the_query_string_is_scrubbed_from_the_row():
@@ -957,7 +1025,7 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     out = capsys.readouterr().out
     assert "5 calls" in out and "openai.chat" in out and "r0" in out
     assert main(["inspect", str(tmp_path / "nope")]) == 2
-    assert "not a folder" in capsys.readouterr().err
+    assert "nope not found" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2 with the usage and the reason
         main(["inspect", str(tmp_path), "--top", "-1"])
     assert exited.value.code == 2 and "--top: must be 0 or more, got -1" in capsys.readouterr().err

@@ -79,3 +79,29 @@ def test_no_credential_in_any_output_and_owner_only_modes(tmp_path: Path) -> Non
             assert mode == 0o700, f"{p} is {oct(mode)}"
         else:
             assert mode == 0o600, f"{p} is {oct(mode)}"
+
+
+def test_with_mitmproxys_proxyauth_the_rollout_still_comes_from_the_credentials(tmp_path: Path) -> None:
+    """`--set proxyauth=...` (for clients that send credentials only after a 407) made mitmproxy
+    remove `Proxy-Authorization` before the addon saw it: every row lost its rollout, and the 407
+    itself was recorded as a failed model call."""
+    from tests.support.mitm import poll, rows_of
+
+    rollout = f"pa-{uuid.uuid4().hex[:8]}"
+    with fault_upstream() as (base, received):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2", "proxyauth": f"{rollout}:{PROXY_PASS}"})
+        try:
+            body = {"model": "ok", "messages": [{"role": "user", "content": "hi"}]}
+            with httpx.Client(proxy=f"http://127.0.0.1:{m.port}", timeout=30) as c:  # no credentials
+                assert c.post(base + "/v1/chat/completions", json=body).status_code == 407
+            with httpx.Client(proxy=f"http://{rollout}:{PROXY_PASS}@127.0.0.1:{m.port}", timeout=30) as c:
+                assert c.post(base + "/v1/chat/completions", json=body).status_code == 200
+            (row,) = poll(lambda: rows_of(m.out_dir, rollout), 30, "the row of the authenticated call")
+            assert row["rollout_source"] == "proxy_auth" and row["status"] == "ok"
+            assert len(read_calls(m.out_dir)) == 1  # the 407 was the proxy's answer, not a model call
+            assert all("proxy-authorization" not in {k.lower() for k in h} for _, h, _ in received)
+        finally:
+            m.stop()
+        for path in m.out_dir.rglob("*"):
+            if path.is_file():
+                assert PROXY_PASS.encode() not in path.read_bytes(), path

@@ -1,8 +1,10 @@
 """Which rollout a model call belongs to, without touching the harness.
 
-Precedence: proxy credentials (``HTTPS_PROXY=http://ROLLOUT:secret@host:port``: on the CONNECT of a
-tunnel, kept per client connection; on plain-HTTP absolute-form requests, on every request), then a
-header (``x-polar-rollout``), then an API key of the form ``polar-<rollout>``, then the listen port
+Precedence: what the request itself carries before what its connection carried: proxy credentials
+on the request (``HTTPS_PROXY=http://ROLLOUT:secret@host:port`` with plain-HTTP absolute-form
+requests: on every request), then a header (``x-polar-rollout``), then the proxy credentials of the
+tunnel's CONNECT (kept per client connection: a client that reuses a tunnel for another rollout
+names it in the header), then an API key of the form ``polar-<rollout>``, then the listen port
 (``--mode regular@P``), else none. The headers that carried an identity (proxy credentials, the
 rollout/task headers) are removed before the request leaves the proxy; API keys are forwarded.
 The proxy only removes them and keeps the raw header fields: the row worker resolves the identity
@@ -12,13 +14,18 @@ The proxy only removes them and keeps the raw header fields: the row worker reso
 from __future__ import annotations
 
 import base64
-import re
+import logging
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-_VALID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,200}$")
 API_KEY_PREFIX = "polar-"
+#: The longest rollout or task id kept (a longer one is refused, and said once in the log).
+MAX_ID_CHARS = 512
+
+log = logging.getLogger("polar_capture")
+_refused_said: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,40 @@ class Identity:
     task_id: str | None = None
 
 
-def valid_id(value: str | None) -> str | None:
-    """The id if it is a sane identifier (printable, no spaces, at most 200 chars), else None."""
+def id_problem(value: str) -> str | None:
+    """Why ``value`` (already stripped) cannot be an id: empty, longer than :data:`MAX_ID_CHARS`, or
+    holding a control character or a lone surrogate (which no Parquet string can hold). Any other
+    text is kept as sent: unicode, spaces, ``/``, ``%``."""
+    if not value:
+        return "empty"
+    if len(value) > MAX_ID_CHARS:
+        return f"longer than {MAX_ID_CHARS} characters"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        return "holds a control character or an undecodable byte"
+    return None
+
+
+def valid_id(value: str | None, what: str = "rollout id") -> str | None:
+    """The id as sent (surrounding spaces removed), or None when there is none or it cannot be one;
+    a refused id is said once in the log (it used to vanish without a word, and every call so left
+    without a rollout was pooled with the others)."""
     if value is None:
         return None
     value = value.strip()
-    return value if _VALID.match(value) else None
+    problem = id_problem(value)
+    if problem is None:
+        return value
+    if value and len(_refused_said) < 100 and value[:80] not in _refused_said:
+        _refused_said.add(value[:80])
+        log.warning("polar_capture: %s %r refused (%s); the call is recorded without one", what,
+                    value[:80] + ("..." if len(value) > 80 else ""), problem)
+    return None
+
+
+def _first(headers: Any, name: str) -> str | None:
+    """The first value of a header sent more than once (joined, the values made no valid id)."""
+    values = headers.get_all(name) if hasattr(headers, "get_all") else []
+    return values[0] if values else headers.get(name)
 
 
 def rollout_from_proxy_auth(value: str | None) -> str | None:
@@ -48,9 +83,7 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
     except (ValueError, UnicodeDecodeError):
         return None
     user, _, _ = decoded.partition(":")
-    from urllib.parse import unquote
-
-    return valid_id(unquote(user))
+    return valid_id(user)  # as sent: clients percent-decode the proxy URL's user name themselves
 
 
 def rollout_from_api_key(headers: Any) -> str | None:
@@ -103,16 +136,16 @@ def resolve_identity(headers: Any, connect_auth: str | None, listen_port: int | 
                      rollout_header: str, task_header: str, port_rollouts: dict[int, str]) -> Identity:
     """The identity of one request, from its headers as the client sent them and the proxy
     credentials of its tunnel's CONNECT (``connect_auth``), by the precedence above."""
-    task_id = valid_id(headers.get(task_header)) if task_header else None
-    rollout = rollout_from_proxy_auth(headers.get("proxy-authorization"))
+    task_id = valid_id(_first(headers, task_header), "task id") if task_header else None
+    rollout = rollout_from_proxy_auth(_first(headers, "proxy-authorization"))
     if rollout is not None:
         return Identity(rollout, "proxy_auth", task_id)
+    rollout = valid_id(_first(headers, rollout_header)) if rollout_header else None
+    if rollout is not None:
+        return Identity(rollout, "header", task_id)
     rollout = rollout_from_proxy_auth(connect_auth)
     if rollout is not None:
         return Identity(rollout, "proxy_auth", task_id)
-    rollout = valid_id(headers.get(rollout_header)) if rollout_header else None
-    if rollout is not None:
-        return Identity(rollout, "header", task_id)
     rollout = rollout_from_api_key(headers)
     if rollout is not None:
         return Identity(rollout, "api_key", task_id)

@@ -148,6 +148,10 @@ def parse_port_rollouts(text: str) -> dict[int, str]:
         number = int(port)
         if not 0 < number < 65536:
             raise ValueError(f"polar_port_rollouts: port {number} is not in 1..65535")
+        from .identity import id_problem
+
+        if (problem := id_problem(rollout.strip())) is not None:  # the rule every other source follows
+            raise ValueError(f"polar_port_rollouts: rollout id for port {number} {problem}")
         if number in result and result[number] != rollout.strip():  # which one would count?
             raise ValueError(f"polar_port_rollouts: port {number} given twice ({result[number]!r}, "
                              f"{rollout.strip()!r})")

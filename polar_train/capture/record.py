@@ -22,7 +22,8 @@ from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
 from .parsed import ParsedCall
-from .redact import header_secrets, query_secrets, redacted_dumps, scrub, value_secrets
+from .redact import (header_secrets, query_secrets, redacted_dumps, scrub, scrub_json, secret_forms,
+                     value_secrets)
 from .render import Renderer, TokenizerUnavailable, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
@@ -57,6 +58,8 @@ class AttemptCounter:
         self._max = max_keys
 
     def next(self, rollout_id: str | None, req_hash: str) -> int:
+        if rollout_id is None:  # no rollout to count on: one session's first prompt is every session's
+            return 1
         key = (rollout_id, req_hash)
         n = self._seen.get(key, 0) + 1
         self._seen[key] = n
@@ -396,9 +399,10 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "stream": state.stream,
         "http_status": state.http_status,
         "status": status,
-        "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secrets),
-        "request_json": scrub(_request_text(state, request), secrets) if request is not None else None,
-        "response_json": scrub(redacted_dumps(response, compact), secrets) if response is not None else None,
+        "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secret_forms(secrets)),
+        "request_json": scrub_json(_request_text(state, request), secrets, compact) if request is not None else None,
+        "response_json": (scrub_json(redacted_dumps(response, compact), secrets, compact)
+                          if response is not None else None),
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,
         "finish_reason": parsed.finish_reason if isinstance(parsed.finish_reason, str) else None,

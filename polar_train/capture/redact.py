@@ -10,6 +10,7 @@ echoes a key, an upstream error that quotes it).
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -99,11 +100,9 @@ def value_secrets(value: str) -> set[str]:
                 decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 decoded = ""
-            if decoded:
-                found.add(decoded)
-                user, _, password = decoded.partition(":")
-                if password:
-                    found.add(password)
+            user, _, password = decoded.partition(":")
+            if password:  # a user name alone (a rollout id) is no secret
+                found |= {decoded, password}
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
 
 
@@ -127,6 +126,48 @@ def query_secrets(path: str | None) -> set[str]:
         if sep and value and (is_secret_key(name) or name.lower() in _SECRET_QUERY_NAMES):
             found |= {value, unquote_plus(value)}
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
+
+
+def _json_forms(secret: str) -> set[str]:
+    """How ``secret`` can look inside JSON text: as is, and escaped (``"`` and ``\\`` always,
+    non-ASCII as ``\\uXXXX`` when the writer escaped it)."""
+    return {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+
+
+def secret_forms(secrets: set[str]) -> set[str]:
+    """Every secret in every form it can take in a text that quotes JSON (an upstream's error)."""
+    return {form for secret in secrets for form in _json_forms(secret)}
+
+
+def _scrub_strings(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {_scrub_strings(k, secrets): _scrub_strings(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_strings(v, secrets) for v in value]
+    return value
+
+
+def scrub_json(text: str | None, secrets: set[str], dumps: Callable[[Any], str]) -> str | None:
+    """JSON ``text`` with every secret removed from its strings (keys and values), the text kept
+    as it is when none shows in it in any form.
+
+    Why not :func:`scrub` on the text: a key of ``null`` or ``none`` replaced JSON's own ``null``
+    and the string ``"none"`` (the stored JSON no longer parsed), and a secret with a ``"`` or a
+    ``\\`` shows escaped in JSON text, where a plain replace never finds it."""
+    if not text or not secrets:
+        return text
+    if not any(form in text for secret in secrets for form in _json_forms(secret)):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:  # not JSON after all: every form, replaced in the text
+        return scrub(text, secret_forms(secrets))
+    return dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)))
 
 
 def scrub(text: str | None, secrets: set[str]) -> str | None:
