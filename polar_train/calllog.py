@@ -50,9 +50,18 @@ class CallLog:
     problems: list[PartProblem] = field(default_factory=list)
 
 
+def _folder_path(folder: str | Path) -> Path:
+    """``folder`` as a path; an empty one is refused: ``Path("")`` is the current folder, and an
+    unset variable passed as the folder would read everything under it (the CLI refuses an empty
+    argument too). ``"."`` still names the current folder."""
+    if isinstance(folder, (str, bytes, os.PathLike)) and not os.fspath(folder):
+        raise CallLogError("empty path: name the call-log folder (\".\" for the current one)")
+    return Path(folder)
+
+
 def part_folder(folder: str | Path) -> Path:
     """Where the parts of a capture folder live: ``<folder>/calls`` if present, else ``<folder>``."""
-    root = Path(folder)
+    root = _folder_path(folder)
     if not root.exists():
         raise CallLogError(f"call-log folder not found: {root}")
     if root.is_file():
@@ -119,9 +128,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
     rest is still read. Raises :class:`CallLogError` when the folder is missing or holds no
     parts at all. With ``resolve_prompts`` (the default) compactly stored prompts are expanded,
     so ``prompt_token_ids`` always holds the full prompt and the ``prompt_prefix_*`` columns
-    are null.
+    are null. An empty path is a :class:`CallLogError` too (``"."`` names the current folder).
     """
-    root = Path(folder)
+    root = _folder_path(folder)
     if not root.exists():
         raise CallLogError(f"call-log folder not found: {root}")
     parts, unreadable = _find_parts(root)

@@ -343,3 +343,66 @@ def test_a_reader_that_left_the_pipe_is_no_traceback(tmp_path, capture, command)
     assert proc.wait(120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
     if command == "build":
         assert (tmp_path / "traj" / "build_report.json").is_file()
+
+
+def test_the_api_refuses_unusable_inputs_with_a_value_error_before_reading(tmp_path, capture, tiny_model_dir,
+                                                                           monkeypatch, capsys):
+    """``build_trajectories`` raises ``ValueError`` subclasses for every unusable input (as documented),
+    and checks the options before the (possibly long) read: a bad ``reward_mode`` failed only after
+    the whole read and stitch, ``realign="no"`` was taken as true, a missing tokenizer folder was a
+    ``FileNotFoundError``, a dict in place of ``BuildOptions`` an ``AttributeError``."""
+    import polar_train.trajectories.build as build_module
+    from polar_train.calllog import CallLogError
+    from polar_train.trajectories import BuildOptions, build_trajectories
+    from polar_train.trajectories.build import BuildOptionsError
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the call log was read before the options were checked")
+
+    no_tokenizer = tmp_path / "model-without-tokenizer"
+    no_tokenizer.mkdir()
+    (no_tokenizer / "config.json").write_text("{}")
+    broken = tmp_path / "tok"  # the tokenizer's files next to a config.json cut short
+    broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (broken / "config.json").write_text("{")
+    monkeypatch.setattr(build_module, "read_call_log", no_read)
+    for options, error, message in (
+            (BuildOptions(tokenizer=str(tmp_path / "nope")), BuildOptionsError,
+             f"^tokenizer directory not found: {tmp_path / 'nope'}$"),
+            (BuildOptions(tokenizer=no_tokenizer), BuildOptionsError, "holds no tokenizer"),
+            (BuildOptions(tokenizer=broken / "tokenizer.json"), BuildOptionsError, "is a file; name the model"),
+            (BuildOptions(tokenizer=broken), BuildOptionsError, "^cannot load the tokenizer in "),
+            (BuildOptions(tokenizer=""), BuildOptionsError, "empty tokenizer path"),
+            (BuildOptions(reward_mode="bogus"), BuildOptionsError, "reward_mode must be one of broadcast, split"),
+            (BuildOptions(reward_mode=None), BuildOptionsError, "reward_mode must be one of"),
+            (BuildOptions(realign="no"), BuildOptionsError, "realign must be True or False, got 'no'"),
+            (BuildOptions(realign=1), BuildOptionsError, "realign must be True or False"),
+            (BuildOptions(rewards=3), BuildOptionsError, "rewards must be a path .* or None, got int"),
+            (BuildOptions(tasks=""), BuildOptionsError, "empty tasks path"),
+            (BuildOptions(tokenizer=["tok"]), BuildOptionsError, "tokenizer must be a path"),
+            ({"realign": True}, BuildOptionsError, "options must be a BuildOptions .*, got dict")):
+        with pytest.raises(ValueError, match=message) as caught:
+            build_trajectories(capture, options)
+        assert isinstance(caught.value, error), (options, type(caught.value))
+    for folder, message in (("", "empty path"), (None, "call-log folder must be a path .*, got NoneType")):
+        with pytest.raises(CallLogError, match=message):
+            build_trajectories(folder)
+    # a missing capture fails before a tokenizer folder is loaded (seconds)
+    monkeypatch.setattr("polar_train.tokenizer.load_tokenizer", no_read)
+    with pytest.raises(CallLogError, match="call-log folder not found"):
+        build_trajectories(tmp_path / "no-capture", BuildOptions(tokenizer=tiny_model_dir))
+    monkeypatch.undo()
+    monkeypatch.chdir(capture)  # "" was read as the current folder: here, a capture
+    with pytest.raises(CallLogError, match="empty path"):
+        build_trajectories("")
+    # the CLI's one line is what it was
+    assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"polar-train build: error: tokenizer directory not found: {tmp_path / 'nope'}\n"
+    assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(no_tokenizer)]) == 2
+    assert capsys.readouterr().err == (f"polar-train build: error: {no_tokenizer} holds no tokenizer "
+                                       "(no tokenizer.json / tokenizer_config.json)\n")
+    result = build_trajectories(capture, BuildOptions(realign=True, reward_mode="split",
+                                                      rewards=str(capture / "rewards.jsonl")))
+    assert result.trajectories and result.report.reward_mode == "split" and result.report.realign is True

@@ -213,3 +213,14 @@ def test_inspect_of_a_parent_folder_names_the_captures_it_merged(tmp_path, sessi
                      f"{tmp_path / 'tuesday' / 'calls'}")
     assert main(["inspect", str(tmp_path / "monday")]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"{tmp_path / 'monday'}: 1 part(s)"
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, session_rows, monkeypatch):
+    """``Path("")`` is ``.``: an unset variable passed as the folder read the whole working folder
+    (recursively); the CLI refuses an empty argument, the API does too."""
+    write_parts(tmp_path, session_rows)
+    monkeypatch.chdir(tmp_path)  # a capture right here: "" would have read it
+    for read in (read_calls, read_call_log, list_parts):
+        with pytest.raises(CallLogError, match="empty path"):
+            read("")
+    assert read_calls(".").num_rows == len(session_rows)  # naming the current folder still reads it

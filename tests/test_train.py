@@ -334,3 +334,56 @@ def test_a_step_without_sampler_logprobs_logs_no_mismatch(sampled, tiny_model_di
     assert step["sampling/sampling_logp_difference/mean"] is None
     assert step["sampling/sampling_logp_difference/max"] is None
     assert len(trainer.first_epoch_mismatch) == 1 and math.isnan(trainer.first_epoch_mismatch[0])
+
+
+def test_the_data_report_counts_what_is_trained_not_what_groups_dropped(sampled, tiny_model_dir, tmp_path):
+    """One task group of 4 plus a rollout with a reward but no task (a group of 1, dropped): the
+    report's trainable tokens, tokens without a sampler logprob and temperatures were counted at
+    load, so they held the dropped rollout's tokens and its temperature."""
+    lonely = None
+
+    def one_group_and_a_lonely_rollout(cols):
+        nonlocal lonely
+        keep = [i for i, g in enumerate(cols["group_id"]) if g == "task-0"]
+        lonely = next(i for i, g in enumerate(cols["group_id"]) if g == "task-1")
+        out = {k: [v[i] for i in keep + [lonely]] for k, v in cols.items()}
+        out["group_id"][-1] = out["task_id"][-1] = None  # a Responses rollout with a reward, no task
+        out["logprobs"][-1] = [math.nan] * len(out["logprobs"][-1])  # ... and no sampler logprobs
+        out["temperature"] = [None] * len(keep) + [1.0]  # only the lonely rollout recorded one
+        return out
+
+    data = rewrite(sampled, tmp_path / "mixed", one_group_and_a_lonely_rollout)
+    table = pq.read_table(data).to_pydict()
+    kept_tokens = sum(sum(m) for m in table["loss_mask"][:4])
+    assert sum(table["loss_mask"][4]) > 0
+    _, grouped, report = prepare(ns(data, tiny_model_dir, tmp_path / "r"))
+    assert (report.rows, report.rows_out, report.num_generations) == (5, 1, 4)
+    assert (report.groups_dropped, report.trajectories_dropped_in_groups) == (1, 1)  # the drop stays visible
+    assert report.trainable_tokens == kept_tokens
+    assert report.trainable_tokens_without_logprob == 0
+    assert report.temperatures == []
+    lines = report.lines()
+    assert f"data: 1 GRPO groups of 4 ({kept_tokens} trainable tokens)" in lines
+    assert "data: 1 groups dropped (1 trajectories)" in lines
+    assert not any("without a sampler logprob" in line for line in lines)
+    assert "data: no sampling temperature recorded: `temperature` cannot be checked" in lines
+
+
+def test_padding_copies_count_as_trained_and_every_trained_temperature_is_reported():
+    """A padded group's copies are trained again (once per copy), so their tokens count; a split
+    group's every part is trained; a dropped group's tokens and temperature are not reported."""
+    def traj(group, i, temperature, logprob=-1.0):
+        return Trajectory(f"{group}-{i}", group, [1, 2], [3, 4, 5], [1, 0, 1], [logprob, math.nan, logprob],
+                          float(i), temperature)
+
+    trajs = ([traj("a", i, 0.7) for i in range(3)]  # padded with one copy
+             + [traj("b", i, 1.0, logprob=math.nan) for i in range(5)]  # split: 4, and 1 left over: dropped
+             + [traj("c", 0, 0.3)])  # a group of 1: dropped
+    report = DataReport(temperatures=[0.3, 0.7, 1.0])  # what load saw
+    g = make_groups(trajs, num_generations=4, policy="pad", min_group_size=2, seed=0, report=report)
+    trained = [i for row in g.rows for i in row]
+    assert len(trained) == 8 and report.padding_trajectories == 1  # a: 3 + 1 copy; b: 4
+    assert report.trainable_tokens == 2 * len(trained)
+    assert report.trainable_tokens_without_logprob == 2 * sum(1 for i in trained if trajs[i].group == "b")
+    assert report.temperatures == [0.7, 1.0]
+    assert (report.groups_dropped, report.trajectories_dropped_in_groups) == (2, 2)

@@ -89,9 +89,9 @@ def prepare(args: argparse.Namespace):
     defaults = {"num_generations": g, "per_device_train_batch_size": g}
     config = load_config(args.config, args.sets, args.output,
                          {k: v for k, v in defaults.items() if k not in raw})
-    _check_temperature(config, report)
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
+    _check_temperature(config, report)  # the temperatures of what is trained (not of dropped groups)
     return config, grouped, report
 
 

@@ -38,11 +38,18 @@ class Trajectory:
     loss_mask: list[int]
     logprobs: list[float]
     reward: float
+    temperature: float | None = None  # the sampler's, as recorded (None: not recorded)
 
 
 @dataclass
 class DataReport:
-    """What the loader kept, changed and dropped (printed before training, saved in the summary)."""
+    """What the loader kept, changed and dropped (printed before training, saved in the summary).
+
+    ``trainable_tokens``, ``trainable_tokens_without_logprob`` and ``temperatures`` describe the
+    data that is trained: the GRPO rows :func:`make_groups` makes, a padding copy counted each time
+    it is trained. What groups dropped is in ``groups_dropped`` / ``trajectories_dropped_in_groups``.
+    Until ``make_groups`` has run, ``temperatures`` holds those of every trajectory the loader kept
+    (what the temperature check before grouping reads)."""
 
     files: int = 0
     rows: int = 0
@@ -132,8 +139,7 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
     n = table.num_rows
     groups = cols.get("group_id") or [None] * n
     tasks = cols.get("task_id") or [None] * n
-    temps = {round(float(t), 4) for t in (cols.get("temperature") or []) if t is not None}
-    report.temperatures = sorted(temps)
+    temps = cols.get("temperature") or [None] * n
     out: list[Trajectory] = []
     any_reward = False
     for i in range(n):
@@ -175,16 +181,21 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         if sum(mask) == 0:
             report.dropped_no_trainable_tokens += 1
             continue
-        report.trainable_tokens += sum(mask)
-        report.trainable_tokens_without_logprob += sum(1 for m, v in zip(mask, lps) if m and math.isnan(v))
         group = groups[i] if groups[i] is not None else tasks[i]
+        temperature = None if temps[i] is None else round(float(temps[i]), 4)
         out.append(Trajectory(tid, group if group is not None else f"<single {tid}>",
-                              list(prompt), list(comp), mask, lps, float(reward)))
+                              list(prompt), list(comp), mask, lps, float(reward), temperature))
     if not any_reward:
         raise UserError(f"no trajectory in {path} has a reward: attach rewards before training")
     if not out:
         raise UserError(f"no trajectory in {path} has a trainable (loss_mask 1) token")
+    # the trajectories kept so far; make_groups narrows this to the trained ones
+    report.temperatures = _temperatures(out)
     return out
+
+
+def _temperatures(trajs) -> list[float]:
+    return sorted({t.temperature for t in trajs if t.temperature is not None})
 
 
 def modal_group_size(trajs: list[Trajectory]) -> int:
@@ -243,6 +254,13 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
             if len({trajs[i].reward for i in chunk}) == 1:
                 report.zero_reward_std_rows += 1
     report.rows_out = len(rows)
+    # what is trained: the rows' trajectories, a padding copy once per copy (it is trained again);
+    # what groups dropped is left out here and counted above
+    trained = [trajs[i] for row in rows for i in row]
+    report.trainable_tokens = sum(sum(t.loss_mask) for t in trained)
+    report.trainable_tokens_without_logprob = sum(
+        sum(1 for m, v in zip(t.loss_mask, t.logprobs) if m and math.isnan(v)) for t in trained)
+    report.temperatures = _temperatures(trained)
     if not rows:
         raise UserError(f"no group of at least {min_group_size} trajectories to train on with "
                         f"num_generations={num_generations} and unequal_groups={policy} "

@@ -3,6 +3,6 @@ the build report (``report``) and the Parquet writer (``writer``). ``build`` tie
 
 from __future__ import annotations
 
-from .build import BuildOptions, BuildResult, build_trajectories
+from .build import BuildOptions, BuildOptionsError, BuildResult, build_trajectories
 
-__all__ = ["BuildOptions", "BuildResult", "build_trajectories"]
+__all__ = ["BuildOptions", "BuildOptionsError", "BuildResult", "build_trajectories"]

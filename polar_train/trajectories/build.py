@@ -6,6 +6,7 @@ per row before stitching, each with a counted cause, so that nothing is dropped 
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -14,17 +15,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..calllog import _list_values, read_call_log, resolve_prompt_prefixes
+from ..calllog import CallLogError, _list_values, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
-from .rewards import Labels, attach, load_labels
+from .rewards import REWARD_MODES, Labels, attach, load_labels
 from .stitch import Stitcher, Trajectory, calls_from_table
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+class BuildOptionsError(ValueError):
+    """An option of :class:`BuildOptions` that no build could use: a value of the wrong type or an
+    unknown one, an empty path, a tokenizer folder that does not load. One line, naming the option
+    (or, for a tokenizer, the folder and why)."""
+
+
 @dataclass
 class BuildOptions:
+    """What :func:`build_trajectories` does; checked when the build starts (a wrong value is a
+    :class:`BuildOptionsError` before anything is read)."""
+
     realign: bool = False
+    #: ``"broadcast"`` or ``"split"`` (``rewards.REWARD_MODES``).
     reward_mode: str = "broadcast"
     rewards: str | Path | None = None
     tasks: str | Path | None = None
@@ -67,8 +78,8 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
 
     groups: dict[tuple, list[int]] = {}
     for i in range(n):
-        if req[i]:
-            groups.setdefault((rollout[i], req[i]), []).append(i)
+        if req[i] and rollout[i] is not None:  # calls without a rollout id are no retries of each other:
+            groups.setdefault((rollout[i], req[i]), []).append(i)  # a group's sessions all send one prompt
     superseded: set[int] = set()
     continued = _ContinuedAttempts(table, rollout, status, when)
     for rows in groups.values():
@@ -146,8 +157,42 @@ def _token_bytes_factory(tokenizer_dir: str | Path | None):
     from ..tokenizer import load_tokenizer
     from .tokenbytes import token_bytes_of
 
-    table = token_bytes_of(load_tokenizer(tokenizer_dir))
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except (OSError, ValueError) as exc:  # not found, a file, no tokenizer files, does not load: its one line
+        raise BuildOptionsError(str(exc)) from exc
+    table = token_bytes_of(tokenizer)
     return lambda: table
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str)
+
+
+def _checked(folder, options) -> BuildOptions:
+    """The options to build with, after checking them and ``folder``'s type (cheap checks only:
+    a wrong value fails at once, not after the read and stitch, and is never taken for another)."""
+    if options is None:
+        options = BuildOptions()
+    elif not isinstance(options, BuildOptions):
+        raise BuildOptionsError(f"options must be a BuildOptions (polar_train.trajectories), "
+                                f"got {type(options).__name__}")
+    if not _is_path(folder):
+        raise CallLogError(f"call-log folder must be a path (str or os.PathLike), got {type(folder).__name__}")
+    if not isinstance(options.realign, bool):  # "no" or 0 read as a truth value would be taken for another
+        raise BuildOptionsError(f"realign must be True or False, got {options.realign!r}")
+    if not isinstance(options.reward_mode, str) or options.reward_mode not in REWARD_MODES:
+        raise BuildOptionsError(f"reward_mode must be one of {', '.join(REWARD_MODES)}, got {options.reward_mode!r}")
+    for name, what in (("rewards", "a file"), ("tasks", "a file"),
+                       ("tokenizer", "a model or tokenizer folder")):
+        value = getattr(options, name)
+        if value is None:
+            continue
+        if not _is_path(value):
+            raise BuildOptionsError(f"{name} must be a path (str or os.PathLike) or None, got {type(value).__name__}")
+        if not os.fspath(value):  # Path("") is the current folder
+            raise BuildOptionsError(f"empty {name} path: name {what}, or leave the option out")
+    return options
 
 
 def _fallback_resolver(table: pa.Table):
@@ -172,9 +217,14 @@ def _fallback_resolver(table: pa.Table):
 def build_trajectories(folder: str | Path, options: BuildOptions | None = None) -> BuildResult:
     """Trajectories (not yet written) and the report for the call log in ``folder``.
 
-    Raises ``CallLogError``/``RewardFileError`` (both ``ValueError``) for unusable inputs.
+    Every unusable input is a ``ValueError``, each with one line to show: ``CallLogError`` for the
+    folder (missing, empty path, no readable part), ``RewardFileError`` for ``rewards``/``tasks``
+    files, ``BuildOptionsError`` for an option of the wrong type or value and a ``tokenizer`` folder
+    that does not load. Options, the folder's existence, the label files and the tokenizer are
+    checked before the call log is read.
     """
-    options = options or BuildOptions()
+    options = _checked(folder, options)
+    part_folder(folder)  # a missing or empty-named folder fails before a tokenizer folder loads (seconds)
     if options.rewards is not None or options.tasks is not None:
         from .rewards import check_file
 
