@@ -5,6 +5,7 @@ parsed by the official SDKs."""
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -197,3 +198,166 @@ def test_assistant_turns_counts_runs():
     msgs = [{"role": "user"}, {"role": "assistant"}, {"role": "assistant"}, {"role": "tool"},
             {"role": "assistant"}]
     assert assistant_turns(msgs) == 2
+
+
+# --- bad scenario files: one line naming the file and the field, exit 2, before the model loads ---
+
+def _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, name: str, text: str) -> str:
+    """``polar-train serve`` on a scenario file: exit 2 with one line, the model never loaded."""
+    from polar_train.cli import main
+    from polar_train.server import engine
+
+    def no_model(*_a, **_k):
+        raise AssertionError("the model was loaded before the scenario file was checked")
+
+    monkeypatch.setattr(engine, "Engine", no_model)
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["serve", "--model", str(tiny_model_dir), "--script", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().count("\n") == 0, err
+    assert err.startswith(f"polar-train serve: error: {path}: "), err
+    return err.strip()
+
+
+def _load_error(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ScriptError) as info:
+        Script.load(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}: "), message
+    return message
+
+
+TURN_YAML = "scenarios:\n  - turns:\n      - content: hi\n"
+
+
+def test_yaml_syntax_error_keeps_line_column_and_problem(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    err = _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, "bad.yaml",
+                       "scenarios:\n  - name: a\n - name: b\n")
+    assert "cannot parse" in err and "expected <block end>, but found" in err, err
+    assert "line 3, column 2" in err, err
+    err = _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, "tab.yaml",
+                       "scenarios:\n  - turns:\n\t- content: x\n")
+    assert "found character '\\t' that cannot start any token" in err and "line 3" in err, err
+    err = _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, "bad.json", '{"scenarios": [\n  1,\n')
+    assert "cannot parse" in err and "line 3" in err, err
+
+
+def test_side_call_needs_a_non_empty_match(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    # without `match` it was {}: it matched every request and hid every scenario
+    turn = {"content": "x"}
+    sides = [{"reply": turn}] + [{"match": m, "reply": turn} for m in (None, {}, [], False, "")]
+    for side in sides:
+        with pytest.raises(ScriptError, match=r"side_calls\[0\]\.match is required"):
+            Script.from_data({"scenarios": [{"turns": [turn]}], "side_calls": [side]})
+    # a scenario may match everything, but a falsy non-mapping (`match: false`) is not that
+    for match in ([], False, ""):
+        with pytest.raises(ScriptError, match=r"scenarios\[0\]\.match must be a mapping"):
+            Script.from_data({"scenarios": [{"turns": [turn], "match": match}]})
+    err = _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, "side.yaml",
+                       TURN_YAML + "side_calls:\n  - reply: {content: title}\n")
+    assert "side_calls[0].match is required" in err, err
+
+
+@pytest.mark.parametrize("value", ["null", "{a: 1}", "5", "[x]", "true"])
+def test_freeform_input_must_be_a_string(tmp_path, value):
+    err = _load_error(tmp_path, "s.yaml", "scenarios:\n  - turns:\n      - tool_calls:\n"
+                                          f"          - {{name: apply_patch, input: {value}}}\n")
+    assert "scenarios[0].turns[0].tool_calls[0].input must be a string" in err, err
+
+
+@pytest.mark.parametrize("arguments, path", [
+    ("{when: 2024-01-01}", "arguments.when"),
+    ("{x: .nan}", "arguments.x"),
+    ("{xs: [1, .inf]}", "arguments.xs[1]"),
+    ("{a: {b: 2024-01-01 10:00:00}}", "arguments.a.b"),
+    ("{1: a}", "arguments"),
+    ("{a: !!binary aGk=}", "arguments.a"),
+    ("'{\"a\": NaN}'", "arguments.a"),
+])
+def test_tool_arguments_must_be_json(tmp_path, arguments, path):
+    err = _load_error(tmp_path, "s.yaml", "scenarios:\n  - turns:\n      - tool_calls:\n"
+                                          f"          - {{name: f, arguments: {arguments}}}\n")
+    assert f"scenarios[0].turns[0].tool_calls[0].{path}" in err and "JSON" in err, err
+    # the ones that pass: JSON types only
+    ok = _write_script(tmp_path, "scenarios:\n  - turns:\n      - tool_calls:\n          - name: f\n"
+                                 "            arguments: {a: '2024-01-01', b: [1, 2.5, true, null],"
+                                 " c: {d: x}}\n")
+    assert Script.load(ok).scenarios[0].turns[0].tool_calls[0]["arguments"] == {
+        "a": "2024-01-01", "b": [1, 2.5, True, None], "c": {"d": "x"}}
+
+
+def _write_script(tmp_path, text: str, name: str = "ok.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("turn, field, token", [
+    ({"content": "a <|im_end|> b"}, "scenarios[0].turns[0].content", "<|im_end|>"),
+    ({"reasoning": "x<|endoftext|>"}, "scenarios[0].turns[0].reasoning", "<|endoftext|>"),
+    ({"content": "<|im_start|>user"}, "scenarios[0].turns[0].content", "<|im_start|>"),
+    ({"content": "a</think>b"}, "scenarios[0].turns[0].content", "</think>"),
+    ({"tool_calls": [{"name": "f<tool_call>"}]}, "scenarios[0].turns[0].tool_calls[0].name", "<tool_call>"),
+    ({"tool_calls": [{"name": "f", "arguments": {"a": ["x", "<|im_end|>"]}}]},
+     "scenarios[0].turns[0].tool_calls[0].arguments.a[1]", "<|im_end|>"),
+    ({"tool_calls": [{"name": "f", "arguments": {"<|im_end|>": 1}}]},
+     "scenarios[0].turns[0].tool_calls[0].arguments", "<|im_end|>"),
+    ({"tool_calls": [{"name": "f", "arguments": '{"a": "<|audio_pad|>"}'}]},
+     "scenarios[0].turns[0].tool_calls[0].arguments.a", "<|audio_pad|>"),
+    ({"tool_calls": [{"name": "f", "input": "x<|im_end|>"}]},
+     "scenarios[0].turns[0].tool_calls[0].input", "<|im_end|>"),
+])
+def test_special_tokens_in_scripted_text_are_refused(turn, field, token):
+    with pytest.raises(ScriptError) as info:
+        Script.from_data({"scenarios": [{"turns": [turn]}]})
+    assert field in str(info.value) and repr(token) in str(info.value), str(info.value)
+    with pytest.raises(ScriptError, match=r"side_calls\[0\]\.reply\.content"):
+        Script.from_data({"side_calls": [{"match": {"no_tools": True}, "reply": {"content": "<|im_end|>"}}]})
+
+
+def test_special_tokens_refused_are_the_tokenizers(tiny_tokenizer):
+    from polar_train.tokenizer import special_tokens
+
+    tokens = special_tokens()
+    assert [i for i, _ in tokens] == list(range(248044, 248077))
+    for idx, tok in tokens:
+        assert tiny_tokenizer.convert_tokens_to_ids(tok) == idx
+        with pytest.raises(ScriptError, match=re.escape(repr(tok))):
+            Script.from_data({"scenarios": [{"turns": [{"content": f"a {tok} b"}]}]})
+    # text that merely looks alike stays allowed
+    Script.from_data({"scenarios": [{"turns": [{"content": "a <|im_end| b <think b"}]}]})
+
+
+def test_yaml_extension_is_case_insensitive(tmp_path):
+    for name in ("x.YAML", "x.Yml", "x.yMl"):
+        script = Script.load(_write_script(tmp_path, TURN_YAML, name))
+        assert script.scenarios[0].turns[0].content == "hi"
+
+
+def test_duplicate_keys_are_refused(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    err = _serve_error(tmp_path, tiny_model_dir, capsys, monkeypatch, "dup.yaml",
+                       "scenarios:\n  - match:\n      tool: shell\n      tool: edit\n"
+                       "    turns: [{content: hi}]\n")
+    assert "duplicate key 'tool'" in err and "line 4" in err and "line 3" in err, err
+    err = _load_error(tmp_path, "dup2.yaml", TURN_YAML + "scenarios: []\n")
+    assert "duplicate key 'scenarios'" in err and "line 4" in err, err
+    err = _load_error(tmp_path, "dup.json", '{"scenarios": [{"turns": [{"content": "a", "content": "b"}]}]}')
+    assert "duplicate key 'content'" in err, err
+    # a YAML merge key overriding a merged value is not a duplicate
+    script = Script.load(_write_script(tmp_path, "scenarios:\n  - match: {<<: {tool: shell}, tool: edit}\n"
+                                       "    turns: [{content: hi}]\n"))
+    assert script.scenarios[0].match == {"tool": "edit"}
+
+
+def test_docs_cover_after_last_and_namespace_tools():
+    from pathlib import Path
+
+    from polar_train.server.script import _AFTER_LAST
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scenario-format.md").read_text("utf-8")
+    for value in _AFTER_LAST:
+        assert f"`{value}`" in doc, value
+    assert "mcp__search" in doc and "namespace" in doc

@@ -9,12 +9,15 @@ scores those tokens, so the logprobs are the model's true ones.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..paths import not_a_file
-from ..tokenizer import IM_END, IM_START
+from ..tokenizer import IM_END, IM_START, special_tokens
 from .errors import BadRequest
 from .prompt import encode, render
 
@@ -123,23 +126,149 @@ def _list(raw: Any, where: str) -> list[Any]:
     return raw
 
 
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _parse_problem(exc: Exception) -> str:
+    """One line that keeps where and why (PyYAML's str() spreads them over several lines)."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and (exc.problem or exc.context):
+        mark = exc.problem_mark or exc.context_mark
+        text = (exc.problem or exc.context) + (f" at {_at(mark)}" if mark else "")
+        if exc.problem and exc.context:
+            start = exc.context_mark
+            same = start is not None and mark is not None and (start.line, start.column) == (
+                mark.line, mark.column)
+            text += f" ({exc.context}" + (f" started at {_at(start)}" if start and not same else "") + ")"
+        return _one_line(text)
+    return _one_line(str(exc)) or type(exc).__name__
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a duplicate key would silently keep the last value."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+@lru_cache(maxsize=1)
+def _yaml_loader() -> type:
+    """PyYAML's SafeLoader, but a duplicate key in a mapping is an error: a typo'd second
+    ``tool:`` in ``match`` would silently replace the first."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class UniqueKeySafeLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` may be overridden
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:  # unhashable: SafeLoader reports it
+                        continue
+                    if first is not key_node:
+                        where = f"{_at(key_node.start_mark)} (first at {_at(first.start_mark)})"
+                        raise ConstructorError(None, None, f"duplicate key {key!r} at {where}")
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeySafeLoader
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+@lru_cache(maxsize=1)
+def _special_pattern() -> re.Pattern[str]:
+    """Any special token of the tokenizer (the fixed Qwen3.5 list: the loader has no tokenizer)."""
+    tokens = sorted((tok for _, tok in special_tokens()), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens)))
+
+
+def _no_special_tokens(text: str, where: str) -> None:
+    """Scripted text is encoded as text: ``<|im_end|>`` in it would put the stop token mid-turn
+    (and ``<tool_call>``, ``<think>``... the parser's markers), which the model could never have
+    sampled as plain text either."""
+    found = _special_pattern().search(text)
+    if found:
+        ids = {tok: idx for idx, tok in special_tokens()}
+        raise ScriptError(f"{where} contains the special token {found.group()!r} (id {ids[found.group()]}); "
+                          "scripted text cannot hold special tokens")
+
+
+def _key_path(where: str, key: str) -> str:
+    return f"{where}.{key}" if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f"{where}[{key!r}]"
+
+
+def _json_value(value: Any, where: str, parents: tuple[int, ...] = ()) -> None:
+    """Only what JSON holds: YAML's dates, binary, NaN and non-string keys are refused, so the
+    server never sends a date's str or an invalid ``NaN``."""
+    if value is None or isinstance(value, (str, bool, int)):
+        if isinstance(value, str):
+            _no_special_tokens(value, where)
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ScriptError(f"{where} is {value!r}, which JSON cannot hold")
+        return
+    if isinstance(value, (list, dict)):
+        if id(value) in parents:  # a YAML anchor that contains itself
+            raise ScriptError(f"{where} contains itself, which JSON cannot hold")
+        parents = (*parents, id(value))
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                _json_value(item, f"{where}[{i}]", parents)
+            return
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ScriptError(f"{where}: key {key!r} is a {_kind(key)}, but JSON object keys are "
+                                  "strings (quote it)")
+            _no_special_tokens(key, f"{where} (key {key!r})")
+            _json_value(item, _key_path(where, key), parents)
+        return
+    raise ScriptError(f"{where} is a {_kind(value)} ({value!s}), not a JSON value (string, number, "
+                      "true/false, null, list or mapping): quote it if it is text")
+
+
 def _tool_call(c: Any, where: str) -> dict[str, Any]:
     if not isinstance(c, dict) or not isinstance(c.get("name"), str):
         raise ScriptError(f"{where}: needs a 'name'")
     _no_unknown_keys(c, _CALL_KEYS, where)  # `arguements:` would have become {} without a word
+    _no_special_tokens(c["name"], f"{where}.name")
     if "input" in c and "arguments" in c:
         raise ScriptError(f"{where}: 'input' (a freeform tool) or 'arguments', not both")
     if "input" in c:  # a freeform (custom) tool: vLLM's shim passes {"input": text}
-        args: Any = {"input": str(c["input"])}
-    else:
-        args = c.get("arguments", {})
+        if not isinstance(c["input"], str):  # null was "None", {a: 1} "{'a': 1}"
+            raise ScriptError(f"{where}.input must be a string (the freeform tool's text), "
+                              f"got {_kind(c['input'])}")
+        _no_special_tokens(c["input"], f"{where}.input")
+        return {"name": c["name"], "arguments": {"input": c["input"]}}
+    args = c.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except ValueError:
-            raise ScriptError(f"{where}.arguments is not JSON") from None
+            args = json.loads(args, object_pairs_hook=_unique_object)
+        except ValueError as exc:
+            raise ScriptError(f"{where}.arguments is not JSON: {_one_line(str(exc))}") from None
     if not isinstance(args, dict):
         raise ScriptError(f"{where}.arguments must be a mapping")
+    _json_value(args, f"{where}.arguments")
+    try:  # what the server will send: the walk above should make this never fail
+        json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ScriptError(f"{where}.arguments is not JSON: {exc}") from None
     return {"name": c["name"], "arguments": args}
 
 
@@ -152,13 +281,15 @@ def _turn(raw: Any, where: str) -> ScriptedTurn:
     for key in ("reasoning", "content"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ScriptError(f"{where}.{key} must be a string")
+        if raw.get(key):
+            _no_special_tokens(raw[key], f"{where}.{key}")
     if not (raw.get("reasoning") or raw.get("content") or calls):
         raise ScriptError(f"{where}: an empty turn (give content, reasoning or tool_calls)")
     return ScriptedTurn(raw.get("reasoning"), raw.get("content"), calls)
 
 
 def _match(raw: Any, where: str) -> dict[str, Any]:
-    raw = raw or {}
+    raw = {} if raw is None else raw  # `match: false` or `[]` was {}: it matched everything
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}.match must be a mapping")
     _no_unknown_keys(raw, set(_MATCH_TYPES), f"{where}.match")
@@ -181,14 +312,15 @@ class Script:
         if (problem := not_a_file(p, "scenario file")) is not None:
             raise ScriptError(problem)
         try:
-            if p.suffix in (".yaml", ".yml"):
+            text = p.read_text("utf-8")
+            if p.suffix.lower() in (".yaml", ".yml"):  # x.YAML was parsed as JSON
                 import yaml
 
-                data = yaml.safe_load(p.read_text("utf-8"))
+                data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
             else:
-                data = json.loads(p.read_text("utf-8"))
+                data = json.loads(text, object_pairs_hook=_unique_object)
         except Exception as exc:
-            raise ScriptError(f"{p}: cannot parse: {exc}".splitlines()[0]) from None
+            raise ScriptError(f"{p}: cannot parse: {_parse_problem(exc)}") from None
         return cls.from_data(data, str(p))
 
     @classmethod
@@ -221,6 +353,9 @@ class Script:
             if not isinstance(raw, dict) or "reply" not in raw:
                 raise ScriptError(f"{w} needs 'match' and 'reply'")
             _no_unknown_keys(raw, _SIDE_CALL_KEYS, w)
+            if not raw.get("match"):  # {} matched every request and hid every scenario
+                raise ScriptError(f"{w}.match is required and must not be empty (a side call without "
+                                  "conditions would answer every request)")
             side.append((_match(raw.get("match"), w), _turn(raw["reply"], f"{w}.reply")))
         if not scenarios and not side:
             raise ScriptError(f"{where}: no scenarios")
