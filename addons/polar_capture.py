@@ -33,6 +33,7 @@ from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
+from polar_train.capture.parsed import lax_true
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
@@ -52,7 +53,6 @@ _LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.
 
 
 _HOSTED_SUFFIXES = tuple("." + h for h in HOSTED_HOSTS) + (".openai.azure.com",)
-_PROXY_AUTH = frozenset({b"proxy-authorization"})
 
 
 def _model_call_drops(opts: CaptureOptions) -> frozenset[bytes]:
@@ -103,6 +103,7 @@ class PolarCapture:
         #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
         self.connect_auth: dict[str, str] = {}
         self._drop_headers = _model_call_drops(self.opts)
+        self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
         self._running = False
         #: ``--set polar_...`` values mitmproxy could not use (logged at load; see unusable_deferred).
         self._unusable: list[str] = []
@@ -155,6 +156,7 @@ class PolarCapture:
                 old.close()
         self.opts = opts
         self._drop_headers = _model_call_drops(opts)
+        self._identity_headers = identity_headers(opts.rollout_header, opts.task_header)
 
     def running(self) -> None:
         self._running = True
@@ -201,7 +203,8 @@ class PolarCapture:
         if flow.response is not None:  # answered by the proxy itself (proxyauth's 407): no model call
             return
         if api is None:
-            headers.fields = raw_headers.without(fields, _PROXY_AUTH)  # meant for us, never the upstream
+            # meant for us, never the upstream (the identity headers too: docs/capture.md says so, for every request)
+            headers.fields = raw_headers.without(fields, self._identity_headers)
             return
         headers.fields = raw_headers.without(fields, self._drop_headers)
         conn_id = flow.client_conn.id
@@ -260,7 +263,7 @@ class PolarCapture:
         if not isinstance(obj, dict):
             state.request_error = state.request_error or record.NOT_AN_OBJECT
             return
-        state.stream = obj.get("stream") is True
+        state.stream = lax_true(obj.get("stream"))  # vLLM streams on "true" too
         inj = module.inject(obj)
         if inj.changed:
             new = splice_injection(walked, inj.body) if walked is not None else None

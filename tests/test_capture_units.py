@@ -931,11 +931,12 @@ def test_hooks_plain_http_proxy_auth_removed_and_non_model_untouched(tmp_path):
         state = record.resolve_head(addon.calls[f.id], "x-polar-rollout", "x-polar-task", {})
         assert (state.identity.rollout_id, state.identity.task_id) == ("r-plain", "t-1")
         other = _chat_flow({"x": 1}, path="/api/v3/repos")
-        other.request.headers["x-polar-rollout"] = "keep"
+        other.request.headers["x-polar-rollout"] = "r-header"
         before = other.request.content
         addon.requestheaders(other)
         asyncio.run(addon.request(other))
-        assert other.request.headers["x-polar-rollout"] == "keep" and other.request.content == before
+        # our identity headers are for the proxy alone, on any request; the rest passes untouched
+        assert "x-polar-rollout" not in other.request.headers and other.request.content == before
         assert other.id not in addon.calls
         addon.done()
 
@@ -1241,3 +1242,30 @@ def test_a_streamed_messages_reply_keeps_the_thinking_signature_and_stop_sequenc
     assert parsed.response["content"] == [{"type": "thinking", "thinking": "hmm", "signature": "c2lnbmVk"}]
     assert parsed.response["stop_reason"] == "stop_sequence" and parsed.response["stop_sequence"] == "e"
     assert parsed.stopped is False
+
+
+@pytest.mark.parametrize("value,asked", [(True, True), (1, True), ("true", True), ("YES", True), ("1", True),
+                                         (False, False), (0, False), ("false", False), (None, False), (2, False)])
+def test_a_client_asks_for_ids_as_vllm_reads_the_field(value, asked):
+    """`"return_token_ids": 1` or `"true"` asks the server for ids (pydantic's lax bool): the addon
+    took only `true` as asking, and stripped the ids the client had asked for."""
+    inj = openai_chat.inject({"messages": [], "return_token_ids": value, "logprobs": value})
+    assert inj.asked == {"return_token_ids": asked, "logprobs": asked}
+    assert inj.changed is not asked
+    resp = openai_responses.inject({"input": "x", "enable_response_messages": value})
+    assert resp.asked["response_messages"] is asked
+
+
+@pytest.mark.parametrize("value,sent", [(2, 2), ("1", 1), (1.0, 1), (None, 0), ("x", 0)])
+def test_a_responses_top_logprobs_is_read_as_the_server_reads_it(value, sent):
+    """`"top_logprobs": "1"` was overwritten with 0: the client got no top logprobs it had asked for."""
+    inj = openai_responses.inject({"input": "x", "top_logprobs": value})
+    assert inj.body["top_logprobs"] == (value if value not in (None, "x") else 0)
+    if sent:
+        assert inj.asked["top_logprobs"] == sent  # compared with the server's echo (an int)
+
+
+def test_a_stream_field_of_true_text_is_recorded_as_streamed():
+    state = _state(request_body=b'{"model": "m", "stream": "true", "messages": []}')
+    state.request_unread = True
+    assert state.request_object() is not None and state.stream is True

@@ -105,3 +105,21 @@ def test_with_mitmproxys_proxyauth_the_rollout_still_comes_from_the_credentials(
         for path in m.out_dir.rglob("*"):
             if path.is_file():
                 assert PROXY_PASS.encode() not in path.read_bytes(), path
+
+
+def test_identity_headers_never_reach_the_upstream_also_on_other_requests(tmp_path: Path) -> None:
+    """`x-polar-rollout`/`x-polar-task` were removed from model calls only: a /tokenize, an
+    embeddings call or a count_tokens request carried them to the server."""
+    with fault_upstream() as (base, received):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2"})
+        try:
+            with httpx.Client(proxy=f"http://r1:{PROXY_PASS}@127.0.0.1:{m.port}", timeout=30) as c:
+                for path in ("/tokenize", "/v1/embeddings", "/v1/chat/completions"):
+                    c.post(base + path, json={"model": "ok", "messages": [], "prompt": "x"},
+                           headers={"x-polar-rollout": "r1", "x-polar-task": "t1"})
+        finally:
+            m.stop()
+    assert [p for p, _, _ in received] == ["/tokenize", "/v1/embeddings", "/v1/chat/completions"]
+    for path, headers, _ in received:
+        names = {k.lower() for k in headers}
+        assert not names & {"x-polar-rollout", "x-polar-task", "proxy-authorization"}, (path, names)

@@ -22,7 +22,7 @@ from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
 from .id_arrays import parse_ids
 from .json_members import EchoCache, PrefixCache
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list, lax_true
 from .sse import loads_text
 
 API = "openai.chat"
@@ -34,8 +34,8 @@ REQUEST_ECHOED = {"messages": PrefixCache(), "tools": EchoCache()}
 
 def inject(body: dict[str, Any]) -> Injection:
     asked = {
-        "return_token_ids": body.get("return_token_ids") is True,
-        "logprobs": body.get("logprobs") is True,
+        "return_token_ids": lax_true(body.get("return_token_ids")),  # as vLLM reads it: 1, "true" too
+        "logprobs": lax_true(body.get("logprobs")),
     }
     new = dict(body)
     changed = False

@@ -24,7 +24,7 @@ from .id_arrays import as_list, parse_ids
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
 from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
                            replacements, skippers, splice_bytes, unique)
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list, lax_int, lax_true
 from .sse import named_event_data
 
 API = "openai.responses"
@@ -36,10 +36,12 @@ FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 def inject(body: dict[str, Any]) -> Injection:
     include = body.get("include") if isinstance(body.get("include"), list) else []
     asked = {
-        "response_messages": body.get("enable_response_messages") is True,
+        "response_messages": lax_true(body.get("enable_response_messages")),
         "logprobs": LOGPROBS_INCLUDE in include,
         "has_top_logprobs": "top_logprobs" in body,
-        "top_logprobs": body.get("top_logprobs"),
+        # as the server reads and echoes it ("1" is 1)
+        "top_logprobs": lax_int(body.get("top_logprobs")) if lax_int(body.get("top_logprobs")) is not None
+        else body.get("top_logprobs"),
     }
     new = dict(body)
     changed = False
@@ -49,7 +51,7 @@ def inject(body: dict[str, Any]) -> Injection:
     if not asked["logprobs"]:
         new["include"] = [*include, LOGPROBS_INCLUDE]
         changed = True
-    if not isinstance(body.get("top_logprobs"), int):
+    if lax_int(body.get("top_logprobs")) is None:
         new["top_logprobs"] = 0
         changed = True
     return Injection(new, asked, changed)

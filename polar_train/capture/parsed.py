@@ -45,6 +45,33 @@ class Injection:
     changed: bool
 
 
+#: Text pydantic's lax mode reads as true (vLLM's request models): ``"true"``, ``"yes"``, ``"1"``...
+_LAX_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
+def lax_true(value: Any) -> bool:
+    """Whether vLLM reads a boolean request field as true: ``True``, ``1`` or a true word. A
+    client that sent ``"return_token_ids": "true"`` asked for the ids as surely as with ``true``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value == 1
+    return isinstance(value, str) and value.lower() in _LAX_TRUE
+
+
+def lax_int(value: Any) -> int | None:
+    """An integer request field as vLLM reads it (``2``, ``2.0``, ``"2"``), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and value.strip().isascii():
+        return int(value.strip())
+    return None
+
+
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 

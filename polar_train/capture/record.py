@@ -21,7 +21,7 @@ from typing import Any
 from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
-from .parsed import ParsedCall
+from .parsed import ParsedCall, lax_true
 from .redact import (header_secrets, query_secrets, redacted_dumps, scrub, scrub_json, secret_forms,
                      value_secrets)
 from .render import Renderer, TokenizerUnavailable, server_tokenize
@@ -188,7 +188,7 @@ class CallState:
         if isinstance(obj, dict):
             self.request, self.request_walked = obj, walked
             if unread:
-                self.stream = obj.get("stream") is True
+                self.stream = lax_true(obj.get("stream"))
         elif unread:
             self.request_error = NOT_AN_OBJECT
         return self.request
