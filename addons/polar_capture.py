@@ -67,12 +67,14 @@ def _is_hosted(host: str) -> bool:
 
 
 def _checked_credentials(flow: http.HTTPFlow) -> str | None:
-    """The proxy credentials mitmproxy's own ``proxyauth`` option checked, as a Basic value without
-    the password: that addon runs first and removes ``Proxy-Authorization`` from the request."""
+    """The proxy credentials mitmproxy's own ``proxyauth`` option checked, as the Basic value they
+    came in: that addon runs first and removes ``Proxy-Authorization`` from the request. The row
+    worker reads the rollout from it and scrubs the password from what it stores, as it does
+    without ``proxyauth``."""
     checked = flow.metadata.get("proxyauth")
-    if not isinstance(checked, tuple) or not checked or not isinstance(checked[0], str):
+    if not isinstance(checked, tuple) or len(checked) != 2 or not all(isinstance(c, str) for c in checked):
         return None
-    return "Basic " + base64.b64encode(f"{checked[0]}:".encode("utf-8")).decode("ascii")
+    return "Basic " + base64.b64encode(f"{checked[0]}:{checked[1]}".encode("utf-8")).decode("ascii")
 
 
 def _client_side(flow: http.HTTPFlow, msg: str) -> bool:
@@ -216,7 +218,9 @@ class PolarCapture:
                 port = None
         scheme, host, req_port = req.scheme, req.host, req.port
         base = f"{scheme}://{host}" + ("" if req_port == (443 if scheme == "https" else 80) else f":{req_port}")
-        checked = _checked_credentials(flow)
+        # the credentials proxyauth checked on this request itself (a tunnel's are in connect_auth,
+        # below the request's own rollout header)
+        checked = _checked_credentials(flow) if conn_id not in self.connect_auth else None
         if checked is not None and not raw_headers.values(fields, b"proxy-authorization")[0]:
             fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
         self.calls[flow.id] = record.CallState(

@@ -158,9 +158,14 @@ def _run_command(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `polar-train CMD | head`: the reader left; no traceback, as a shell's SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit
-        return 128 + signal.SIGPIPE
+    except BrokenPipeError as exc:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # `polar-train CMD | head`: the reader left; no traceback, as a shell's SIGPIPE
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit
+            return 128 + signal.SIGPIPE
+        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)  # another pipe (a child, a socket)
+        return 1
 
 
 def print_out(text: str) -> None:

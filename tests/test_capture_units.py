@@ -27,7 +27,8 @@ from polar_train.capture import anthropic_messages, fields, openai_chat, openai_
 from polar_train.capture.identity import HeaderView, resolve_identity, rollout_from_proxy_auth
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import parse_port_rollouts
-from polar_train.capture.redact import REDACTED, SECRET_KEYS, header_secrets, redact_json, redacted_dumps, scrub
+from polar_train.capture.redact import (REDACTED, SECRET_KEYS, header_secrets, redact_json, redacted_dumps, scrub,
+                                        value_secrets)
 from polar_train.capture.sse import SSESplitter, event_json, split_all
 from polar_train.capture.tap import StreamTap
 from polar_train.capture.writer import PartWriter
@@ -337,6 +338,7 @@ def test_redaction():
     secrets = header_secrets(_view({"authorization": "Bearer sk-abcdef",
                                     "proxy-authorization": _basic("r1", "hunter22")}))
     assert {"sk-abcdef", "hunter22"} <= secrets
+    assert value_secrets(_basic("r1", "")) == set()  # a user name alone: its base64 "cjE6" is no secret
     text = scrub(json.dumps(redact_json(body)), secrets)
     assert "sk-abcdef" not in text and json.loads(text)["max_tokens"] == 3
     assert json.loads(text)["api_key"] == REDACTED
@@ -1256,16 +1258,67 @@ def test_a_client_asks_for_ids_as_vllm_reads_the_field(value, asked):
     assert resp.asked["response_messages"] is asked
 
 
-@pytest.mark.parametrize("value,sent", [(2, 2), ("1", 1), (1.0, 1), (None, 0), ("x", 0)])
-def test_a_responses_top_logprobs_is_read_as_the_server_reads_it(value, sent):
-    """`"top_logprobs": "1"` was overwritten with 0: the client got no top logprobs it had asked for."""
+@pytest.mark.parametrize("value,read", [(2, 2), ("1", 1), (1.0, 1), ("2.0", 2), (True, 1), (None, None),
+                                        ("x", None), ("--1", None)])
+def test_a_responses_top_logprobs_is_read_as_the_server_reads_it(value, read):
+    """`"top_logprobs": "1"` was overwritten with 0: the client got no top logprobs it had asked
+    for; `"--1"` raised in the request hook. A value the server refuses is left for it to refuse."""
     inj = openai_responses.inject({"input": "x", "top_logprobs": value})
-    assert inj.body["top_logprobs"] == (value if value not in (None, "x") else 0)
-    if sent:
-        assert inj.asked["top_logprobs"] == sent  # compared with the server's echo (an int)
+    assert inj.body["top_logprobs"] == (0 if value is None else value)
+    if read is not None:
+        assert inj.asked["top_logprobs"] == read  # compared with the server's echo (an int)
 
 
 def test_a_stream_field_of_true_text_is_recorded_as_streamed():
     state = _state(request_body=b'{"model": "m", "stream": "true", "messages": []}')
     state.request_unread = True
     assert state.request_object() is not None and state.stream is True
+
+
+def test_with_proxyauth_a_tunnels_user_stays_below_the_requests_own_header(tmp_path):
+    """mitmproxy's proxyauth copies a tunnel's checked credentials into every request of it: taken
+    for the request's own, they outranked its x-polar-rollout header."""
+    from mitmproxy.addons.proxyauth import ProxyAuth
+    from mitmproxy.test import taddons, tflow
+
+    mod = _load_addon()
+    addon, auth = mod.PolarCapture(), ProxyAuth()
+    with taddons.context(auth, addon) as tctx:
+        tctx.configure(auth, proxyauth="any")
+        tctx.configure(addon, polar_out=str(tmp_path))
+        connect = tflow.tflow()
+        connect.request.method = "CONNECT"
+        connect.request.headers["proxy-authorization"] = _basic("tunnel-rollout", "pw-secret")
+        auth.http_connect(connect)
+        addon.http_connect(connect)
+        assert "proxy-authorization" not in connect.request.headers  # proxyauth took it
+        states = []
+        for header in ("header-rollout", None):
+            f = _chat_flow({"model": "tiny", "messages": []})
+            f.client_conn = connect.client_conn
+            if header:
+                f.request.headers["x-polar-rollout"] = header
+            auth.requestheaders(f)
+            addon.requestheaders(f)
+            states.append(record.resolve_head(addon.calls[f.id], "x-polar-rollout", "x-polar-task", {}))
+        assert [s.identity.rollout_id for s in states] == ["header-rollout", "tunnel-rollout"]
+        assert "pw-secret" in states[1].secrets
+        addon.done()
+
+
+def test_a_refused_id_from_an_api_key_is_not_logged(caplog):
+    """The key `polar-<id>` is a secret: a refused id (too long) was logged with 80 characters of it."""
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+    key = "polar-" + "K" * 600
+    ident = resolve_identity(_view({"authorization": f"Bearer {key}"}), None, None, "x-polar-rollout", "", {})
+    assert ident.rollout_id is None and "refused" in caplog.text and "KKKK" not in caplog.text
+
+
+def test_scrubbed_json_with_an_escaped_lone_surrogate_stays_storable():
+    """JSON.stringify escapes a lone surrogate ("\\ud83d"): re-dumped unescaped, the row's text could
+    not be encoded as UTF-8 and the call lost its ids, request and response."""
+    from polar_train.capture.redact import scrub_json
+
+    out = scrub_json('{"x":"\\ud83d","k":"sk-ab/cd1234"}', {"sk-ab/cd1234"}, compact)
+    out.encode("utf-8")
+    assert json.loads(out) == {"x": "\ud83d", "k": REDACTED}

@@ -48,7 +48,7 @@ def id_problem(value: str) -> str | None:
     return None
 
 
-def valid_id(value: str | None, what: str = "rollout id") -> str | None:
+def valid_id(value: str | None, what: str = "rollout id", show: bool = True) -> str | None:
     """The id as sent (surrounding spaces removed), or None when there is none or it cannot be one;
     a refused id is said once in the log (it used to vanish without a word, and every call so left
     without a rollout was pooled with the others)."""
@@ -60,8 +60,8 @@ def valid_id(value: str | None, what: str = "rollout id") -> str | None:
         return value
     if value and len(_refused_said) < 100 and value[:80] not in _refused_said:
         _refused_said.add(value[:80])
-        log.warning("polar_capture: %s %r refused (%s); the call is recorded without one", what,
-                    value[:80] + ("..." if len(value) > 80 else ""), problem)
+        shown = repr(value[:80] + ("..." if len(value) > 80 else "")) if show else "(from an API key: not shown)"
+        log.warning("polar_capture: %s %s refused (%s); the call is recorded without one", what, shown, problem)
     return None
 
 
@@ -93,7 +93,7 @@ def rollout_from_api_key(headers: Any) -> str | None:
     candidates.append((headers.get("x-api-key") or "").strip())
     for key in candidates:
         if key.startswith(API_KEY_PREFIX) and len(key) > len(API_KEY_PREFIX):
-            return valid_id(key[len(API_KEY_PREFIX):])
+            return valid_id(key[len(API_KEY_PREFIX):], show=False)  # the key is a secret: never logged
     return None
 
 

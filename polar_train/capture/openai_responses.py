@@ -40,8 +40,8 @@ def inject(body: dict[str, Any]) -> Injection:
         "logprobs": LOGPROBS_INCLUDE in include,
         "has_top_logprobs": "top_logprobs" in body,
         # as the server reads and echoes it ("1" is 1)
-        "top_logprobs": lax_int(body.get("top_logprobs")) if lax_int(body.get("top_logprobs")) is not None
-        else body.get("top_logprobs"),
+        "top_logprobs": body.get("top_logprobs") if lax_int(body.get("top_logprobs")) is None
+        else lax_int(body.get("top_logprobs")),
     }
     new = dict(body)
     changed = False
@@ -51,7 +51,7 @@ def inject(body: dict[str, Any]) -> Injection:
     if not asked["logprobs"]:
         new["include"] = [*include, LOGPROBS_INCLUDE]
         changed = True
-    if lax_int(body.get("top_logprobs")) is None:
+    if body.get("top_logprobs") is None:  # a value the server refuses is its to answer (a 400)
         new["top_logprobs"] = 0
         changed = True
     return Injection(new, asked, changed)

@@ -6,6 +6,7 @@ the row writer, the renderer and the status logic only need this.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,16 +60,23 @@ def lax_true(value: Any) -> bool:
     return isinstance(value, str) and value.lower() in _LAX_TRUE
 
 
+#: An integer as pydantic reads one from text: a sign, ASCII digits (``_`` between them), a
+#: fraction of zeros at most ("2.0" is 2).
+_INT_TEXT = re.compile(r"([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?", re.ASCII)
+
+
 def lax_int(value: Any) -> int | None:
-    """An integer request field as vLLM reads it (``2``, ``2.0``, ``"2"``), else None."""
+    """An integer request field as vLLM (pydantic's lax mode) reads it: ``2``, ``2.0``, ``"2"``,
+    ``"2.0"``, ``"1_000"``, ``true``; else None (a value the server refuses)."""
     if isinstance(value, bool):
-        return None
+        return int(value)
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and value.strip().isascii():
-        return int(value.strip())
+    if isinstance(value, str):
+        m = _INT_TEXT.fullmatch(value.strip())
+        return int(m[1]) if m else None
     return None
 
 

@@ -100,9 +100,11 @@ def value_secrets(value: str) -> set[str]:
                 decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 decoded = ""
-            user, _, password = decoded.partition(":")
-            if password:  # a user name alone (a rollout id) is no secret
+            user, colon, password = decoded.partition(":")
+            if password:
                 found |= {decoded, password}
+            elif colon:  # a user name alone (a rollout id) is no secret: its short base64 would be
+                return set()  # scrubbed from every stored text that happens to hold it
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
 
 
@@ -167,7 +169,12 @@ def scrub_json(text: str | None, secrets: set[str], dumps: Callable[[Any], str])
         value = json.loads(text)
     except ValueError:  # not JSON after all: every form, replaced in the text
         return scrub(text, secret_forms(secrets))
-    return dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)))
+    out = dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)))
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate the client sent escaped ("\\ud83d"): keep it escaped
+        out = json.dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)), separators=(",", ":"))
+    return out
 
 
 def scrub(text: str | None, secrets: set[str]) -> str | None:

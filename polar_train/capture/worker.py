@@ -297,6 +297,12 @@ def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any
 
 
 # -- child process ------------------------------------------------------------------------------
+def _preload(renderer: Any) -> None:
+    """Load the tokenizer, then freeze what it left (as main() froze the imports before it)."""
+    renderer.preload()
+    gc.freeze()
+
+
 def main() -> int:
     """``python -m polar_train.capture.worker``: frames on stdin -> rows -> Parquet parts."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the proxy decides when this process ends
@@ -326,7 +332,7 @@ def main() -> int:
         # loaded beside the writer, not on its thread: 4-12 s here, during which calls with the
         # server's ids would otherwise wait unwritten (a SIGKILL then lost all of them); a call
         # that needs rendering waits for it on the renderer's lock
-        threading.Thread(target=renderer.preload, name="polar-capture-tokenizer", daemon=True).start()
+        threading.Thread(target=_preload, args=(renderer,), name="polar-capture-tokenizer", daemon=True).start()
     gc.freeze()  # what the imports left (pyarrow, the tokenizer): never walked again by the cyclic GC
     while (call := read_call(inp)) is not None:
         try:

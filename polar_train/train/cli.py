@@ -207,7 +207,8 @@ def build_trainer(args: argparse.Namespace):
         peft_config = config.lora_config()
     out.mkdir(parents=True, exist_ok=True)
     (out / RUN_MARKER).touch()
-    if checkpoint is not None:  # the steps after it are logged again
+    if checkpoint is not None and os.environ.get("RANK", "0") == "0":  # the steps after it are logged again;
+        # by the one process that writes metrics.jsonl (accelerate launch starts one per GPU)
         keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])

@@ -117,34 +117,46 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
 class _ContinuedAttempts:
     """Which completed attempts of one request a later call of their rollout goes on from (its
     prompt starts with the attempt's prompt + completion). Only asked for requests with several
-    completed attempts (rare), so the prompts are read - and compact ones resolved - on first need."""
+    completed attempts (rare); the prompts of that rollout alone are read then (compact ones
+    resolved within it), as arrays: never the whole capture's."""
 
     def __init__(self, table: pa.Table, rollout: list, status: list, when) -> None:
         self.table, self.rollout, self.status, self.when = table, rollout, status, when
-        self._prompts: list | None = None
-        self._completions: list | None = None
-        self._by_rollout: dict = {}
+        self._rows_of: dict | None = None
+        self._ids: dict = {}  # rollout -> {row: (prompt, completion)} as numpy arrays (None: unknown)
 
-    def _load(self) -> None:
-        resolved, _problems = resolve_prompt_prefixes(self.table)  # unresolvable prompts stay null
-        self._prompts = resolved.column("prompt_token_ids").to_pylist()
-        self._completions = resolved.column("completion_token_ids").to_pylist()
-        for i, r in enumerate(self.rollout):
-            self._by_rollout.setdefault(r, []).append(i)
+    def _load(self, rollout_id) -> dict:
+        if self._rows_of is None:
+            self._rows_of = {}
+            for i, r in enumerate(self.rollout):
+                self._rows_of.setdefault(r, []).append(i)
+        rows = self._rows_of[rollout_id]
+        part, _problems = resolve_prompt_prefixes(self.table.take(rows))  # unresolvable prompts stay null
+        p_vals, p_offs, p_valid = _list_values(part.column("prompt_token_ids"))
+        c_vals, c_offs, c_valid = _list_values(part.column("completion_token_ids"))
+        ids = {}
+        for k, i in enumerate(rows):
+            ids[i] = (p_vals[p_offs[k]:p_offs[k + 1]] if p_valid[k] else None,
+                      c_vals[c_offs[k]:c_offs[k + 1]] if c_valid[k] else None)
+        return ids
 
     def of(self, attempts: list[int]) -> list[int]:
-        if self._prompts is None:
-            self._load()
-        prompts, completions = self._prompts, self._completions
+        rollout_id = self.rollout[attempts[0]]
+        if rollout_id not in self._ids:
+            self._ids[rollout_id] = self._load(rollout_id)
+        ids = self._ids[rollout_id]
         out = []
         for a in attempts:
-            if prompts[a] is None or completions[a] is None:
+            prompt, completion = ids[a]
+            if prompt is None or completion is None:
                 continue
-            history = prompts[a] + completions[a]
-            later = (j for j in self._by_rollout[self.rollout[a]]
-                     if j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a))
-            if any(prompts[j] is not None and prompts[j][:len(history)] == history for j in later):
-                out.append(a)
+            history = np.concatenate([prompt, completion])
+            for j, (later, _) in ids.items():
+                if (j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a)
+                        and later is not None and len(later) >= len(history)
+                        and np.array_equal(later[:len(history)], history)):
+                    out.append(a)
+                    break
         return out
 
 
