@@ -33,11 +33,11 @@ from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
-from polar_train.capture.parsed import lax_true
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
 from polar_train.capture.worker import RowWorker
 from polar_train.tokenizer import holds_tokenizer
+from polar_train.wire.lax import lax_true
 
 log = logging.getLogger("polar_capture")
 

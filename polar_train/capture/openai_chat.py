@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..wire.errors import ApiError
+from ..wire.lax import lax_true
 from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
 from .id_arrays import parse_ids
 from .json_members import EchoCache, PrefixCache
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list, lax_true
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import loads_text
 
 API = "openai.chat"

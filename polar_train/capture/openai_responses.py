@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from ..wire.errors import ApiError
+from ..wire.lax import lax_int, lax_true
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 from .byte_text import byte_text
 from .id_arrays import as_list, parse_ids
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
 from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
                            replacements, skippers, splice_bytes, unique)
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list, lax_int, lax_true
+from .parsed import Injection, ParsedCall, as_float, as_int, int_list
 from .sse import named_event_data
 
 API = "openai.responses"

@@ -6,7 +6,6 @@ the row writer, the renderer and the status logic only need this.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,40 +43,6 @@ class Injection:
     body: dict[str, Any]
     asked: dict[str, Any]
     changed: bool
-
-
-#: Text pydantic's lax mode reads as true (vLLM's request models): ``"true"``, ``"yes"``, ``"1"``...
-_LAX_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-
-
-def lax_true(value: Any) -> bool:
-    """Whether vLLM reads a boolean request field as true: ``True``, ``1`` or a true word. A
-    client that sent ``"return_token_ids": "true"`` asked for the ids as surely as with ``true``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value == 1
-    return isinstance(value, str) and value.lower() in _LAX_TRUE
-
-
-#: An integer as pydantic reads one from text: a sign, ASCII digits (``_`` between them), a
-#: fraction of zeros at most ("2.0" is 2).
-_INT_TEXT = re.compile(r"([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?", re.ASCII)
-
-
-def lax_int(value: Any) -> int | None:
-    """An integer request field as vLLM (pydantic's lax mode) reads it: ``2``, ``2.0``, ``"2"``,
-    ``"2.0"``, ``"1_000"``, ``true``; else None (a value the server refuses)."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        m = _INT_TEXT.fullmatch(value.strip())
-        return int(m[1]) if m else None
-    return None
 
 
 def as_int(value: Any) -> int | None:

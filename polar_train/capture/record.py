@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ..wire.lax import lax_true
 from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
-from .parsed import ParsedCall, lax_true
+from .parsed import ParsedCall
 from .redact import (header_secrets, query_secrets, redacted_dumps, scrub, scrub_json, secret_forms,
                      value_secrets)
 from .render import Renderer, TokenizerUnavailable, server_tokenize

@@ -7,17 +7,12 @@ truthiness would stream on ``"false"``. Every boolean, integer and number field 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from ..wire.lax import FALSE_WORDS, INT_TEXT, TRUE_WORDS
 from .errors import validation_error
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: An integer as pydantic reads one from text: a sign, ASCII digits (``_`` between them), and a
-#: fraction of zeros at most ("4.0" is 4; "4.5" and "4." are no integers).
-_INT_TEXT = re.compile(r"([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?", re.ASCII)
-_TRUE = {"1", "on", "t", "true", "y", "yes"}
-_FALSE = {"0", "off", "f", "false", "n", "no"}
 
 
 def to_bool(value: Any, field: str) -> bool:
@@ -25,8 +20,8 @@ def to_bool(value: Any, field: str) -> bool:
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:  # no trimming: " true " is refused
-        return value.lower() in _TRUE
+    if isinstance(value, str) and value.lower() in TRUE_WORDS | FALSE_WORDS:  # no trimming: " true " is refused
+        return value.lower() in TRUE_WORDS
     if isinstance(value, (str, int, float)):
         raise validation_error("bool_parsing", field,
                                "Input should be a valid boolean, unable to interpret input", value)
@@ -46,7 +41,7 @@ def to_int(value: Any, field: str) -> int:
                                    "number with a fractional part", value)
         return int(value)
     if isinstance(value, str):
-        m = _INT_TEXT.fullmatch(value.strip())  # ASCII digits only: int() would take "٤" and "4."
+        m = INT_TEXT.fullmatch(value.strip())  # ASCII digits only: int() would take "٤" and "4."
         if m is None:
             raise validation_error("int_parsing", field, "Input should be a valid integer, unable "
                                    "to parse string as an integer", value)
