@@ -369,14 +369,15 @@ class PolarCapture:
             msg = flow.error.msg if flow.error else "unknown error"
             waited = (record.utcnow() - state.started_at).total_seconds()
             idle_limit = float(ctx.options.tcp_timeout)
-            if _client_side(flow, msg) and state.http_status is None and waited >= 0.95 * idle_limit:
+            client_side = _client_side(flow, msg)
+            if client_side and state.http_status is None and waited >= 0.95 * idle_limit:
                 # mitmproxy's inactivity watchdog (tcp_timeout) closed a call the upstream never answered
                 state.fail("upstream_error", f"no response from the upstream within tcp_timeout ({idle_limit:g} s)")
-            elif _client_side(flow, msg) and state.streamed:
+            elif client_side and state.streamed:
                 # complete if the stream already carried its final event (Codex leaves then); the row
                 # worker sees the whole stream and decides
                 state.client_error = msg
-            elif _client_side(flow, msg):
+            elif client_side:
                 state.fail("client_disconnected", msg)
             else:
                 state.fail("upstream_error", msg)

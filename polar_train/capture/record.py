@@ -379,6 +379,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         temperature = temperature if temperature is not None else as_float(response.get("temperature"))
         top_p = top_p if top_p is not None else as_float(response.get("top_p"))
     secrets = state.secrets
+    forms = secret_forms(secrets)  # each secret as JSON text may hold it, once for every stored text
     identity = state.identity or Identity(None, "none")
     row = {
         "call_id": state.call_id,
@@ -400,9 +401,10 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "stream": state.stream,
         "http_status": state.http_status,
         "status": status,
-        "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], secret_forms(secrets)),
-        "request_json": scrub_json(_request_text(state, request), secrets, compact) if request is not None else None,
-        "response_json": (scrub_json(redacted_dumps(response, compact), secrets, compact)
+        "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], forms),
+        "request_json": (scrub_json(_request_text(state, request), secrets, compact, forms)
+                         if request is not None else None),
+        "response_json": (scrub_json(redacted_dumps(response, compact), secrets, compact, forms)
                           if response is not None else None),
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,

@@ -154,26 +154,30 @@ def _scrub_strings(value: Any, secrets: list[str]) -> Any:
     return value
 
 
-def scrub_json(text: str | None, secrets: set[str], dumps: Callable[[Any], str]) -> str | None:
+def scrub_json(text: str | None, secrets: set[str], dumps: Callable[[Any], str],
+               forms: set[str] | None = None) -> str | None:
     """JSON ``text`` with every secret removed from its strings (keys and values), the text kept
     as it is when none shows in it in any form.
 
     Why not :func:`scrub` on the text: a key of ``null`` or ``none`` replaced JSON's own ``null``
     and the string ``"none"`` (the stored JSON no longer parsed), and a secret with a ``"`` or a
-    ``\\`` shows escaped in JSON text, where a plain replace never finds it."""
+    ``\\`` shows escaped in JSON text, where a plain replace never finds it. ``forms``:
+    :func:`secret_forms` of ``secrets``, when the caller has them already."""
     if not text or not secrets:
         return text
-    if not any(form in text for secret in secrets for form in _json_forms(secret)):
+    forms = secret_forms(secrets) if forms is None else forms
+    if not any(form in text for form in forms):
         return text
     try:
         value = json.loads(text)
     except ValueError:  # not JSON after all: every form, replaced in the text
-        return scrub(text, secret_forms(secrets))
-    out = dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)))
+        return scrub(text, forms)
+    scrubbed = _scrub_strings(value, sorted(secrets, key=len, reverse=True))
+    out = dumps(scrubbed)
     try:
         out.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate the client sent escaped ("\\ud83d"): keep it escaped
-        out = json.dumps(_scrub_strings(value, sorted(secrets, key=len, reverse=True)), separators=(",", ":"))
+        out = json.dumps(scrubbed, separators=(",", ":"))
     return out
 
 
