@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,3 +115,69 @@ def test_option_reaches_the_writer(tmp_path: Path) -> None:
             addon.done()
         finally:
             tctx.master._legacy_log_events.uninstall()
+
+
+def _resolved(tmp: Path) -> dict:
+    log = read_call_log(tmp)
+    assert not log.problems, log.problems
+    return dict(zip(log.table.column("call_id").to_pylist(), log.table.column("prompt_token_ids").to_pylist()))
+
+
+def test_a_row_stored_as_proxy_error_is_never_referred_to(tmp_path: Path) -> None:
+    """A row Arrow cannot store (a server's usage count past int32) is kept as a proxy_error without
+    ids. It had already been remembered as its rollout's last call, so every later call of the
+    rollout referred to it and none could be read back. They now refer to the call before it."""
+    base = list(range(1, 100))
+    rows = [row("r", base, [7]), row("r", base + [7, 5], [8]), row("r", base + [7, 5, 8, 6], [9]),
+            row("r", base + [7, 5, 8, 6, 9, 4], [10])]
+    rows[1]["usage_prompt_tokens"] = 2**40
+    write_rows(tmp_path, rows, flush_rows=100)
+    got = _resolved(tmp_path)
+    want = {r["call_id"]: r["prompt_token_ids"] for r in rows}
+    want[rows[1]["call_id"]] = None
+    assert got == want
+    stored = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    assert stored[rows[1]["call_id"]]["status"] == "proxy_error"
+    assert stored[rows[2]["call_id"]]["prompt_prefix_call_id"] == rows[0]["call_id"]  # still compact
+
+
+def test_rows_kept_while_parts_cannot_be_written_never_refer_to_dropped_ones(tmp_path: Path, monkeypatch) -> None:
+    """Disk full: the writer keeps the newest rows and drops the oldest. Rows were compacted as they
+    came in, so a kept row could refer to a dropped one and could not be read back. They are now
+    compacted only when their part is written. The jobs switch the failure on and off in order, on
+    the writer's own thread: no timing involved."""
+    import errno
+
+    from polar_train.capture import writer as writer_module
+
+    failing = {"on": False}
+    real_write, real_read = pq.write_table, pq.read_table
+
+    def write_table(*args, **kwargs):
+        if failing["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module.pq, "write_table", write_table)
+    base = list(range(1, 100))
+    rows, prompt = [], base
+    for i in range(10):
+        rows.append(row("r", prompt, [1000 + i]))
+        prompt = prompt + [1000 + i, 2000 + i]
+    w = PartWriter(tmp_path, flush_rows=1, flush_seconds=0, prompt_delta=True)
+    w.max_pending_rows = 2
+    w.start()
+
+    def job(i: int):
+        failing["on"] = 2 <= i < 7  # rows 2..6 meet a full disk: 2, 3 and 4 are dropped
+        return dict(rows[i])
+
+    for i in range(10):
+        assert w.submit(lambda i=i: job(i), block=True)
+    w.close()
+    assert w.lost_rows == 3
+    got = _resolved(tmp_path)
+    assert got == {r["call_id"]: r["prompt_token_ids"] for k, r in enumerate(rows) if k not in (2, 3, 4)}
+    stored = {r["call_id"]: r for r in real_read(tmp_path / "calls").to_pylist()}
+    assert stored[rows[5]["call_id"]]["prompt_prefix_call_id"] == rows[1]["call_id"]
+    assert stored[rows[9]["call_id"]]["prompt_prefix_call_id"] == rows[8]["call_id"]

@@ -70,6 +70,10 @@ class PromptDeltaEncoder:
             self._last.popitem(last=False)
         return row
 
-    def forget(self) -> None:
-        """Drop every reference (after rows were lost, e.g. a failed write: never point at them)."""
-        self._last.clear()
+    def state(self) -> OrderedDict[str, _Last]:
+        """What :meth:`restore` returns to (the writer's part may yet fail to be written)."""
+        return OrderedDict(self._last)
+
+    def restore(self, state: OrderedDict[str, _Last]) -> None:
+        """Back to ``state``: the rows encoded since were not stored, so nothing may refer to them."""
+        self._last = OrderedDict(state)

@@ -45,19 +45,27 @@ def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
     its column's type: 2**33 in an int32 list) no longer fails the whole part, which lost every
     call flushed with it: that row is kept as a ``proxy_error`` saying why, with its identity,
     timing, request and response but none of its numbers, and the others are stored as built."""
+    return checked_rows_table(rows)[0]
+
+
+def checked_rows_table(rows: list[dict[str, Any]], quiet: frozenset[int] = frozenset()) -> tuple[pa.Table, set[int]]:
+    """:func:`rows_table`, and the indices of the rows kept as ``proxy_error`` (not logged again
+    for the indices in ``quiet``: the writer converts a part twice when a row was unstorable)."""
     try:
-        return pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA)
+        return pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA), set()
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         pass
-    tables = []
-    for row in rows:
+    tables, bad = [], set()
+    for i, row in enumerate(rows):
         try:
             tables.append(pa.Table.from_pylist([row], schema=CALL_LOG_SCHEMA))
         except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-            log.error("polar_capture: the row of call %s could not be stored as built (%s); it is kept as a "
-                      "proxy_error without its token ids and numbers", row.get("call_id"), exc)
+            if i not in quiet:
+                log.error("polar_capture: the row of call %s could not be stored as built (%s); it is kept as a "
+                          "proxy_error without its token ids and numbers", row.get("call_id"), exc)
+            bad.add(i)
             tables.append(pa.Table.from_pylist([_unstorable(row, exc)], schema=CALL_LOG_SCHEMA))
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables), bad
 
 
 def _unstorable(row: dict[str, Any], exc: Exception) -> dict[str, Any]:
@@ -97,8 +105,9 @@ class PartWriter:
     def __init__(self, out_dir: str | os.PathLike, flush_rows: int = 256, flush_seconds: float = 10.0,
                  queue_size: int = 1024, prompt_delta: bool = False) -> None:
         self.calls_dir = Path(out_dir).expanduser() / "calls"
-        #: Compact prompts (polar_prompt_delta): encoded here, in row order, so a reference always
-        #: points at a row written before (or with) the row that uses it.
+        #: Compact prompts (polar_prompt_delta): encoded when a part is written, in row order, so a
+        #: reference only ever points at a row stored before (or with) the row that uses it - never
+        #: at one dropped while parts could not be written, nor at one stored as a proxy_error.
         self._delta = PromptDeltaEncoder() if prompt_delta else None
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
@@ -171,12 +180,6 @@ class PartWriter:
                 self.failed_jobs += 1
                 row = None
             if row is not None:
-                if self._delta is not None:
-                    try:
-                        row = self._delta.encode(row)
-                    except Exception:  # stored with its full prompt: this thread must not die
-                        log.exception("polar_capture: compacting the prompt of call %s failed; stored in full",
-                                      row.get("call_id"))
                 self._rows.append(row)
                 if self._first_row_at is None:
                     self._first_row_at = time.monotonic()
@@ -200,16 +203,12 @@ class PartWriter:
         except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
             if final:
                 self.lost_rows += len(rows)
-                if self._delta is not None:
-                    self._delta.forget()
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
                           self.calls_dir, exc.strerror or exc, len(rows))
                 return
             keep = rows[-self.max_pending_rows:]
             lost = len(rows) - len(keep)
-            self.lost_rows += lost
-            if lost and self._delta is not None:
-                self._delta.forget()  # later rows must not refer to the dropped ones
+            self.lost_rows += lost  # never referred to: rows are compacted only as their part is written
             self._rows, self._first_row_at = keep + self._rows, time.monotonic()
             now = time.monotonic()
             self._retry_at = now + self.flush_seconds
@@ -223,11 +222,39 @@ class PartWriter:
                           f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
         except Exception:
             log.exception("polar_capture: writing a part of %d rows failed", len(rows))
-            if self._delta is not None:
-                self._delta.forget()
+
+    def _compacted_table(self, rows: list[dict[str, Any]]) -> pa.Table:
+        """The part's table with compact prompts. The rows stay as they are (full prompts: kept for
+        a retry when the part cannot be written); a row that cannot be stored is not compacted nor
+        referred to, so the calls after it refer to the call before it, not to a row without ids."""
+        skip: set[int] = set()
+        saved = self._delta.state()
+        while True:
+            encoded = [row if i in skip else self._compacted(row) for i, row in enumerate(rows)]
+            table, bad = checked_rows_table(encoded, quiet=frozenset(skip))
+            if bad <= skip:
+                return table
+            skip |= bad
+            self._delta.restore(saved)
+
+    def _compacted(self, row: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._delta.encode(dict(row))
+        except Exception:  # stored with its full prompt: this thread must not die
+            log.exception("polar_capture: compacting the prompt of call %s failed; stored in full", row.get("call_id"))
+            return row
 
     def _write_part(self, rows: list[dict[str, Any]]) -> Path:
-        table = rows_table(rows)
+        if self._delta is None:
+            return self._write_table(rows_table(rows), len(rows))
+        saved = self._delta.state()
+        try:
+            return self._write_table(self._compacted_table(rows), len(rows))
+        except BaseException:  # not written: no later row may refer to these
+            self._delta.restore(saved)
+            raise
+
+    def _write_table(self, table: pa.Table, n_rows: int) -> Path:
         self._seq += 1
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
@@ -249,7 +276,7 @@ class PartWriter:
                 pass
             raise
         _fsync_dir(self.calls_dir)
-        self.written_rows += len(rows)
+        self.written_rows += n_rows
         self.parts.append(final)
-        log.info("polar_capture: wrote %s (%d rows)", final, len(rows))
+        log.info("polar_capture: wrote %s (%d rows)", final, n_rows)
         return final
