@@ -151,7 +151,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
             good.append(path)
     tables: list[pa.Table] = []
     if good:
-        dataset = ds.dataset([str(p) for p in good], format="parquet", schema=CALL_LOG_SCHEMA)
+        verified = ds.ParquetFileFormat(  # pages written with a checksum (the capture's) are checked
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+        dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
         for fragment in dataset.get_fragments():
             try:
                 tables.append(fragment.to_table(schema=CALL_LOG_SCHEMA))

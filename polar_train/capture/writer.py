@@ -265,7 +265,9 @@ class PartWriter:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
-                pq.write_table(table, fh, compression="zstd")
+                # page checksums: a flipped bit in a zstd page can decode to other token ids without
+                # an error; readers verify them (calllog) and name such a part instead
+                pq.write_table(table, fh, compression="zstd", write_page_checksum=True)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)

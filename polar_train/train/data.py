@@ -123,7 +123,10 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
                                 "capture folder first and train on its --out folder")
             raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
         cols = [c for c in wanted if c in schema.names]
-        tables.append(pq.read_table(f, columns=cols))
+        try:
+            tables.append(pq.read_table(f, columns=cols, page_checksum_verification=True))
+        except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
+            raise UserError(f"{f}: unreadable data ({exc})") from None
         report.files += 1
     return pa.concat_tables(tables, promote_options="default")
 

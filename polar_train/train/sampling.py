@@ -135,5 +135,5 @@ def _sample_all(model, tok, gen, out: Path, num_tasks, group_size, turn_tokens, 
             rows["temperature"].append(temperature)
     out.mkdir(parents=True, exist_ok=True)
     path = out / part_name
-    pq.write_table(pa.Table.from_pydict(rows, schema=TRAJECTORY_SCHEMA), path)
+    pq.write_table(pa.Table.from_pydict(rows, schema=TRAJECTORY_SCHEMA), path, write_page_checksum=True)
     return path

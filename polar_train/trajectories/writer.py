@@ -194,7 +194,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 start = n * rows_per_part
                 tmp = _temp_name(final)
                 written.append((tmp, final))
-                pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp)
+                pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp,
+                               write_page_checksum=True)  # the trainer verifies them: no silently other ids
             for name, data in (extra or {}).items():
                 final = out_dir / name
                 tmp = _temp_name(final)
