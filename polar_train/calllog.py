@@ -32,13 +32,22 @@ class CallLogError(ValueError):
 
 @dataclass
 class PartProblem:
-    """A part that was skipped, or rows whose stored prompt could not be resolved."""
+    """A part that was skipped, or rows whose stored prompt could not be resolved.
+
+    ``call_id`` is set for a call's problem (its ``path`` then reads ``call <id>``): a part's
+    path may start with "call " too."""
 
     path: str
     message: str
+    call_id: str | None = None
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+def call_problem(call_id: str, message: str) -> PartProblem:
+    """A problem of one call's rows (not of a part)."""
+    return PartProblem(f"call {call_id}", message, call_id=call_id)
 
 
 @dataclass
@@ -79,8 +88,9 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
     """The finished parts (sorted) and the folders below that could not be read.
 
     Why not ``rglob``: it passes over a folder it may not read without a word, and the calls in
-    it would go missing from a build unnoticed. Symbolic links to folders are not followed (nor
-    are they by ``rglob``): a loop cannot make the walk endless."""
+    it would go missing from a build unnoticed. A symbolic link to a folder (another run's
+    ``calls/`` linked in) is followed, each real folder read once: a loop cannot make the walk
+    endless, and a folder linked twice is not read twice."""
     base = part_folder(folder)
     if base.is_file():
         return [base], []
@@ -90,8 +100,15 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
         problems.append(PartProblem(str(exc.filename or base), f"unreadable folder: {exc.strerror or exc}"))
 
     parts = []
-    for here, folders, files in os.walk(base, onerror=unreadable):
-        folders[:] = [d for d in folders if not d.startswith((".", "_"))]  # temporary or private
+    seen = {os.path.realpath(base)}
+    for here, folders, files in os.walk(base, onerror=unreadable, followlinks=True):
+        kept = []
+        for d in folders:
+            real = os.path.realpath(os.path.join(here, d))
+            if not d.startswith((".", "_")) and real not in seen:  # temporary or private; read once
+                seen.add(real)
+                kept.append(d)
+        folders[:] = kept
         parts += [p for name in files if name.endswith(PART_SUFFIX) and not name.startswith((".", "_"))
                   and (p := Path(here) / name).is_file()]
     return sorted(parts), problems
@@ -223,7 +240,7 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
         chain, seen, i = [], set(), start
         while i not in full:  # walk up to a resolved or plain row
             if i in seen:
-                problems.append(PartProblem(f"call {call_ids[start]}", "circular prompt_prefix_call_id chain"))
+                problems.append(call_problem(call_ids[start], "circular prompt_prefix_call_id chain"))
                 for j in chain:
                     full[j] = None
                 return None
@@ -234,7 +251,7 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
             chain.append(i)
             ref = index.get(refs[i])
             if ref is None:
-                problems.append(PartProblem(f"call {call_ids[i]}",
+                problems.append(call_problem(call_ids[i],
                                             f"prompt prefix refers to unknown call {refs[i]}"))
                 full[i] = None
                 break
@@ -246,14 +263,14 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
             n = lens[j]
             if base is None:
                 if index[refs[j]] not in chain or j != chain[-1]:
-                    problems.append(PartProblem(f"call {call_ids[j]}",
+                    problems.append(call_problem(call_ids[j],
                                                 f"prompt prefix call {refs[j]} is itself unresolved"))
                 full[j] = None
                 continue
             source = np.concatenate([base, completion(index[refs[j]])])
             if n is None or n < 0 or n > len(source):
-                problems.append(PartProblem(
-                    f"call {call_ids[j]}",
+                problems.append(call_problem(
+                    call_ids[j],
                     f"prompt_prefix_len {n} outside 0..{len(source)} of call {refs[j]}"))
                 full[j] = None
                 continue

@@ -15,7 +15,8 @@ from pathlib import Path
 def load_calls(path: str | Path):
     """The call log under ``path`` (a capture folder, its ``calls/`` or one part), prompts resolved.
 
-    Returns (table, parts, problems); unreadable or foreign parts are skipped and named in problems.
+    Returns (table, parts, problems): the problems of parts (unreadable, foreign: skipped) and of
+    calls (a compact prompt that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
     """
     from .calllog import CallLogError, read_call_log
     from .cli import UserError
@@ -27,29 +28,60 @@ def load_calls(path: str | Path):
         log = read_call_log(root)
     except CallLogError as exc:
         raise UserError(str(exc)) from None
-    return log.table, log.parts, [str(p) for p in log.problems]
+    return log.table, log.parts, log.problems
+
+
+def printable(text: object) -> str:
+    """``text`` with what a terminal would act on escaped: a newline in a rollout id would split a
+    table's row, a right-to-left override (U+202E) reverse the rest of the line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _table(title: str, header: list[str], rows: list[list[object]]) -> str:
-    cells = [header] + [[str(c) for c in r] for r in rows]
+    cells = [header] + [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return "\n".join([title, line(header), line(["-" * w for w in widths]), *map(line, cells[1:])])
 
 
+def _lengths(table, column: str) -> list[int]:
+    """Ids per row (0 for null), counted by Arrow: never the ids themselves as Python ints (a long
+    capture's prompts are tens of millions of them)."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.list_value_length(table.column(column)), 0).to_pylist()
+
+
+def first_of_each_call(table):
+    """The rows of ``table`` less those that repeat a call id read before (a part copied twice),
+    and how many were left out."""
+    seen: set = set()
+    keep = []
+    for i, cid in enumerate(table.column("call_id").to_pylist()):
+        if cid is None or cid not in seen:
+            seen.add(cid)
+            keep.append(i)
+    return (table, 0) if len(keep) == table.num_rows else (table.take(keep), table.num_rows - len(keep))
+
+
 def summarize(table, top: int = 20) -> str:
-    rows = table.to_pylist()
-    n = len(rows)
+    n = table.num_rows
+    col = {name: table.column(name).to_pylist()
+           for name in ("api", "status", "token_source", "usage_match", "rollout_id", "attempt", "error")}
+    prompt, completion = _lengths(table, "prompt_token_ids"), _lengths(table, "completion_token_ids")
     out = [f"{n} calls"]
     by_api: dict[str, Counter] = {}
-    for r in rows:
-        c = by_api.setdefault(r["api"] or "(none)", Counter())  # null only in a part written by hand
+    for i in range(n):
+        c = by_api.setdefault(col["api"][i] or "(none)", Counter())  # null only in a part written by hand
         c["calls"] += 1
-        c[r["status"] or "(none)"] += 1
-        c["prompt"] += len(r.get("prompt_token_ids") or [])
-        c["completion"] += len(r.get("completion_token_ids") or [])
-        c[f"src:{r.get('token_source') or 'none'}"] += 1
-        if r.get("usage_match") is False:
+        c[col["status"][i] or "(none)"] += 1
+        c["prompt"] += prompt[i]
+        c["completion"] += completion[i]
+        c[f"src:{col['token_source'][i] or 'none'}"] += 1
+        if col["usage_match"][i] is False:
             c["usage_mismatch"] += 1
     statuses = ["ok", "upstream_error", "client_disconnected", "proxy_error"]
     sources = ["server", "rendered", "none"]
@@ -61,12 +93,12 @@ def summarize(table, top: int = 20) -> str:
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
                                     *sources, "usage_mismatch"], api_rows))
     per_rollout: dict[str, Counter] = {}
-    for r in rows:
-        c = per_rollout.setdefault(r.get("rollout_id") or "(none)", Counter())
+    for i in range(n):
+        c = per_rollout.setdefault(col["rollout_id"][i] or "(none)", Counter())
         c["calls"] += 1
-        c["ok"] += r["status"] == "ok"
-        c["retries"] += (r.get("attempt") or 1) > 1
-        c["tokens"] += len(r.get("prompt_token_ids") or []) + len(r.get("completion_token_ids") or [])
+        c["ok"] += col["status"][i] == "ok"
+        c["retries"] += (col["attempt"][i] or 1) > 1
+        c["tokens"] += prompt[i] + completion[i]
     ranked = sorted(per_rollout.items(), key=lambda kv: -kv[1]["calls"])
     if top == 0:  # totals only: the count, no table of rollouts
         out.append(f"\n{len(ranked)} rollouts")
@@ -75,24 +107,40 @@ def summarize(table, top: int = 20) -> str:
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
                           roll_rows) + more)
-    errors = Counter((r["status"] or "(none)", (r.get("error") or "")[:80]) for r in rows if r["status"] != "ok")
+    errors = Counter((col["status"][i] or "(none)", (col["error"][i] or "")[:80])
+                     for i in range(n) if col["status"][i] != "ok")
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
                           [[s, k, e] for (s, e), k in errors.most_common(top)]))
     return "\n".join(out)
 
 
+#: Problems of calls shown by name; the rest are counted (a lost part can leave thousands).
+_SHOWN_CALL_PROBLEMS = 5
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .cli import UserError, print_out
 
     table, files, problems = load_calls(args.dir)
+    skipped = [p for p in problems if p.call_id is None]
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise UserError(f"no readable call-log part in {args.dir}; skipped {problems[0]}{more}")
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise UserError(f"no readable call-log part in {args.dir}; skipped {printable(skipped[0])}{more}")
     folders = sorted({str(Path(f).parent) for f in files})
     where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
-    lines = [f"{args.dir}: {len(files)} part(s){where}", *(f"skipped: {p}" for p in problems),
-             summarize(table, top=args.top)]
+    lines = [printable(f"{args.dir}: {len(files)} part(s){where}"), *(f"skipped: {printable(p)}" for p in skipped)]
+    table, repeated = first_of_each_call(table)
+    if repeated:
+        lines.append(f"{repeated} rows repeat a call id already read (a part copied twice?): each call counted once")
+    unresolved = list({p.call_id: p for p in problems if p.call_id is not None}.values())  # a repeated row once
+    if unresolved:
+        lines.append(f"{len(unresolved)} calls whose compact prompt cannot be rebuilt (a part it refers to is "
+                     "missing): their prompt tokens are not counted, and `build` leaves them out")
+        lines += [f"  {printable(p)}" for p in unresolved[:_SHOWN_CALL_PROBLEMS]]
+        if len(unresolved) > _SHOWN_CALL_PROBLEMS:
+            lines.append(f"  ... and {len(unresolved) - _SHOWN_CALL_PROBLEMS} more")
+    lines.append(summarize(table, top=args.top))
     print_out("\n".join(lines))  # `polar-train inspect DIR | head`: not an error
     return 0
 

@@ -455,3 +455,35 @@ def test_calls_without_a_rollout_are_no_retries_of_each_other(tmp_path):
     result = build(tmp_path, rows)
     assert result.report.skipped == {} and result.report.calls_used == 3
     assert len(result.trajectories) == 3
+
+
+def test_the_fallback_resolver_reads_one_rollout_and_the_whole_log_only_when_needed(monkeypatch):
+    """The stitcher asks the fallback for prompts whose reference it did not see (a superseded
+    retry's row). It used to expand every prompt of the capture for the first such call; it now
+    resolves that call's rollout, and the whole log only for a reference out of the rollout."""
+    from polar_train.calllog import resolve_prompt_prefixes as real_resolve
+    from polar_train.trajectories import build as build_module
+    from tests.support.calls import calls_table, compact, make_row
+
+    a = [make_row(call_id=f"a{k}", rollout_id="A", prompt_ids=list(range(50 + 3 * k)), completion_ids=[7, 8, 9])
+         for k in range(4)]
+    for k, row in enumerate(a):  # each prompt extends the previous call's prompt + completion
+        row["prompt_token_ids"] = list(range(50)) + [7, 8, 9] * k
+    b = [make_row(call_id=f"b{k}", rollout_id="B", prompt_ids=[900 + k] * 20, completion_ids=[1]) for k in range(3)]
+    rows = compact(a) + [dict(r) for r in b]
+    cross = make_row(call_id="x", rollout_id="B", prompt_ids=[5, 5], completion_ids=[1])
+    cross.update(prompt_prefix_call_id="a1", prompt_prefix_len=53)  # refers into rollout A
+    rows.append(cross)
+    sizes = []
+
+    def resolve(table):
+        sizes.append(table.num_rows)
+        return real_resolve(table)
+
+    monkeypatch.setattr(build_module, "resolve_prompt_prefixes", resolve)
+    full_prompt = build_module._fallback_resolver(calls_table(rows))
+    assert list(full_prompt("a3")) == a[3]["prompt_token_ids"] and sizes == [4]  # rollout A only
+    assert list(full_prompt("a2")) == a[2]["prompt_token_ids"] and sizes == [4]  # already resolved
+    assert list(full_prompt("x")) == list(range(50)) + [7, 8, 9] + [5, 5]
+    assert sizes == [4, 4, 8]  # rollout B could not resolve it: the whole log, once
+    assert "unknown call" in full_prompt("nope") or "unresolved" in full_prompt("nope")

@@ -264,3 +264,54 @@ def test_a_flipped_bit_in_a_written_part_is_named_never_read_as_other_ids(tmp_pa
             silent.append(pos)
     assert named > len(flips) / 2
     assert len(silent) <= len(flips) / 100, silent
+
+
+def test_inspect_counts_unresolved_prompts_and_repeated_calls_once(tmp_path, session_rows, capsys):
+    """Parts lost under a compact capture: inspect printed one "skipped: call ..." line per call
+    (thousands) and summed their prompts as 0 tokens without a word; a part copied twice was
+    counted twice. Now: a count, five named, and each call counted once."""
+    from polar_train.cli import main
+
+    rows = compact([dict(r, call_id=f"c{k}") for k, r in enumerate(session_rows * 3)])
+    write_parts(tmp_path / "cap", rows[:1], name="part-0")  # the part the others refer to...
+    write_parts(tmp_path / "cap", rows[1:], name="part-1")
+    (tmp_path / "cap" / "calls" / "part-0.parquet").unlink()  # ...is lost
+    write_parts(tmp_path / "cap", rows[1:3], name="part-1-copy")  # and two rows copied twice
+    assert main(["inspect", str(tmp_path / "cap")]) == 0
+    out = capsys.readouterr().out
+    assert "2 rows repeat a call id already read (a part copied twice?): each call counted once" in out
+    assert "11 calls whose compact prompt cannot be rebuilt" in out
+    assert out.count("  call c") == 5 and "... and 6 more" in out and "skipped:" not in out
+    assert "\n11 calls\n" in out
+
+
+def test_inspect_escapes_what_a_terminal_would_act_on(tmp_path, session_rows, capsys):
+    from polar_train.cli import main
+
+    odd = "a\nb\u202ec"
+    write_parts(tmp_path, [dict(r, rollout_id=odd) for r in session_rows])
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "a\\nb\\u202ec" in out and odd not in out
+
+
+def test_a_linked_folder_below_the_capture_is_read_once(tmp_path, session_rows, capsys):
+    """``ln -s other/calls cap/calls/run2``: the linked calls went missing from inspect and build
+    without a word. Linked folders are followed, each real folder once (a loop ends)."""
+    write_parts(tmp_path / "cap", session_rows[:2])
+    write_parts(tmp_path / "other", session_rows[2:])
+    (tmp_path / "cap" / "calls" / "run2").symlink_to(tmp_path / "other" / "calls")
+    (tmp_path / "cap" / "calls" / "again").symlink_to(tmp_path / "other" / "calls")
+    (tmp_path / "other" / "calls" / "loop").symlink_to(tmp_path / "cap" / "calls")
+    log = read_call_log(tmp_path / "cap")
+    assert log.table.num_rows == 4 and len(log.parts) == 2 and not log.problems
+
+
+def test_a_part_folder_named_like_a_call_counts_as_a_skipped_part(tmp_path, session_rows):
+    """``build "call data"``: problems of parts whose path starts with "call " were taken for
+    problems of calls (a string test), and parts_skipped said 0."""
+    from polar_train.trajectories import build_trajectories
+
+    write_parts(tmp_path / "call data", session_rows)
+    (tmp_path / "call data" / "calls" / "zero.parquet").write_bytes(b"")
+    assert build_trajectories(tmp_path / "call data").report.parts_skipped == 1

@@ -208,20 +208,38 @@ def _checked(folder, options) -> BuildOptions:
 
 
 def _fallback_resolver(table: pa.Table):
-    """Full prompts of compact calls whose reference the stitcher did not see (rare): resolve
-    the whole table once, on first need."""
-    cache: dict[str, object] = {}
+    """Full prompts of compact calls whose reference the stitcher did not see (rare: a reference
+    to a superseded retry). Resolved a rollout at a time, on first need (the writer's references
+    stay within a rollout); the whole table once, for a prompt its rollout does not resolve."""
+    rows: dict[str, object] = {}
+    why: dict[str, str] = {}
+    state: dict[str, object] = {}
+
+    def resolve(take: list[int] | None) -> None:
+        resolved, problems = resolve_prompt_prefixes(table if take is None else table.take(take))
+        ids = resolved.column("call_id").to_pylist()
+        vals, offs, valid = _list_values(resolved.column("prompt_token_ids"))
+        for i, cid in enumerate(ids):
+            rows[cid] = vals[offs[i]:offs[i + 1]] if valid[i] else None
+        why.update((p.call_id, str(p)) for p in problems if p.call_id is not None)
 
     def full_prompt(call_id: str):
-        if not cache:
-            resolved, problems = resolve_prompt_prefixes(table)
-            ids = resolved.column("call_id").to_pylist()
-            vals, offs, valid = _list_values(resolved.column("prompt_token_ids"))
-            cache["rows"] = {cid: (vals[offs[i]:offs[i + 1]] if valid[i] else None)
-                             for i, cid in enumerate(ids)}
-            cache["why"] = {p.path.removeprefix("call "): str(p) for p in problems}
-        full = cache["rows"].get(call_id)
-        return full if full is not None else cache["why"].get(call_id, f"call {call_id}: unresolved prompt")
+        if call_id not in rows:
+            if "rows_of" not in state:
+                rollouts = table.column("rollout_id").to_pylist()
+                rows_of: dict = {}
+                for i, r in enumerate(rollouts):
+                    rows_of.setdefault(r, []).append(i)
+                state.update(rows_of=rows_of, rollouts=rollouts,
+                             row_of={cid: i for i, cid in enumerate(table.column("call_id").to_pylist())})
+            i = state["row_of"].get(call_id)
+            if i is not None:
+                resolve(state["rows_of"][state["rollouts"][i]])
+        if rows.get(call_id) is None and not state.get("whole"):
+            state["whole"] = True  # a reference out of its rollout (a part written by another tool)?
+            resolve(None)
+        full = rows.get(call_id)
+        return full if full is not None else why.get(call_id, f"call {call_id}: unresolved prompt")
 
     return full_prompt
 
@@ -248,7 +266,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
-    report.parts_skipped = sum(1 for p in log.problems if not p.path.startswith("call "))
+    report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
     report.problems.extend(str(p) for p in log.problems)
     rows, skipped = select_calls(table)
     report.skipped = dict(skipped)
