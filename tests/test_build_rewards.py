@@ -195,3 +195,42 @@ def test_a_reward_file_with_nothing_usable_fails_before_building(tmp_path, captu
         build_trajectories(captures, BuildOptions(rewards=path))
     with pytest.raises(RewardFileError, match=message.replace("reward", "task id")):
         build_trajectories(captures, BuildOptions(tasks=path))
+
+
+def test_a_task_id_that_is_no_name_is_named_not_turned_into_text(tmp_path, captures):
+    """``"task_id": ["x"]`` made up the group "['x']" (a dict, true: "{'a': 1}", "True")."""
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "r1", "reward": 1.0, "task_id": ["x"]},
+                                              {"rollout_id": "r2", "reward": 0.0, "task_id": True},
+                                              {"rollout_id": "r3", "reward": 0.5, "task_id": 7.0}])
+    tasks = write_jsonl(tmp_path / "t.jsonl", [{"rollout_id": "r4", "task_id": {"a": 1}},
+                                               {"rollout_id": "r2", "task_id": "t-two"}])
+    result = build_trajectories(captures, BuildOptions(rewards=path, tasks=tasks))
+    problems = result.report.problems
+    assert f"{path}: line 1: task_id ['x'] of rollout 'r1' is not a string or a whole number; left out " \
+           "(the reward is kept)" in problems
+    assert f"{path}: line 2: task_id True of rollout 'r2' is not a string or a whole number; left out " \
+           "(the reward is kept)" in problems
+    assert f"{tasks}: line 1: task_id {{'a': 1}} of rollout 'r4' is not a string or a whole number" in problems
+    per = by_rollout(result)
+    assert [t.reward for t in per["r1"]] == [1.0, 1.0] and per["r1"][0].group_id is None
+    assert per["r3"][0].group_id == "7" and per["r4"][0].group_id == "t-log" and per["r2"][0].group_id == "t-two"
+
+
+def test_rollouts_build_names_itself_take_rewards(tmp_path):
+    """Calls without a rollout id (reverse mode without the header) are grouped by conversation
+    into rollouts named conv-<first call id>; a rewards file naming one was refused as "unknown
+    rollout", so such captures could never be trained."""
+    rows = []
+    for k in range(2):
+        conv = Conversation(rollout_id=None, name=f"anon{k}")
+        conv.user(f"anonymous task {k}")
+        rows.append(conv.assistant(f"answer {k}"))
+    write_parts(tmp_path / "cap", rows)
+    first = build_trajectories(tmp_path / "cap")
+    names = sorted(t.rollout_id for t in first.trajectories)
+    assert len(names) == 2 and all(n.startswith("conv-") for n in names)
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": names[0], "reward": 1.0, "task_id": "t"},
+                                              {"rollout_id": names[1], "reward": 0.0, "task_id": "t"}])
+    result = build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
+    assert not result.report.problems
+    assert {t.rollout_id: t.reward for t in result.trajectories} == {names[0]: 1.0, names[1]: 0.0}

@@ -93,6 +93,10 @@ def test_hash_of_a_retry_matches_and_leaves_out_what_may_change() -> None:
         retry = {**base, volatile: {"changed": [volatile, "\u2014"]}}
         assert hash_as_sent(walk_request(compact(retry).encode())) == h, volatile
     assert hash_as_sent(walk_request(compact({**base, "stream": False}).encode())) != h
+    # Codex writes its client_metadata map in a random key order on each send: a retry is a retry
+    first = compact({**base, "client_metadata": {"turn_id": "t1", "thread_id": "h1", "session_id": "s1"}})
+    again = compact({**base, "client_metadata": {"session_id": "s1", "turn_id": "t1", "thread_id": "h1"}})
+    assert first != again and hash_as_sent(walk_request(first.encode())) == hash_as_sent(walk_request(again.encode()))
     assert hash_as_sent(walk_request(compact({**base, "input": "hi"}).encode())) != h
     tail = compact(base)[:-1] + ',"x":"\u00e9"}'  # after the cut values, in a non-ASCII body
     assert hash_as_sent(walk_request(tail.encode())) != hash_as_sent(walk_request(tail.replace("\u00e9", "e").encode()))

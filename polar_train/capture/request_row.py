@@ -21,7 +21,9 @@ from .redact import QUOTED_SECRET_KEY
 from .request_walk import WalkedRequest
 
 #: Request fields left out of ``request_hash`` (they may change between retries of one request).
-VOLATILE_FIELDS = frozenset({"metadata", "user", "prompt_cache_key", "stream_options", "store"})
+#: ``client_metadata``: Codex's ids of the turn, thread and session, written in a random key order
+#: on each send (a hash map), so a retry's bytes differed there and it was taken for a new request.
+VOLATILE_FIELDS = frozenset({"metadata", "client_metadata", "user", "prompt_cache_key", "stream_options", "store"})
 
 #: ``"key"`` then ``:`` for any secret key, in lower case, JSON whitespace allowed between.
 _SECRET_KEY_AS_SENT = re.compile(QUOTED_SECRET_KEY + b"[ \t\n\r]*:")

@@ -288,6 +288,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.forks = dict(stitcher.stats.forks)
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in table.column("rollout_id").to_pylist() if r is not None}
+    known |= {t.rollout_id for t in trajectories if t.rollout_id}  # the conv-<call id> ones build names
     labels = load_labels(options.rewards, options.tasks, known)
     report.problems.extend(labels.problems)
     groups = attach(trajectories, labels, options.reward_mode)

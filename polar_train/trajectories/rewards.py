@@ -109,11 +109,14 @@ def _reward_value(value: Any) -> float | None:
     return None
 
 
-def _task_text(value: Any) -> str:
+def _task_text(value: Any) -> str | None:
     """A task id as text: a whole-number float is written as the integer (JSON ``1`` and ``1.0``,
-    or a Parquet column that became float, name one group, not two)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    or a Parquet column that became float, name one group, not two). None for what names no task
+    (a list, an object, true/false, a fraction): ``str()`` of it made up a group without a word."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else None
     return str(value)
 
 
@@ -167,7 +170,11 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             labels.rewards[rid] = value
             task = rec.get("task_id")
             if task not in (None, ""):
-                labels.tasks[rid] = _task_text(task)
+                if _task_text(task) is None:
+                    labels.problems.append(f"{loc}: task_id {task!r} of rollout {rid!r} is not a string or a whole "
+                                           "number; left out (the reward is kept)")
+                else:
+                    labels.tasks[rid] = _task_text(task)
         if not labels.rewards:
             _nothing_usable(path, "reward", labels.problems)
     if tasks_path is not None:
@@ -181,6 +188,9 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             task = rec.get("task_id")
             if task in (None, ""):
                 labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
+                continue
+            if _task_text(task) is None:
+                labels.problems.append(f"{loc}: task_id {task!r} of rollout {rid!r} is not a string or a whole number")
                 continue
             if rid in listed:  # as for rewards: the first row counts (the same task again is harmless)
                 if listed[rid] != _task_text(task):
