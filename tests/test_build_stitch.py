@@ -487,3 +487,32 @@ def test_the_fallback_resolver_reads_one_rollout_and_the_whole_log_only_when_nee
     assert list(full_prompt("x")) == list(range(50)) + [7, 8, 9] + [5, 5]
     assert sizes == [4, 4, 8]  # rollout B could not resolve it: the whole log, once
     assert "unknown call" in full_prompt("nope") or "unresolved" in full_prompt("nope")
+
+
+def test_a_summary_put_before_the_kept_task_is_compaction(tmp_path):
+    """Pi compacts as [system, user(<summary>), user(task), ...]: the divergence lies inside the
+    first user turn, which read as a new conversation. The task's turn, kept whole behind the
+    summary, says compaction."""
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 3)
+    task = conv.messages[1]
+    conv.messages = [conv.messages[0], {"role": "user", "content": "<summary>ran ls 3 times</summary>"}, task]
+    rows.append(conv.assistant("Continuing."))
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "compaction"]
+    assert_aligned(result.trajectories[1], rows[-1:])
+
+
+def test_a_side_request_sent_first_does_not_take_the_main_conversations_place(tmp_path):
+    """Claude Code's title call may reach the proxy just before the agent's first call: the title
+    became the rollout's main trajectory (fork_cause null) and the agent's episode the "new
+    conversation". The conversation with more calls is the main one."""
+    title = Conversation(rollout_id="r1", name="title", system="Write a title.", tools=[])
+    title.user("fix add in calc.py")
+    main = Conversation(rollout_id="r1", name="main")
+    rows = [title.assistant("Fix add")] + tool_session(main, 2)
+    result = build(tmp_path, rows)
+    causes = {t.call_ids[0]: t.fork_cause for t in result.trajectories}
+    assert causes == {rows[0]["call_id"]: "new_conversation", rows[1]["call_id"]: None}
+    assert [t.trajectory_id for t in result.trajectories] == ["r1#0", "r1#1"]  # still in time order
+    assert result.report.forks == {"new_conversation": 1}

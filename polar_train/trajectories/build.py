@@ -277,6 +277,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
                         fallback_prompt=_fallback_resolver(table))
     for call in calls:
         stitcher.add(call)
+    stitcher.settle_main_conversations()
     trajectories = stitcher.trajectories
     if stitcher.stats.unresolved:
         report.skipped["unresolved_prompt"] = stitcher.stats.unresolved

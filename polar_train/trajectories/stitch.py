@@ -23,10 +23,13 @@ Fork causes (``fork_cause`` of the new trajectory):
     the harness or template changed earlier turns: reasoning of earlier turns dropped after a
     new user message (``<think>`` removed), edited messages, a changed tool list.
 ``compaction``
-    the context shrank: earlier turns were replaced (e.g. by a summary).
+    the context shrank: earlier turns were replaced (e.g. by a summary) - also where the summary
+    comes first and the task's own user turn, kept whole, after it (Pi).
 ``new_conversation``
     shares no complete user turn with any open trajectory: a sub-agent, a parallel thread, a
-    side request (title, summary) with its own prompt.
+    side request (title, summary) with its own prompt. A rollout's main conversation is the one
+    without a cause: its first, unless a later new conversation holds more calls (a side
+    request came first).
 ``branch``
     the prompt is a strict prefix of an open trajectory: a rewind or a parallel sample.
 ``sampler_change``
@@ -95,7 +98,9 @@ class Trajectory:
     temperature: float | None
     prompt: np.ndarray
     fork_cause: str | None
-    first_user_end: int
+    #: The first user turn: ``prompt[first_user_start:first_user_end]`` (both 0 without one).
+    first_user_start: int = 0
+    first_user_end: int = 0
     ids: list[np.ndarray] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
     logprobs: list[np.ndarray] = field(default_factory=list)
@@ -189,14 +194,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def _first_user_end(prompt: np.ndarray) -> int:
-    """Index just past the first user turn's ``<|im_end|>`` (0 when there is none)."""
+def _first_user_turn(prompt: np.ndarray) -> tuple[int, int]:
+    """Where the first user turn lies: from its ``<|im_start|>`` to just past its ``<|im_end|>``
+    ((0, 0) when there is none)."""
     starts = np.flatnonzero(prompt[:-1] == IM_START_ID)
     for s in starts:
         if prompt[s + 1] == USER_ID:
             ends = np.flatnonzero(prompt[s:] == IM_END_ID)
-            return int(s + ends[0] + 1) if len(ends) else len(prompt)
-    return 0
+            return int(s), (int(s + ends[0] + 1) if len(ends) else len(prompt))
+    return 0, 0
+
+
+def _holds_later(prompt: np.ndarray, turn: np.ndarray, after: int) -> bool:
+    """Whether ``prompt`` holds ``turn`` (a whole user turn) starting past index ``after``."""
+    n = len(turn)
+    if n < 2:
+        return False
+    for c in np.flatnonzero(prompt[after + 1:len(prompt) - n + 1] == IM_START_ID) + after + 1:
+        if prompt[c + 1] == turn[1] and np.array_equal(prompt[c:c + n], turn):
+            return True
+    return False
 
 
 def _temperature(value: float | None) -> float | None:
@@ -264,7 +281,8 @@ class Stitcher:
         t = Trajectory(
             trajectory_id=self._new_id(rollout_id or "anon"), rollout_id=rollout_id,
             task_id=call.task_id, model=call.model, temperature=call.temperature,
-            prompt=call.prompt, fork_cause=cause, first_user_end=_first_user_end(call.prompt))
+            prompt=call.prompt, fork_cause=cause)
+        t.first_user_start, t.first_user_end = _first_user_turn(call.prompt)
         t.reset_prompt_space(call.prompt)
         t.add_call(call)
         t.last_used = self._clock
@@ -336,6 +354,8 @@ class Stitcher:
         if j is not None:
             return "retokenization", j
         if d < t.first_user_end:
+            if _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end], t.first_user_start):
+                return "compaction", None  # the task's turn kept, moved behind a summary (Pi)
             return "new_conversation", None
         if t.match_at(d) == THINK_ID:
             return "history_rewrite", None
@@ -360,6 +380,21 @@ class Stitcher:
                 full or f"call {call.call_id}: prompt prefix refers to unknown call {call.prefix_ref}")
             return None
         return full
+
+    def settle_main_conversations(self) -> None:
+        """Give each rollout's main conversation ``fork_cause`` None: its first trajectory, unless a
+        later ``new_conversation`` of the rollout holds more calls. A side request (Claude Code's
+        title call) sent just before the agent's first call was the rollout's first trajectory,
+        and the agent's whole episode was labelled the new conversation."""
+        first: dict[str | None, Trajectory] = {}
+        for t in self.trajectories:
+            if t.fork_cause is None and t.rollout_id is not None:
+                first.setdefault(t.rollout_id, t)
+        for t in self.trajectories:
+            root = first.get(t.rollout_id)
+            if root is not None and t.fork_cause == "new_conversation" and len(t.call_ids) > len(root.call_ids):
+                root.fork_cause, t.fork_cause = "new_conversation", None
+                first[t.rollout_id] = t
 
     # --- main entry ---------------------------------------------------------------------
     def add(self, call: Call) -> Trajectory | None:
