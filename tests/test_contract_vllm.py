@@ -323,6 +323,36 @@ def test_error_shapes(vllm_base_url, polar_base_url, path, body, status):
     assert_same_shape(a.json(), b.json())
 
 
+BAD = {"model": "tiny", "messages": USER, "max_tokens": 2}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}),
+    ("/v1/chat/completions", {**BAD, "stop": [5]}),
+    ("/v1/chat/completions", {**BAD, "stop": [""]}),
+    ("/v1/chat/completions", {**BAD, "logit_bias": {"x": 1}}),
+    ("/v1/chat/completions", {**BAD, "logit_bias": {"999999999": 1}}),
+    ("/v1/chat/completions", {**BAD, "n": 0}),
+    ("/v1/chat/completions", {**BAD, "tools": [{"type": "x"}]}),
+    ("/v1/chat/completions", {**BAD, "tools": []}),
+    ("/v1/chat/completions", {**BAD, "tool_choice": "required"}),
+    ("/v1/chat/completions", {**BAD, "top_k": -2}),
+    ("/v1/chat/completions", {**BAD, "logprobs": True, "top_logprobs": 21}),
+    ("/v1/responses", {"model": "tiny", "input": 5}),
+    ("/v1/responses", {"model": "tiny", "input": "x", "include": "x"}),
+    ("/v1/messages", {"model": "tiny", "messages": USER}),
+    ("/v1/messages", {**BAD, "messages": [{"role": "bot", "content": "x"}]}),
+    ("/v1/messages", {**BAD, "stop_sequences": [""]}),
+    ("/tokenize", {"model": "tiny"}),
+])
+def test_bad_request_bodies_equal(vllm_base_url, polar_base_url, path, body):
+    """The whole error body (status, type, message, param, code; the Messages API's shape where
+    vLLM uses it) is vLLM's, not only its shape."""
+    a, b = post(vllm_base_url, path, body), post(polar_base_url, path, body)
+    assert a.status_code == b.status_code == 400
+    assert a.json() == b.json()
+
+
 @pytest.mark.parametrize("method, path", [("GET", "/v1/no-such-route"), ("GET", "/v1/chat/completions")])
 def test_unknown_routes_answer_alike(vllm_base_url, polar_base_url, method, path):
     # a client with a wrong base URL or method gets vLLM's JSON answer from us too, not plain text

@@ -138,7 +138,7 @@ def test_max_completion_tokens_and_stop_string(polar_base_url):
 
 
 @pytest.mark.parametrize("body, status, param", [
-    ({"model": "tiny", "messages": "hi"}, 400, "messages"),
+    ({"model": "tiny", "messages": "hi"}, 400, "body.messages"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400,
      "body.temperature"),  # a pydantic failure: vLLM's param is the cleaned loc
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400,
@@ -148,7 +148,7 @@ def test_max_completion_tokens_and_stop_string(polar_base_url):
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]},
-     400, "tools"),
+     400, "body.tools.0.type"),
     ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
 ])
 def test_bad_requests_get_vllm_error_shape(polar_base_url, body, status, param):
@@ -168,7 +168,11 @@ def test_bad_requests_get_vllm_error_shape(polar_base_url, body, status, param):
 def test_invalid_json_and_sdk_error(polar_base_url):
     r = httpx.post(polar_base_url + "/v1/chat/completions", content=b"{nope", timeout=10,
                    headers={"Content-Type": "application/json"})
-    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert r.status_code == 400 and r.json()["error"] == {  # FastAPI's JSON error, as pydantic's
+        "message": "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON "
+                   "decode error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting "
+                   "property name enclosed in double quotes'}}",
+        "type": "Bad Request", "param": "body.1", "code": 400}
     client = openai.OpenAI(base_url=polar_base_url + "/v1", api_key="unused")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=1)
@@ -209,4 +213,7 @@ def test_bad_requests_on_responses_and_messages(polar_base_url, path, body, stat
     err = data["error"]
     assert isinstance(err["message"], str) and err["message"] and "Traceback" not in err["message"]
     if path.startswith("/v1/messages"):
-        assert data["type"] == "error"  # the Messages API's own shape
+        # the Messages API's own shape, except for a field pydantic refuses: vLLM's validation
+        # handler is app-wide and answers in the OpenAI shape there too
+        pydantic = err.get("type") == "Bad Request"
+        assert ("type" in data) is not pydantic and (not pydantic or err["param"].startswith("body"))

@@ -204,3 +204,149 @@ def test_top_logprobs_text_and_an_empty_previous_response_id_as_vllm(polar_base_
     r = post(polar_base_url, "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2,
                                                "previous_response_id": ""})
     assert r.status_code == 404 and r.json()["error"]["message"] == "Response with id '' not found."
+
+
+#: vLLM 0.32's answers (its CPU build on the tiny model, ``--max-model-len 4096``, recorded with
+#: these very bodies): pydantic's "Bad Request" for a field of the wrong shape (every failing
+#: branch of a union listed, ``param`` the first one's location; on the Messages API too, in the
+#: OpenAI shape), "BadRequestError" in vLLM's own words for the checks vLLM makes itself.
+VLLM_ANSWERS = [
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': 'hi'},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'list_type', 'loc': 'body.messages', 'msg': 'Input should be a valid list', 'input': 'hi'}", 'type': 'Bad Request', 'param': 'body.messages', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny'},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 1 items>'}", 'type': 'Bad Request', 'param': 'body.messages', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [], 'max_tokens': 2},
+     400, {'error': {'message': 'Cannot apply chat template to an empty conversation. Provide at least one message.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'type': 'x'}]},
+     400, {'error': {'message': '2 validation errors:\n  {\'type\': \'literal_error\', \'loc\': \'body.tools.0.type\', \'msg\': "Input should be \'function\'", \'input\': \'x\', \'ctx\': {\'expected\': "\'function\'"}}\n  {\'type\': \'missing\', \'loc\': \'body.tools.0.function\', \'msg\': \'Field required\', \'input\': \'<dict of 1 items>\'}', 'type': 'Bad Request', 'param': 'body.tools.0.type', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [5]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body.tools.0', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.tools.0', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'type': 'function', 'function': {}}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.tools.0.function.name', 'msg': 'Field required', 'input': '<dict of 0 items>'}", 'type': 'Bad Request', 'param': 'body.tools.0.function.name', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'n': 0},
+     400, {'error': {'message': 'n must be at least 1, got 0.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop': 5},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.stop', 'msg': 'Input should be a valid string', 'input': '5'}\n  {'type': 'list_type', 'loc': 'body.stop', 'msg': 'Input should be a valid list', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.stop', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop': ['']},
+     400, {'error': {'message': 'stop cannot contain an empty string.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop': ''},
+     400, {'error': {'message': 'stop cannot contain an empty string.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop': [5]},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.stop', 'msg': 'Input should be a valid string', 'input': '<list of 1 items>'}\n  {'type': 'string_type', 'loc': 'body.stop.0', 'msg': 'Input should be a valid string', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.stop', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'logit_bias': {'x': 1}},
+     400, {'error': {'message': "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x'] (parameter=logit_bias, value=['x'])", 'type': 'BadRequestError', 'param': 'logit_bias', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'logit_bias': {'999999999': 1}},
+     400, {'error': {'message': 'token_id(s) [999999999] in logit_bias contain out-of-vocab token ids. Vocabulary size: 248077 (parameter=logit_bias, value=[999999999])', 'type': 'BadRequestError', 'param': 'logit_bias', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'logit_bias': {'5': 'x'}},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'float_parsing', 'loc': 'body.logit_bias.5', 'msg': 'Input should be a valid number, unable to parse string as a number', 'input': 'x'}", 'type': 'Bad Request', 'param': 'body.logit_bias.5', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'top_k': -2},
+     400, {'error': {'message': 'top_k must be 0 (disable), or at least 1, got -2.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'logprobs': True, 'top_logprobs': 21},
+     400, {'error': {'message': 'Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)', 'type': 'BadRequestError', 'param': 'logprobs', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'top_logprobs': 2},
+     400, {'error': {'message': 'when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)', 'type': 'BadRequestError', 'param': 'top_logprobs', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 5, 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'string_type', 'loc': 'body.model', 'msg': 'Input should be a valid string', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.model', 'code': 400}}),
+    ('/v1/chat/completions', b'{nope',
+     400, {'error': {'message': "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting property name enclosed in double quotes'}}", 'type': 'Bad Request', 'param': 'body.1', 'code': 400}}),
+    ('/v1/chat/completions', [1],
+     400, {'error': {'message': "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': '<list of 1 items>'}", 'type': 'Bad Request', 'param': 'body', 'code': 400}}),
+    ('/v1/chat/completions', b'',
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body', 'msg': 'Field required', 'input': 'None'}", 'type': 'Bad Request', 'param': 'body', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tool_choice': 'required'},
+     400, {'error': {'message': 'When using `tool_choice`, `tools` must be set. (parameter=tool_choice)', 'type': 'BadRequestError', 'param': 'tool_choice', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 5},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.input', 'msg': 'Input should be a valid string', 'input': '5'}\n  {'type': 'list_type', 'loc': 'body.input', 'msg': 'Input should be a valid list', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.input', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'include': 'x'},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'list_type', 'loc': 'body.include', 'msg': 'Input should be a valid list', 'input': 'x'}", 'type': 'Bad Request', 'param': 'body.include', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'top_k': -2},
+     400, {'error': {'message': 'top_k must be 0 (disable), or at least 1, got -2.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': [{'type': 'reasoning', 'encrypted_content': 'abc', 'summary': []}], 'max_output_tokens': 2},
+     400, {'error': {'message': 'Encrypted content is not supported. (parameter=input)', 'type': 'BadRequestError', 'param': 'input', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.max_tokens', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.max_tokens', 'code': 400}}),
+    ('/v1/messages', {'max_tokens': 2, 'messages': [{'role': 'user', 'content': 'Hi'}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.model', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.model', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'bot', 'content': 'x'}], 'max_tokens': 2},
+     400, {'error': {'message': '1 validation error:\n  {\'type\': \'literal_error\', \'loc\': \'body.messages.0.role\', \'msg\': "Input should be \'user\', \'assistant\' or \'system\'", \'input\': \'bot\', \'ctx\': {\'expected\': "\'user\', \'assistant\' or \'system\'"}}', 'type': 'Bad Request', 'param': 'body.messages.0.role', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 3}], 'max_tokens': 2},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.messages.0.content', 'msg': 'Input should be a valid string', 'input': '3'}\n  {'type': 'list_type', 'loc': 'body.messages.0.content', 'msg': 'Input should be a valid list', 'input': '3'}", 'type': 'Bad Request', 'param': 'body.messages.0.content', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{}]},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'missing', 'loc': 'body.tools.0.name', 'msg': 'Field required', 'input': '<dict of 0 items>'}\n  {'type': 'missing', 'loc': 'body.tools.0.input_schema', 'msg': 'Field required', 'input': '<dict of 0 items>'}", 'type': 'Bad Request', 'param': 'body.tools.0.name', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'name': 'f'}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.tools.0.input_schema', 'msg': 'Field required', 'input': '<dict of 1 items>'}", 'type': 'Bad Request', 'param': 'body.tools.0.input_schema', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop_sequences': 'a'},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'list_type', 'loc': 'body.stop_sequences', 'msg': 'Input should be a valid list', 'input': 'a'}", 'type': 'Bad Request', 'param': 'body.stop_sequences', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop_sequences': ['']},
+     400, {'type': 'error', 'error': {'type': 'BadRequestError', 'message': 'stop cannot contain an empty string.'}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 0},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'value_error', 'loc': 'body.max_tokens', 'msg': 'Value error, max_tokens must be positive', 'input': '0', 'ctx': {'error': ValueError('max_tokens must be positive')}}", 'type': 'Bad Request', 'param': 'body.max_tokens', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 99999},
+     400, {'type': 'error', 'error': {'type': 'BadRequestError', 'message': 'max_completion_tokens=99999 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_completion_tokens, value=99999)'}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'top_k': -2},
+     400, {'type': 'error', 'error': {'type': 'BadRequestError', 'message': 'top_k must be 0 (disable), or at least 1, got -2.'}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'thinking': {'type': 'enabled', 'budget_tokens': 10}},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.thinking.enabled.budget_tokens', 'msg': 'Input should be greater than or equal to 1024', 'input': '10', 'ctx': {'ge': 1024}}", 'type': 'Bad Request', 'param': 'body.thinking.enabled.budget_tokens', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 10, 'thinking': {'type': 'enabled', 'budget_tokens': 2000}},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'value_error', 'loc': 'body', 'msg': 'Value error, thinking.budget_tokens must be less than max_tokens', 'input': '<dict of 4 items>', 'ctx': {'error': ValueError('thinking.budget_tokens must be less than max_tokens')}}", 'type': 'Bad Request', 'param': 'body', 'code': 400}}),
+    ('/v1/messages', b'{nope',
+     400, {'error': {'message': "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting property name enclosed in double quotes'}}", 'type': 'Bad Request', 'param': 'body.1', 'code': 400}}),
+    ('/v1/messages/count_tokens', {'messages': [{'role': 'user', 'content': 'Hi'}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.model', 'msg': 'Field required', 'input': '<dict of 1 items>'}", 'type': 'Bad Request', 'param': 'body.model', 'code': 400}}),
+    ('/tokenize', {'model': 'tiny'},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required', 'input': '<dict of 1 items>'}\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 1 items>'}", 'type': 'Bad Request', 'param': 'body.prompt', 'code': 400}}),
+    ('/detokenize', {'model': 'tiny', 'tokens': 'x'},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'list_type', 'loc': 'body.tokens', 'msg': 'Input should be a valid list', 'input': 'x'}", 'type': 'Bad Request', 'param': 'body.tokens', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': []},
+     400, {'error': {'message': '`tools` must not be an empty array. Either provide at least one tool or omit the field entirely. (parameter=tools)', 'type': 'BadRequestError', 'param': 'tools', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object', 'properties': {}}}}], 'tool_choice': {'type': 'function', 'function': {'name': 'g'}}},
+     400, {'error': {'message': 'The tool specified in `tool_choice` does not match any of the specified `tools` (parameter=tool_choice)', 'type': 'BadRequestError', 'param': 'tool_choice', 'code': 400}}),
+    ('/v1/chat/completions', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'type': 'function', 'function': {'name': 'f', 'parameters': {'type': 'object', 'properties': {}}}}], 'tool_choice': 'bogus'},
+     400, {'error': {'message': 'Invalid value for `tool_choice`: bogus! Only named tools, "none", "auto" or "required" are supported. (parameter=tool_choice)', 'type': 'BadRequestError', 'param': 'tool_choice', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'tool_choice': 'required'},
+     400, {'error': {'message': "Tool choice 'required' must be specified with 'tools' parameter. (parameter=tool_choice)", 'type': 'BadRequestError', 'param': 'tool_choice', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'prompt': {'id': 'x'}},
+     400, {'error': {'message': 'prompt template is not supported (parameter=prompt)', 'type': 'BadRequestError', 'param': 'prompt', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': [], 'max_output_tokens': 2},
+     400, {'error': {'message': 'Cannot apply chat template to an empty conversation. Provide at least one message.', 'type': 'BadRequestError', 'param': None, 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [], 'max_tokens': 2},
+     400, {'type': 'error', 'error': {'type': 'BadRequestError', 'message': 'Cannot apply chat template to an empty conversation. Provide at least one message.'}}),
+    ('/v1/messages', [1],
+     400, {'error': {'message': "1 validation error:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': '<list of 1 items>'}", 'type': 'Bad Request', 'param': 'body', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'stop_sequences': ['a', 5]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'string_type', 'loc': 'body.stop_sequences.1', 'msg': 'Input should be a valid string', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.stop_sequences.1', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'system': [5]},
+     400, {'error': {'message': "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.system', 'msg': 'Input should be a valid string', 'input': '<list of 1 items>'}\n  {'type': 'model_attributes_type', 'loc': 'body.system.0', 'msg': 'Input should be a valid dictionary or object to extract fields from', 'input': '5'}", 'type': 'Bad Request', 'param': 'body.system', 'code': 400}}),
+    ('/v1/messages', {'model': 'tiny', 'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 2, 'tools': [{'name': 'f', 'input_schema': {}}, {'type': 'web_search_20250305', 'name': 'web_search'}]},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.tools.1.input_schema', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.tools.1.input_schema', 'code': 400}}),
+    ('/v1/messages', {'model': 'nope', 'max_tokens': 2},
+     400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.messages', 'code': 400}}),
+]
+
+
+@pytest.mark.parametrize("path, body, status, expected", VLLM_ANSWERS,
+                         ids=[f"{i}-{c[0]}" for i, c in enumerate(VLLM_ANSWERS)])
+def test_bad_requests_get_vllms_exact_answer(polar_base_url, path, body, status, expected):
+    r = post(polar_base_url, path, body)
+    assert r.status_code == status, r.text
+    assert r.json() == expected
+
+
+def test_messages_api_ignores_logit_bias_as_vllm(polar_base_url):
+    """vLLM's Messages request has no ``logit_bias`` field: a bad one is not looked at (200)."""
+    r = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 2, "messages": USER,
+                                              "logit_bias": {"x": 1}})
+    assert r.status_code == 200, r.text
+
+
+def test_prompt_beyond_the_context_is_vllms_token_check(polar_base_url):
+    """vLLM tokenises at most max_model_len + 1 tokens, so it says "at least 4097"."""
+    r = post(polar_base_url, "/v1/chat/completions",
+             {**CHAT, "messages": [{"role": "user", "content": "hello " * 5000}]})
+    assert r.status_code == 400
+    assert r.json() == {"error": {
+        "message": "This model's maximum context length is 4096 tokens. However, your prompt "
+                   "contains at least 4097 input tokens, which exceeds this limit even without any "
+                   "output tokens. Please reduce the length of the input prompt. "
+                   "(parameter=input_tokens, value=4097)",
+        "type": "BadRequestError", "param": "input_tokens", "code": 400}}

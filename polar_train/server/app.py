@@ -24,8 +24,8 @@ from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
 from .engine import Engine, Finish, TokenStep
-from .errors import ApiError, BadRequest, BodyParseError, VllmError
-from .fields import flag
+from .errors import ApiError, BadRequest, BodyParseError, PydanticError, VllmError, field_error, missing
+from .fields import flag, list_of
 from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
 
@@ -68,15 +68,22 @@ class Server:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """The body as FastAPI hands it to vLLM's request model; what it refuses is pydantic's error."""
     raw = await request.body()
+    if not raw:
+        raise PydanticError([missing("body", None)])
     try:
-        body = json.loads(raw or b"{}")
+        body = json.loads(raw)
     except RecursionError:  # nested past Python's limit: FastAPI's generic answer
         raise BodyParseError() from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
+        raise PydanticError([field_error("json_invalid", f"body.{exc.pos}", "JSON decode error", {},
+                                         {"error": exc.msg})]) from None
+    except ValueError as exc:  # not UTF-8 at all
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
+        raise PydanticError([field_error("model_attributes_type", "body", "Input should be a valid "
+                                         "dictionary or object to extract fields from", body)])
     return body
 
 
@@ -179,7 +186,7 @@ def build_app(server: Server) -> Starlette:
 
     def _tokenize_ids(body: dict[str, Any]) -> list[int]:
         check_model(body, server.served_name)
-        if "messages" in body:
+        if isinstance(body.get("messages"), list):
             tools = [normalize_tool(t) for t in body.get("tools") or []]
             text = render(server.tokenizer, body["messages"], tools or None,
                           add_generation_prompt=flag(body, "add_generation_prompt", True),
@@ -188,7 +195,12 @@ def build_app(server: Server) -> Starlette:
         if isinstance(body.get("prompt"), str):
             return encode_prompt(server.engine, body["prompt"],
                                  add_special_tokens=flag(body, "add_special_tokens", True))
-        raise BadRequest("give either 'prompt' (a string) or 'messages'")
+        # vLLM's union of a prompt and a messages request: both branches are reported
+        prompt = [missing("body.prompt", body)] if "prompt" not in body else [field_error(
+            "string_type", "body.prompt", "Input should be a valid string", body["prompt"])]
+        chat = [missing("body.messages", body)] if "messages" not in body else [field_error(
+            "list_type", "body.messages", "Input should be a valid list", body["messages"])]
+        raise PydanticError(prompt + chat)
 
     async def tokenize(request: Request) -> Response:
         try:
@@ -204,7 +216,7 @@ def build_app(server: Server) -> Starlette:
         try:
             body = await _json_body(request)
             check_model(body, server.served_name)
-            ids = body.get("tokens")
+            ids = list_of(body, "tokens", need=True)
             if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
                                                   and 0 <= i < server.engine.vocab_size for i in ids)):
                 raise BadRequest("tokens must be a list of token ids in the vocabulary", param="tokens")

@@ -11,10 +11,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .common import check_model, integer, refuse_images, require_list, sampling
+from .common import check_model, check_top_logprobs, integer, refuse_images, require_list, sampling
 from .completion import CompletionState
-from .errors import BadRequest, VllmError
-from .fields import flag, obj
+from .errors import PydanticError, VllmError, field_error, missing
+from .fields import flag, list_of, obj
 from .parse import random_id
 from .prompt import encode_prompt, normalize_tool, render
 from .script import RequestView
@@ -24,31 +24,29 @@ SYSTEM_FINGERPRINT = "vllm-0.32.0-polar"
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
-    """Validate the request and render its prompt; everything a chat call needs."""
-    model = check_model(body, server.served_name)
-    messages = require_list(body, "messages")
-    refuse_images(messages, model)
-    tools_raw = body.get("tools")
-    if tools_raw is not None and not isinstance(tools_raw, list):
-        raise BadRequest("tools must be a list", param="tools")
-    tools = [normalize_tool(t) for t in tools_raw or []]
-    tool_choice = body.get("tool_choice", "auto" if tools else "none")
-    n = integer(body, "n", 1, lo=1)
-    if n != 1:
-        raise BadRequest("n > 1 is not supported by polar-train serve", param="n")
-    stream = flag(body, "stream")
-    stream_options = obj(body, "stream_options", "StreamOptions")
+    """Validate the request and render its prompt; everything a chat call needs. The checks follow
+    vLLM's order where it shows: its model validators on the raw values first (stream options,
+    logprobs, tool usage), then the fields' types (pydantic), then its sampling checks."""
     if body.get("stream_options") and not body.get("stream"):  # vLLM tests the raw values
         raise VllmError("Stream options can only be defined when `stream=True`.",
                         param="stream_options")
+    check_tool_usage(body)
+    messages = require_list(body, "messages")
+    tools_raw = list_of(body, "tools")
+    check_tools(tools_raw or [])
+    model = check_model(body, server.served_name)
+    refuse_images(messages, model)
+    tools = [normalize_tool(t) for t in tools_raw or []]
+    tool_choice = body.get("tool_choice", "auto" if tools else "none")
+    n = integer(body, "n", 1)
+    if n < 1:
+        raise VllmError(f"n must be at least 1, got {n}.")
+    if n != 1:  # vLLM samples n choices; this server samples one (a deliberate difference)
+        raise VllmError("n > 1 is not supported by polar-train serve", param="n", value=n)
+    stream = flag(body, "stream")
+    stream_options = obj(body, "stream_options", "StreamOptions")
     logprobs = flag(body, "logprobs")
-    raw_top = body.get("top_logprobs")
-    if raw_top is not None and not isinstance(raw_top, (int, float)):
-        # vLLM's check_logprobs looks at the raw value: no lax reading of a string here
-        raise VllmError("`top_logprobs` must be an integer.", param="top_logprobs", value=raw_top)
-    top = integer(body, "top_logprobs", 0, lo=0, hi=20) or 0
-    if top and not logprobs:
-        raise BadRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    top = check_top_logprobs(body, logprobs, server.engine.vocab_size)
     text = render(server.tokenizer, messages, tools or None,
                   add_generation_prompt=flag(body, "add_generation_prompt", True),
                   continue_final_message=flag(body, "continue_final_message"))
@@ -63,6 +61,69 @@ def prepare(server, body: dict) -> dict[str, Any]:
         "stream": stream,
         "include_usage": flag(stream_options, "include_usage", field="stream_options.include_usage"),
     }
+
+
+def check_tool_usage(body: dict) -> None:
+    """vLLM's ``check_tool_usage`` model validator, in its words (it runs on the raw request)."""
+    tools = body.get("tools")
+    if tools == []:
+        raise VllmError("`tools` must not be an empty array. Either provide at least one tool or "
+                        "omit the field entirely.", param="tools")
+    choice = body["tool_choice"] if "tool_choice" in body else ("auto" if tools else None)
+    if choice is None or choice == "none":
+        return
+    if tools is None:
+        raise VllmError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise VllmError(f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
+                        "\"auto\" or \"required\" are supported.", param="tool_choice")
+    if not isinstance(choice, dict):
+        return
+    usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise VllmError(f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}",
+                        param="tool_choice.function")
+    if "name" not in function:
+        raise VllmError(f"Expected field `name` in `function` in `tool_choice`! {usage}",
+                        param="tool_choice.function.name")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise VllmError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}",
+                        param="tool_choice.function.name")
+    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)
+             and isinstance(t.get("function"), dict)] if isinstance(tools, list) else []
+    if name not in names:
+        raise VllmError("The tool specified in `tool_choice` does not match any of the specified "
+                        "`tools`", param="tool_choice")
+
+
+def check_tools(tools: list) -> None:
+    """``tools[i]`` as vLLM's ``ChatCompletionToolsParam`` refuses it: ``type`` is the literal
+    "function" (the default), ``function`` an object with a string ``name``."""
+    errors: list[dict] = []
+    for i, tool in enumerate(tools):
+        loc = f"body.tools.{i}"
+        if not isinstance(tool, dict):
+            errors.append(field_error("model_attributes_type", loc, "Input should be a valid "
+                                      "dictionary or object to extract fields from", tool))
+            continue
+        if tool.get("type", "function") != "function":
+            errors.append(field_error("literal_error", f"{loc}.type", "Input should be 'function'",
+                                      tool["type"], {"expected": "'function'"}))
+        fn = tool.get("function")
+        if "function" not in tool:
+            errors.append(missing(f"{loc}.function", tool))
+        elif not isinstance(fn, dict):
+            errors.append(field_error("model_attributes_type", f"{loc}.function", "Input should "
+                                      "be a valid dictionary or object to extract fields from", fn))
+        elif "name" not in fn:
+            errors.append(missing(f"{loc}.function.name", fn))
+        elif not isinstance(fn["name"], str):
+            errors.append(field_error("string_type", f"{loc}.function.name",
+                                      "Input should be a valid string", fn["name"]))
+    if errors:
+        raise PydanticError(errors)
 
 
 def logprob_entries(server, steps, top: int) -> list[dict[str, Any]]:

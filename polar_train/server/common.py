@@ -1,8 +1,9 @@
 """Request-field validation and sampling parameters shared by the three wire formats.
 
 Why: every API names the same knobs a little differently (``max_tokens`` /
-``max_completion_tokens`` / ``max_output_tokens``); one place checks them and gives the same
-clear 400 for a bad value.
+``max_completion_tokens`` / ``max_output_tokens``); one place checks them and refuses a bad value
+as vLLM does: a field of the wrong type as its pydantic model (``errors.PydanticError``), a value
+its ``SamplingParams`` refuses in its words (``errors.VllmError``).
 """
 
 from __future__ import annotations
@@ -11,47 +12,33 @@ import math
 from typing import Any
 
 from .engine import SamplingParams
-from .errors import BadRequest, NotFound, VllmError
-from .fields import seed, to_float, to_int
+from .errors import NotFound, PydanticError, VllmError, field_error
+from .fields import list_of, required, seed, strings, text, to_float, to_int
 
 
-def _range_error(key: str, v: float, lo: float | None, hi: float | None) -> BadRequest:
-    """The bound that was broken, said as a person would (no "between 1 and None")."""
-    if hi is None:
-        return BadRequest(f"{key} must be at least {lo}, got {v}", param=key)
-    if lo is None:
-        return BadRequest(f"{key} must be at most {hi}, got {v}", param=key)
-    return BadRequest(f"{key} must be between {lo} and {hi}, got {v}", param=key)
-
-
-def number(body: dict, key: str, default: float | None, lo: float | None = None,
-           hi: float | None = None) -> float | None:
+def number(body: dict, key: str, default: float | None) -> float | None:
     v = body.get(key, default)
     if v is None:
         return default
-    v = to_float(v, key)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _range_error(key, v, lo, hi)
-    return float(v)
+    return to_float(v, key)
 
 
-def integer(body: dict, key: str, default: int | None, lo: int | None = None,
-            hi: int | None = None) -> int | None:
+def integer(body: dict, key: str, default: int | None) -> int | None:
     v = body.get(key, default)
     if v is None:
         return default
-    v = to_int(v, key)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _range_error(key, v, lo, hi)
-    return v
+    return to_int(v, key)
 
 
-def check_model(body: dict, served_name: str, required: bool = False) -> str:
-    model = body.get("model")
-    if model is None:
-        if required:
-            raise BadRequest("model is required", param="model")
+def check_model(body: dict, served_name: str, required_: bool = False) -> str:
+    """``model``: a string (required on the Messages API), the served name or vLLM's 404."""
+    model = required(body, "model") if required_ else body.get("model")
+    if model is None and not required_:
         return served_name
+    text(body, "model")  # a non-string (or a required null) is pydantic's string_type
+    if model is None:
+        raise PydanticError([field_error("string_type", "body.model", "Input should be a valid "
+                                         "string", None)])
     if model != served_name:
         raise NotFound(f"The model `{model}` does not exist. Valid aliases: {served_name}.",
                        param="model")
@@ -59,42 +46,37 @@ def check_model(body: dict, served_name: str, required: bool = False) -> str:
 
 
 def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
-             top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False) -> SamplingParams:
+             top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False,
+             budget_name: str | None = None, bias: bool = True) -> SamplingParams:
     """Sampling parameters; the token budget defaults to what is left of the context, and one
     beyond it is cut to fit (vLLM's ``get_max_tokens``).
 
     ``clamp`` (scripted mode): even a budget beyond ``max_model_len`` is cut instead of refused, so
-    Claude Code's ``max_tokens: 32000`` works with any ``--max-model-len``."""
+    Claude Code's ``max_tokens: 32000`` works with any ``--max-model-len``. ``budget_name``: the
+    name vLLM's message gives the budget when it is not the request's own field (the Messages API
+    says ``max_completion_tokens``). ``bias``: whether the API has ``logit_bias`` (vLLM's Messages
+    request has none, so it is ignored there)."""
     room = engine.max_model_len - prompt_len
     if room <= 0:
-        raise BadRequest(
+        # vLLM's _token_len_check: its tokenizer stops at max_model_len + 1 tokens, so a longer
+        # prompt is reported as "at least" that many (one of exactly max_model_len leaves no room)
+        over = prompt_len > engine.max_model_len
+        count = engine.max_model_len + 1 if over else prompt_len
+        raise VllmError(
             f"This model's maximum context length is {engine.max_model_len} tokens. However, your "
-            f"request has {prompt_len} input tokens. Please reduce the length of the input messages.",
-            param="input_tokens")
-    max_tokens = max_tokens_of(body, max_keys, engine.max_model_len, clamp)
+            f"prompt contains {'at least ' if over else ''}{count} input tokens, which exceeds this "
+            "limit even without any output tokens. Please reduce the length of the input prompt.",
+            param="input_tokens", value=count)
+    max_tokens = max_tokens_of(body, max_keys, engine.max_model_len, clamp, budget_name)
     max_tokens = room if max_tokens is None else min(max_tokens, room)
-    stop = body.get(stop_key)
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise BadRequest(f"{stop_key} must be a string or a list of non-empty strings", param=stop_key)
-    bias_raw = body.get("logit_bias") or {}
-    if not isinstance(bias_raw, dict):
-        raise BadRequest("logit_bias must be an object of token id -> bias", param="logit_bias")
-    bias: dict[int, float] = {}
-    for k, v in bias_raw.items():
-        try:
-            tid, b = int(k), float(v)
-        except (TypeError, ValueError):
-            raise BadRequest("logit_bias keys must be token ids and values numbers",
-                             param="logit_bias") from None
-        if not 0 <= tid < engine.vocab_size:
-            raise BadRequest(f"logit_bias token id {tid} is out of vocabulary", param="logit_bias")
-        bias[tid] = max(-100.0, min(100.0, b))
-    top_k = integer(body, "top_k", 0, lo=-1)
+    stop = strings(body, stop_key, allow_str=stop_key == "stop")
+    biases = logit_bias(body, engine.vocab_size) if bias else {}
+    top_k = integer(body, "top_k", 0)
+    if top_k < -1:  # vLLM quietly accepts -1 as "disabled"
+        raise VllmError(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
     check_penalties(body)
+    if any(not s for s in stop):
+        raise VllmError("stop cannot contain an empty string.")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_temperature(body),
@@ -103,11 +85,12 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
         seed=seed(body),
         top_logprobs=top_logprobs,
         stop=list(stop),
-        logit_bias=bias,
+        logit_bias=biases,
     )
 
 
-def max_tokens_of(body: dict, keys: tuple[str, ...], max_model_len: int, clamp: bool) -> int | None:
+def max_tokens_of(body: dict, keys: tuple[str, ...], max_model_len: int, clamp: bool,
+                  budget_name: str | None = None) -> int | None:
     """The first budget field given (vLLM: ``max_completion_tokens`` before ``max_tokens``); above
     ``max_model_len`` it is refused with vLLM's message naming the field the request used."""
     for key in keys:
@@ -118,10 +101,64 @@ def max_tokens_of(body: dict, keys: tuple[str, ...], max_model_len: int, clamp: 
         if n < 1:
             raise VllmError(f"max_tokens must be at least 1, got {n}.", param="max_tokens", value=n)
         if n > max_model_len and not clamp:
-            raise VllmError(f"{key}={n} cannot be greater than max_model_len={max_model_len}. "
-                            "Please request fewer output tokens.", param=key, value=n)
+            name = budget_name or key
+            raise VllmError(f"{name}={n} cannot be greater than max_model_len={max_model_len}. "
+                            "Please request fewer output tokens.", param=name, value=n)
         return n
     return None
+
+
+def logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
+    """``logit_bias`` (``dict[str, float]``): pydantic's checks, then vLLM's key and vocabulary
+    checks in its words; biases are clipped to [-100, 100] as vLLM clips them."""
+    raw = body.get("logit_bias")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise PydanticError([field_error("dict_type", "body.logit_bias",
+                                         "Input should be a valid dictionary", raw)])
+    values = {k: to_float(v, f"logit_bias.{k}") for k, v in raw.items()}
+    bias: dict[int, float] = {}
+    invalid: list[str] = []
+    for k, v in values.items():
+        try:
+            bias[int(k)] = min(100.0, max(-100.0, v))
+        except ValueError:
+            invalid.append(k)
+    if invalid:
+        raise VllmError("logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                        f"{invalid!r}", param="logit_bias", value=invalid)
+    outside = [t for t in bias if not 0 <= t < vocab_size]
+    if outside:
+        raise VllmError(f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+                        f"Vocabulary size: {vocab_size}", param="logit_bias", value=outside)
+    return bias
+
+
+def check_top_logprobs(body: dict, logprobs: bool, vocab_size: int) -> int:
+    """Chat's ``top_logprobs`` as vLLM's ``check_logprobs`` (raw values) and ``SamplingParams``
+    (at most 20; -1 means the whole vocabulary, which is beyond that) refuse it."""
+    raw = body.get("top_logprobs")
+    if raw is not None and not isinstance(raw, (int, float)):
+        raise VllmError("`top_logprobs` must be an integer.", param="top_logprobs", value=raw)
+    if raw is not None:
+        if raw < 0 and raw != -1:
+            raise VllmError("`top_logprobs` must be a positive value or -1.", param="top_logprobs",
+                            value=raw)
+        if (raw == -1 or raw > 0) and not body.get("logprobs"):  # vLLM tests the raw value
+            raise VllmError("when using `top_logprobs`, `logprobs` must be set to true.",
+                            param="top_logprobs")
+    top = integer(body, "top_logprobs", 0) or 0
+    return max_logprobs(top, vocab_size) if logprobs else top
+
+
+def max_logprobs(top: int, vocab_size: int, limit: int = 20) -> int:
+    """vLLM's ``_validate_logprobs``: -1 asks for the whole vocabulary; more than 20 is refused."""
+    n = vocab_size if top == -1 else top
+    if n > limit:
+        raise VllmError(f"Requested sample logprobs of {n}, which is greater than max allowed: "
+                        f"{limit}", param="logprobs", value=n)
+    return n
 
 
 def _temperature(body: dict) -> float:
@@ -164,7 +201,5 @@ def refuse_images(items: Any, served_name: str) -> None:
 
 
 def require_list(body: dict, key: str) -> list[Any]:
-    v = body.get(key)
-    if not isinstance(v, list):
-        raise BadRequest(f"{key} must be a list", param=key)
-    return v
+    """A required ``list[...]`` field: pydantic's ``missing`` / ``list_type`` as vLLM answers them."""
+    return list_of(body, key, need=True)

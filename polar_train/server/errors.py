@@ -2,8 +2,9 @@
 three other error forms, so each failure reads as vLLM's would.
 
 Why three: vLLM answers its own checks (``VLLMValidationError``) with type ``BadRequestError`` and
-the exception's text, pydantic type/bound failures with type ``Bad Request`` and a
-``"1 validation error: {...}"`` message, and a body FastAPI cannot parse with ``{"detail"}``.
+the exception's text, pydantic type/shape/bound failures with type ``Bad Request`` and a
+``"N validation error(s): {...}"`` message (in the OpenAI shape on every route, the Messages API's
+included: its handler is app-wide), and a body FastAPI cannot parse with ``{"detail"}``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from ..wire.errors import ApiError, BadRequest, NotFound
 
-__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "ResponseNotFound", "VllmError",
-           "validation_error"]
+__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound",
+           "VllmError", "field_error", "missing", "validation_error", "value_error"]
 
 
 class VllmError(BadRequest):
@@ -57,10 +58,53 @@ def _summary(value: Any) -> Any:
     return text[:200] + "...[truncated]" if len(text) > 200 else text
 
 
-def validation_error(kind: str, field: str, msg: str, value: Any,
-                     ctx: dict[str, Any] | None = None) -> BadRequest:
-    """A pydantic field failure as vLLM's validation handler words it (param ``body.<field>``)."""
-    err: dict[str, Any] = {"type": kind, "loc": f"body.{field}", "msg": msg, "input": _summary(value)}
+def field_error(kind: str, loc: str, msg: str, value: Any, ctx: dict[str, Any] | None = None) -> dict:
+    """One pydantic error entry as vLLM prints it (``loc`` already dotted, ``input`` bounded)."""
+    err: dict[str, Any] = {"type": kind, "loc": loc, "msg": msg, "input": _summary(value)}
     if ctx:
         err["ctx"] = ctx
-    return BadRequest(f"1 validation error:\n  {err}", param=f"body.{field}")
+    return err
+
+
+def missing(loc: str, parent: Any) -> dict:
+    """pydantic's ``missing``: its ``input`` is the object the field is missing from."""
+    return field_error("missing", loc, "Field required", parent)
+
+
+class PydanticError(BadRequest):
+    """vLLM's ``RequestValidationError`` handler: type "Bad Request", ``param`` the first error's
+    cleaned ``loc``, message ``"N validation error(s):\n  {...}"`` (at most 10 entries).
+
+    The handler is app-wide, so the Messages API answers these in the OpenAI shape too."""
+
+    def __init__(self, errors: list[dict]) -> None:
+        label = "error" if len(errors) == 1 else "errors"
+        message = f"{len(errors)} validation {label}:\n" + "".join(
+            f"  {_bounded(e)}\n" for e in errors[:_MAX_REPORTED])
+        if len(errors) > _MAX_REPORTED:
+            message += f"  ...and {len(errors) - _MAX_REPORTED} more {label}\n"
+        super().__init__(message.rstrip(), param=errors[0]["loc"])
+        self.errors = errors
+
+    def anthropic_body(self) -> dict:
+        return self.openai_body()
+
+
+_MAX_REPORTED, _MAX_ERROR_CHARS = 10, 1000
+
+
+def _bounded(err: dict) -> str:
+    text = str(err)
+    return text[:_MAX_ERROR_CHARS] + "...[truncated]" if len(text) > _MAX_ERROR_CHARS else text
+
+
+def validation_error(kind: str, field: str, msg: str, value: Any,
+                     ctx: dict[str, Any] | None = None) -> PydanticError:
+    """A pydantic field failure as vLLM's validation handler words it (param ``body.<field>``)."""
+    return PydanticError([field_error(kind, f"body.{field}", msg, value, ctx)])
+
+
+def value_error(loc: str, text: str, value: Any) -> PydanticError:
+    """A pydantic ``field_validator``/``model_validator`` that raised ``ValueError(text)``."""
+    return PydanticError([field_error("value_error", loc, f"Value error, {text}", value,
+                                      {"error": ValueError(text)})])

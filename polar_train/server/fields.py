@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..wire.lax import FALSE_WORDS, INT_TEXT, TRUE_WORDS
-from .errors import validation_error
+from .errors import PydanticError, field_error, missing, validation_error
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -94,3 +94,60 @@ def obj(body: dict, key: str, model: str) -> dict:
         raise validation_error("model_type", key, f"Input should be a valid dictionary or instance "
                                f"of {model}", v, {"class_name": model})
     return v
+
+
+# -- shapes of container and text fields, as vLLM's request models refuse them -------------------
+
+def _list_type(loc: str, value: Any) -> dict:
+    return field_error("list_type", loc, "Input should be a valid list", value)
+
+
+def _string_type(loc: str, value: Any) -> dict:
+    return field_error("string_type", loc, "Input should be a valid string", value)
+
+
+def required(body: dict, key: str) -> Any:
+    """A field the request model requires: absent is pydantic's ``missing``."""
+    if key not in body:
+        raise PydanticError([missing(f"body.{key}", body)])
+    return body[key]
+
+
+def list_of(body: dict, key: str, need: bool = False) -> list | None:
+    """A ``list[...]`` field (``None`` allowed unless ``need``)."""
+    v = required(body, key) if need else body.get(key)
+    if v is None and not need:
+        return None
+    if not isinstance(v, list):
+        raise PydanticError([_list_type(f"body.{key}", v)])
+    return v
+
+
+def text(body: dict, key: str) -> str | None:
+    """An optional ``str`` field."""
+    v = body.get(key)
+    if v is not None and not isinstance(v, str):
+        raise PydanticError([_string_type(f"body.{key}", v)])
+    return v
+
+
+def str_or_list(value: Any, loc: str) -> None:
+    """``str | list[...]``: pydantic tries both branches and reports each."""
+    if not isinstance(value, (str, list)):
+        raise PydanticError([_string_type(loc, value), _list_type(loc, value)])
+
+
+def strings(body: dict, key: str, allow_str: bool) -> list[str]:
+    """``stop`` (``str | list[str] | None``) or ``stop_sequences`` (``list[str] | None``) as a list."""
+    v = body.get(key)
+    if v is None:
+        return []
+    loc = f"body.{key}"
+    if allow_str and isinstance(v, str):
+        return [v]
+    if not isinstance(v, list):
+        raise PydanticError(([_string_type(loc, v)] if allow_str else []) + [_list_type(loc, v)])
+    bad = [_string_type(f"{loc}.{i}", s) for i, s in enumerate(v) if not isinstance(s, str)]
+    if bad:
+        raise PydanticError(([_string_type(loc, v)] if allow_str else []) + bad)
+    return list(v)

@@ -15,16 +15,93 @@ from typing import Any
 
 from .common import check_model, integer, refuse_images, sampling
 from .completion import CompletionState
-from .errors import BadRequest
-from .fields import flag
+from .errors import PydanticError, field_error, missing, value_error
+from .fields import flag, strings
 from .parse import random_id
 from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
 from ..wire.anthropic import chat_messages, chat_tools
 
+_OBJECT = "Input should be a valid dictionary or object to extract fields from"
+
+
+def _union_str_list(loc: str, value: Any) -> list[dict]:
+    """``str | list[...]``: pydantic reports both branches."""
+    return [field_error("string_type", loc, "Input should be a valid string", value),
+            field_error("list_type", loc, "Input should be a valid list", value)]
+
+
+def _blocks(loc: str, value: Any) -> list[dict]:
+    """``str | list[AnthropicContentBlock]`` (a message's ``content``, ``system``)."""
+    if isinstance(value, str):
+        return []
+    if not isinstance(value, list):
+        return _union_str_list(loc, value)
+    bad = [field_error("model_attributes_type", f"{loc}.{j}", _OBJECT, b)
+           for j, b in enumerate(value) if not isinstance(b, dict)]
+    return [field_error("string_type", loc, "Input should be a valid string", value)] + bad if bad else []
+
+
+def check_shapes(body: dict, count_only: bool) -> None:
+    """The fields vLLM's ``AnthropicMessagesRequest`` types, refused as its pydantic model refuses
+    them, every failing field at once in field order (vLLM's validation handler answers these in
+    the OpenAI error shape, even on this API)."""
+    errors: list[dict] = []
+    if "model" not in body:
+        errors.append(missing("body.model", body))
+    messages = body.get("messages")
+    if "messages" not in body:
+        errors.append(missing("body.messages", body))
+    elif not isinstance(messages, list):
+        errors.append(field_error("list_type", "body.messages", "Input should be a valid list",
+                                  messages))
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        loc = f"body.messages.{i}"
+        if not isinstance(m, dict):
+            errors.append(field_error("model_attributes_type", loc, _OBJECT, m))
+            continue
+        if "role" not in m:
+            errors.append(missing(f"{loc}.role", m))
+        elif m["role"] not in ("user", "assistant", "system"):
+            expected = "'user', 'assistant' or 'system'"
+            errors.append(field_error("literal_error", f"{loc}.role", f"Input should be {expected}",
+                                      m["role"], {"expected": expected}))
+        if "content" not in m:
+            errors.append(missing(f"{loc}.content", m))
+        else:
+            errors += _blocks(f"{loc}.content", m["content"])
+    if not count_only and "max_tokens" not in body:
+        errors.append(missing("body.max_tokens", body))
+    if not count_only and body.get("stop_sequences") is not None:
+        try:
+            strings(body, "stop_sequences", allow_str=False)
+        except PydanticError as exc:
+            errors += exc.errors
+    if body.get("system") is not None:
+        errors += _blocks("body.system", body["system"])
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        errors.append(field_error("list_type", "body.tools", "Input should be a valid list", tools))
+    for i, t in enumerate(tools if isinstance(tools, list) else []):
+        loc = f"body.tools.{i}"
+        if not isinstance(t, dict):
+            errors.append(field_error("model_attributes_type", loc, _OBJECT, t))
+            continue
+        if "name" not in t:
+            errors.append(missing(f"{loc}.name", t))
+        elif not isinstance(t["name"], str):
+            errors.append(field_error("string_type", f"{loc}.name", "Input should be a valid string",
+                                      t["name"]))
+        if "input_schema" not in t:
+            errors.append(missing(f"{loc}.input_schema", t))
+    if errors:
+        raise PydanticError(errors)
+
+
 def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
-    model = check_model(body, server.served_name, required=True)
+    check_shapes(body, count_only)
+    model = check_model(body, server.served_name, required_=True)
     tools = chat_tools(body.get("tools"))
     refuse_images(body.get("messages"), model)
     messages = chat_messages(body)
@@ -33,19 +110,25 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     req: dict[str, Any] = {"model": model, "prompt_ids": prompt_ids, "stream": False}
     if count_only:
         return req
-    if body.get("max_tokens") is None:
-        raise BadRequest("max_tokens: Field required", param="max_tokens")
-    max_tokens = integer(body, "max_tokens", None, lo=1)
+    max_tokens = integer(body, "max_tokens", None)
+    if max_tokens < 1:  # vLLM's field validator
+        raise value_error("body.max_tokens", "max_tokens must be positive", body["max_tokens"])
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        budget = integer(thinking, "budget_tokens", None, lo=1024)
+        budget = integer(thinking, "budget_tokens", None)
+        if budget is not None and budget < 1024:
+            raise PydanticError([field_error(
+                "greater_than_equal", "body.thinking.enabled.budget_tokens",
+                "Input should be greater than or equal to 1024", thinking["budget_tokens"],
+                {"ge": 1024})])
         if budget is not None and budget >= max_tokens:
-            raise BadRequest("thinking.budget_tokens must be less than max_tokens", param="body")
+            raise value_error("body", "thinking.budget_tokens must be less than max_tokens", body)
     tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
         body.get("tool_choice"), dict) else "auto"
     req.update({
         "params": sampling(body, server.engine, len(prompt_ids), ("max_tokens",),
-                           stop_key="stop_sequences", clamp=server.script is not None),
+                           stop_key="stop_sequences", clamp=server.script is not None,
+                           budget_name="max_completion_tokens", bias=False),
         "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
         "tools_enabled": bool(tools) and tool_choice != "none",
         "stream": flag(body, "stream"),

@@ -14,10 +14,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .common import check_model, integer, number, refuse_images, sampling
+from .common import check_model, integer, max_logprobs, number, refuse_images, sampling
 from .completion import CompletionState
-from .errors import BadRequest, ResponseNotFound
-from .fields import flag
+from .errors import ResponseNotFound, VllmError
+from .fields import flag, list_of, required, str_or_list
+from .fields import text as text_field
 from .parse import random_id
 from .prompt import encode_prompt, render
 from .script import RequestView
@@ -57,23 +58,50 @@ def echo_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def before_validators(body: dict) -> dict:
+    """vLLM's ``mode="before"`` validators of the Responses request, in its words; returns the
+    request as its field validation then sees it (``tool_choice`` "none" added without tools)."""
+    if body.get("background") and not body.get("store", True):
+        raise VllmError("background can only be used when `store` is true", param="background")
+    if body.get("prompt") is not None:
+        raise VllmError("prompt template is not supported", param="prompt")
+    tools, choice = body.get("tools"), body.get("tool_choice", "auto")
+    has_tools = isinstance(tools, (list, str, dict)) and len(tools) > 0
+    named = isinstance(choice, dict) and choice.get("type") in ("function", "custom")
+    if not has_tools:
+        if choice in ("auto", "none"):
+            return {**body, "tool_choice": "none"}
+        if choice == "required":
+            raise VllmError("Tool choice 'required' must be specified with 'tools' parameter.",
+                            param="tool_choice")
+        if named:
+            raise VllmError("Tool choice 'function' not found in 'tools' parameter.",
+                            param="tool_choice")
+    elif named and not choice.get("name"):
+        raise VllmError("Tool choice 'function' not found in 'tools' parameter.", param="tool_choice")
+    return body
+
+
 def prepare(server, body: dict) -> dict[str, Any]:
+    str_or_list(required(before_validators(body), "input"), "body.input")
+    text_field(body, "instructions")
+    tools = list_of(body, "tools") or []
+    include = list_of(body, "include") or []
     model = check_model(body, server.served_name)
     if body.get("previous_response_id") is not None:  # nothing is stored, so no id is ever found (as vLLM's)
         raise ResponseNotFound(f"Response with id '{body['previous_response_id']}' not found.",
-                       param="response_id")
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise BadRequest("tools must be a list", param="tools")
+                               param="response_id")
+    for item in body["input"] if isinstance(body["input"], list) else []:
+        if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content"):
+            raise VllmError("Encrypted content is not supported.", param="input")
     ctools = chat_tools(tools)
     refuse_images(body.get("input"), model)
     messages = input_messages(body)
     tool_choice = body.get("tool_choice", "auto")
-    include = body.get("include") or []
-    if not isinstance(include, list):
-        raise BadRequest("include must be a list", param="include")
-    top = integer(body, "top_logprobs", None, lo=0, hi=20)
+    top = integer(body, "top_logprobs", None)
     want_logprobs = LOGPROBS_INCLUDE in include
+    if want_logprobs and top:
+        max_logprobs(top, server.engine.vocab_size)
     text = render(server.tokenizer, messages, ctools or None)
     prompt_ids = encode_prompt(server.engine, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
