@@ -18,17 +18,19 @@ import gc
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
+from mitmproxy.proxy.mode_specs import ReverseMode, Socks5Mode
 
 try:
     import polar_train  # noqa: F401
 except ModuleNotFoundError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from polar_train.capture import record
+from polar_train.capture import handover, record
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import identity_headers
 from polar_train.capture.json_members import compact
@@ -97,6 +99,13 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
     return compact(obj).encode("utf-8")
 
 
+def _close_off_the_loop(writer: RowWorker) -> None:
+    """Close a row worker on a thread of its own: it drains what it holds (seconds with a tokenizer
+    to load), and on the event loop every connection would stand still meanwhile. Not a daemon:
+    the process waits for it before it exits."""
+    threading.Thread(target=writer.close, name="polar-capture-close", daemon=False).start()
+
+
 class PolarCapture:
     def __init__(self) -> None:
         self.opts = CaptureOptions()
@@ -104,6 +113,9 @@ class PolarCapture:
         self.calls: dict[str, record.CallState] = {}
         #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
         self.connect_auth: dict[str, str] = {}
+        live = handover.take()  # the instance before a reload of this file: go on where it stopped
+        if live is not None:
+            self.opts, self.writer, self.calls, self.connect_auth = live.opts, live.writer, live.calls, live.connect_auth
         self._drop_headers = _model_call_drops(self.opts)
         self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
         self._running = False
@@ -152,10 +164,10 @@ class PolarCapture:
             try:
                 writer.start()
             except OSError as exc:
-                raise exceptions.OptionsError(f"polar_out: cannot create {opts.out}/calls: {exc}") from None
+                raise exceptions.OptionsError(f"polar_out: cannot write to {opts.out}/calls: {exc}") from None
             self.writer = writer
             if old is not None:
-                old.close()
+                _close_off_the_loop(old)
         self.opts = opts
         self._drop_headers = _model_call_drops(opts)
         self._identity_headers = identity_headers(opts.rollout_header, opts.task_header)
@@ -167,6 +179,11 @@ class PolarCapture:
         # again (measured: proxy CPU 2-7 % lower under load; bench/README.md).
         gc.freeze()
         log.info("polar_capture: writing calls to %s", Path(self.opts.out).expanduser() / "calls")
+        if getattr(ctx.options, "stream_large_bodies", None):
+            # mitmproxy streams any body past it while reading (no hook can keep it whole)
+            log.warning("polar_capture: stream_large_bodies is %s: a model call whose request or non-streamed "
+                        "reply is larger passes unrecorded (a proxy_error row says so) and a reply keeps the "
+                        "token ids the addon asked for", ctx.options.stream_large_bodies)
         if ctx.options.listen_host in ("", "0.0.0.0", "::"):
             log.warning("polar_capture: the proxy listens on all interfaces; prompts and keys of every "
                         "rollout pass through it - use --listen-host 127.0.0.1 unless you mean it")
@@ -219,14 +236,19 @@ class PolarCapture:
         scheme, host, req_port = req.scheme, req.host, req.port
         base = f"{scheme}://{host}" + ("" if req_port == (443 if scheme == "https" else 80) else f":{req_port}")
         # the credentials proxyauth checked on this request itself (a tunnel's are in connect_auth,
-        # below the request's own rollout header)
-        checked = _checked_credentials(flow) if conn_id not in self.connect_auth else None
-        if checked is not None and not raw_headers.values(fields, b"proxy-authorization")[0]:
-            fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
+        # below the request's own rollout header); in reverse mode (a server's Basic auth) and SOCKS5
+        # (per connection) they rank as a tunnel's too, below the header and the API key
+        connect_auth = self.connect_auth.get(conn_id)
+        checked = _checked_credentials(flow) if connect_auth is None else None
+        if checked is not None:
+            if isinstance(flow.client_conn.proxy_mode, (ReverseMode, Socks5Mode)):
+                connect_auth = checked
+            elif not raw_headers.values(fields, b"proxy-authorization")[0]:
+                fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
         self.calls[flow.id] = record.CallState(
             api=api, method=req.method, host=host, path=req.path, client_conn_id=conn_id, identity=None,
             started_at=record.utcnow(), upstream_base=base, call_id=flow.id.replace("-", ""),
-            header_fields=fields, connect_auth=self.connect_auth.get(conn_id), listen_port=port)
+            header_fields=fields, connect_auth=connect_auth, listen_port=port)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
@@ -240,6 +262,10 @@ class PolarCapture:
 
     async def _request(self, flow: http.HTTPFlow, state: record.CallState) -> None:
         req = flow.request
+        if req.raw_content is None and req.stream:  # stream_large_bodies, past its limit mid-body
+            state.fail("proxy_error", _STREAMED_BY_MITMPROXY.format(what="request"))
+            _say_streamed_once()
+            return
         (encoding,) = raw_headers.values(req.headers.fields, b"content-encoding")
         body = (req.raw_content if encoding is None else req.get_content(strict=False)) or b""
         if len(body) > self.opts.max_body_mb << 20:
@@ -348,6 +374,10 @@ class PolarCapture:
         state.http_status = resp.status_code
         if state.streamed:
             return
+        if resp.raw_content is None and resp.stream:  # stream_large_bodies, past its limit mid-body
+            state.fail("proxy_error", _STREAMED_BY_MITMPROXY.format(what="response"))
+            _say_streamed_once()
+            return
         big = len(resp.raw_content or b"") > _INLINE_PARSE_LIMIT
         body = (await asyncio.to_thread(resp.get_content, strict=False) if big
                 else resp.get_content(strict=False)) or b""
@@ -398,7 +428,27 @@ class PolarCapture:
         if self.writer is not None:
             self.writer.submit(state)  # the proxy holds no reference to it any more
 
+    def _reloading(self) -> bool:
+        """Whether ``done`` comes from mitmproxy reloading this file (its script manager, still
+        registered, holds this instance) rather than from shutdown or the script's removal."""
+        try:
+            if ctx.master.should_exit.is_set():
+                return False
+            return any(self in (getattr(getattr(a, "ns", None), "addons", None) or [])
+                       for a in list(ctx.master.addons.lookup.values()))
+        except Exception:
+            return False
+
     def done(self) -> None:
+        if self._reloading():
+            live = handover.Live(self.opts, self.writer, self.calls, self.connect_auth)
+            handover.hand_over(live)
+            log.info("polar_capture: reloading: %d calls in flight and the row worker go on", len(self.calls))
+            try:  # a new file that does not load takes nothing: then end as at shutdown, off the loop
+                asyncio.get_running_loop().call_soon(self._close_unless_taken, live)
+            except RuntimeError:
+                self._close_unless_taken(live)
+            return
         try:
             for flow_id, state in list(self.calls.items()):
                 state.fail("proxy_error", "proxy shut down before the call finished")
@@ -411,5 +461,44 @@ class PolarCapture:
         except Exception:
             log.exception("polar_capture: shutdown failed")
 
+    def _close_unless_taken(self, live: handover.Live) -> None:
+        if handover.take(live) is None:
+            return  # the reloaded instance goes on with it
+        log.error("polar_capture: the reloaded addon did not start; %d calls in flight end as proxy_error",
+                  len(live.calls))
+        for state in list(live.calls.values()):
+            state.fail("proxy_error", "the capture addon was reloaded and its new version did not start")
+            self._finalize(None, state)
+        live.calls.clear()
+        if live.writer is not None:
+            _close_off_the_loop(live.writer)
 
-addons = [PolarCapture()]
+
+_STREAMED_BY_MITMPROXY = ("the {what} body was streamed by mitmproxy's stream_large_bodies (past its limit while "
+                          "being read) and not recorded; leave stream_large_bodies unset or raise it above model calls")
+_streamed_said = False
+
+
+def _say_streamed_once() -> None:
+    global _streamed_said
+    if not _streamed_said:
+        _streamed_said = True
+        log.error("polar_capture: %s", _STREAMED_BY_MITMPROXY.format(what="request or response"))
+
+
+def _loaded_already() -> bool:
+    """Whether another copy of this addon (the same file under another path) is registered."""
+    try:
+        loop = ctx.master.event_loop  # a master left over from a finished test has a closed loop
+        return loop.is_running() and ctx.master.addons.get("polarcapture") is not None
+    except Exception:  # no master (imported by a test): register
+        return False
+
+
+if _loaded_already():
+    # a warning: an error logged at startup makes mitmdump exit, and the first copy records
+    log.warning("polar_capture: the capture addon is loaded already (the script given twice under two paths?); "
+                "this copy is not used")
+    addons: list = []
+else:
+    addons = [PolarCapture()]

@@ -1322,3 +1322,132 @@ def test_scrubbed_json_with_an_escaped_lone_surrogate_stays_storable():
     out = scrub_json('{"x":"\\ud83d","k":"sk-ab/cd1234"}', {"sk-ab/cd1234"}, compact)
     out.encode("utf-8")
     assert json.loads(out) == {"x": "\ud83d", "k": REDACTED}
+
+
+def test_header_options_must_name_a_header_and_counts_are_no_booleans(tmp_path):
+    """`polar_rollout_header=x-polar-rollout:` (copied from curl -H) matched no header: every call
+    lost its rollout and the real header went on to the upstream. YAML's `true` passed as 1 row."""
+    from mitmproxy import exceptions
+
+    with _configured_addon(tmp_path) as addon:
+        from mitmproxy import ctx
+
+        addon.running()
+        for options, message in (({"polar_rollout_header": "x-polar-rollout:"}, "is not a header name"),
+                                 ({"polar_task_header": "bad header"}, "is not a header name"),
+                                 ({"polar_rollout_header": "Host"}, "a header requests need for themselves"),
+                                 ({"polar_task_header": "X-Polar-Rollout"}, "both are 'x-polar-rollout'"),
+                                 ({"polar_flush_rows": True}, "polar_flush_rows: expected a whole number, got true")):
+            with pytest.raises(exceptions.OptionsError, match=message):
+                ctx.options.update(**options)
+        ctx.options.update(polar_rollout_header=" X-Run-Id ")
+        assert addon.opts.rollout_header == "x-run-id"
+        addon.done()
+
+
+def test_in_reverse_mode_proxyauths_user_ranks_below_the_rollout_header(tmp_path):
+    """Reverse mode: proxyauth checks (and removes) the request's Authorization. Its user was taken
+    for per-request proxy credentials, above x-polar-rollout and the API key; SOCKS5 likewise (its
+    credentials are per connection). Now it ranks as a tunnel's credentials do."""
+    from mitmproxy.addons.proxyauth import ProxyAuth
+    from mitmproxy.proxy.mode_specs import ProxyMode
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon, auth = mod.PolarCapture(), ProxyAuth()
+    with taddons.context(auth, addon) as tctx:
+        tctx.configure(auth, proxyauth="any", mode=["reverse:http://127.0.0.1:8000"])
+        tctx.configure(addon, polar_out=str(tmp_path))
+        got = []
+        for header in ("header-rollout", None):
+            f = _chat_flow({"model": "tiny", "messages": []})
+            f.client_conn.proxy_mode = ProxyMode.parse("reverse:http://127.0.0.1:8000")
+            f.request.headers["authorization"] = _basic("auth-user", "pw-secret")
+            if header:
+                f.request.headers["x-polar-rollout"] = header
+            auth.requestheaders(f)
+            addon.requestheaders(f)
+            state = record.resolve_head(addon.calls[f.id], "x-polar-rollout", "x-polar-task", {})
+            got.append((state.identity.rollout_id, "pw-secret" in state.secrets))
+        assert got == [("header-rollout", True), ("auth-user", True)]
+        addon.done()
+
+
+def test_the_tokenize_check_goes_straight_to_the_upstream_and_says_why_it_could_not_run(monkeypatch):
+    """An HTTP_PROXY in mitmdump's environment failed every /tokenize check, and the row did not say
+    why (a warning per call in the log)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from polar_train.capture.render import server_tokenize
+
+    class Tokenize(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            body = b'{"tokens": [1, 2, 3], "count": 3}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Tokenize)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert server_tokenize(f"http://127.0.0.1:{server.server_port}", "m", [{"role": "user", "content": "x"}],
+                               None) == [1, 2, 3]
+    finally:
+        server.shutdown()
+
+
+def test_a_prompt_the_template_refuses_is_said_once_without_a_traceback(caplog, tiny_model_dir):
+    """`"messages": []` to a server that answers anyway: the renderer refuses it; that was a
+    traceback in the log per call."""
+    from polar_train.capture.render import Renderer
+
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+    renderer = Renderer(str(tiny_model_dir))
+    rows = []
+    for _ in range(2):
+        state = _state(request_body=b'{"model": "m", "messages": []}', api="openai.chat", request_unread=True)
+        state.response_body = json.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}).encode()
+        state.http_status = 200
+        rows.append(record.build_row(state, renderer))
+    assert all(r["status"] == "ok" and "token ids unavailable" in r["error"] for r in rows)
+    assert "Traceback" not in caplog.text and caplog.text.count("could not be rendered") == 1
+
+
+def test_an_existing_calls_folder_that_cannot_be_written_is_refused_at_start(tmp_path, monkeypatch):
+    """A read-only polar_out whose calls/ exists passed the mkdir: the proxy served, kept rows in
+    memory and lost them at shutdown. A write check refuses it at start (one line)."""
+    import errno
+
+    from mitmproxy import exceptions
+    from mitmproxy.test import taddons
+
+    from polar_train.capture import outdir
+
+    (tmp_path / "calls").mkdir()
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if ".polar-write-check" in str(path):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(outdir.os, "open", read_only)
+    with pytest.raises(OSError, match="Read-only"):
+        outdir.prepare_calls_dir(tmp_path / "calls")
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        addon.running()  # a change while running is refused with the reason
+        with pytest.raises(exceptions.OptionsError, match=r"polar_out: cannot write to .*Read-only file system"):
+            tctx.configure(addon, polar_out=str(tmp_path))
+    assert list((tmp_path / "calls").iterdir()) == []

@@ -290,3 +290,81 @@ def test_a_bad_option_stops_mitmdump_with_one_clear_line(tmp_path: Path, option:
     assert message in text and "Error logged during startup, exiting" in text, text
     assert "Traceback" not in text
     assert not out.exists() and not (tmp_path / "calls").exists() and not (tmp_path / "a").exists()
+
+
+def test_a_reload_of_the_addon_loses_no_call_in_flight(tmp_path: Path) -> None:
+    """mitmproxy reloads a script whose file changed (an editor's save, a git checkout). The old
+    instance's `done` failed every call in flight ("proxy shut down") though its stream went on,
+    dropped open tunnels' credentials, and closed the row worker on the event loop. The calls, the
+    credentials and the worker now pass to the reloaded instance."""
+    from tests.support.mitm import ADDON
+
+    script = tmp_path / "addon" / "polar_capture.py"
+    script.parent.mkdir()
+    shutil.copy(ADDON, script)
+    with slow_upstream(tmp_path, delay_ms=50) as (base, _):
+        m = start_mitm(tmp_path, scripts=[script], options={"polar_flush_seconds": "0.2"})
+        try:
+            r, got, reloaded_at = rid(), b"", None
+            with client(m, r) as c, c.stream("POST", base + "/v1/chat/completions", json=chat(True, 120)) as resp:
+                for data in resp.iter_raw():
+                    got += data
+                    if reloaded_at is None and got.count(b"\n\n") == 3:
+                        now = time.time()
+                        os.utime(script, (now, now + 5))  # newer: the script watcher reloads it
+                        reloaded_at = -1
+                    elif reloaded_at == -1 and "polar_capture: reloading:" in m.proc.log():
+                        reloaded_at = got.count(b"\n\n")
+            assert 3 <= reloaded_at < 120, reloaded_at  # reloaded while the stream was open
+            assert b"[DONE]" in got
+            (row,) = poll(lambda: rows_of(m.out_dir, r), 30, "row of the stream open during the reload")
+            assert row["status"] == "ok" and row["error"] is None, row
+            r2 = rid()
+            with client(m, r2) as c:
+                assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 200
+            poll(lambda: len(rows_of(m.out_dir, r2)) == 1, 30, "a call after the reload")
+        finally:
+            m.stop()
+        log = m.proc.log()
+        assert no_addon_traceback(log) and log.count("Loading script") == 2
+        assert len(rows_of(m.out_dir, r2)) == 1 and len(rows_of(m.out_dir, r)) == 1
+
+
+def test_the_addon_given_under_two_paths_records_each_call_once(tmp_path: Path) -> None:
+    """`-s addons/polar_capture.py -s copy/polar_capture.py`: mitmproxy refused the second with its
+    traceback and exited. The second copy now stands aside with one line."""
+    from tests.support.mitm import ADDON
+
+    copy = tmp_path / "copy" / "polar_capture.py"
+    copy.parent.mkdir()
+    shutil.copy(ADDON, copy)
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, scripts=[ADDON, copy], options={"polar_flush_seconds": "0.2"})
+        try:
+            r = rid()
+            _calls_stay_fast(m, base, r, 2)
+            poll(lambda: len(rows_of(m.out_dir, r)) == 2, 30, "rows of the two calls")
+        finally:
+            m.stop()
+        log = m.proc.log()
+        assert "the capture addon is loaded already" in log and "Traceback" not in log
+        assert len(rows_of(m.out_dir, r)) == 2
+
+
+def test_with_stream_large_bodies_a_large_model_call_says_why_it_was_not_recorded(tmp_path: Path) -> None:
+    """mitmproxy's stream_large_bodies streams any body past it while reading it, whatever a hook
+    says. Such a request was recorded as `ok` with "request body is not JSON"; the row now names the
+    option, and the proxy says so once at start."""
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "0.2", "stream_large_bodies": "4k"})
+        try:
+            r = rid()
+            big = {"model": "ok", "messages": [{"role": "user", "content": "x" * 20_000}]}
+            with client(m, r) as c:
+                assert c.post(base + "/v1/chat/completions", json=big).status_code == 200
+            (row,) = poll(lambda: rows_of(m.out_dir, r), 30, "row of the streamed request")
+        finally:
+            m.stop()
+        assert row["status"] != "ok" and "stream_large_bodies" in row["error"], row
+        log = m.proc.log()
+        assert "polar_capture: stream_large_bodies is 4k" in log and no_addon_traceback(log)

@@ -8,6 +8,7 @@ snapshot instead of mitmproxy's live options object.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,15 +74,22 @@ class CaptureOptions:
     tokenize_url: str = ""
     max_body_mb: int = 256
     prompt_delta: bool = False
+    #: mitmproxy's ``ssl_insecure``: the /tokenize check then trusts the upstream as the proxy does.
+    tokenize_insecure: bool = False
 
     def worker_settings(self) -> tuple:
         """What the row worker uses: a change of these needs a new worker, others do not."""
         return (self.out, self.tokenizer, self.flush_rows, self.flush_seconds, self.queue_size, self.handoff_ms,
                 self.tokenize_check, self.tokenize_url, self.prompt_delta, self.rollout_header,
-                self.task_header, self.port_rollouts)
+                self.task_header, self.port_rollouts, self.tokenize_insecure)
 
     @classmethod
     def from_mitmproxy(cls, opts: Any) -> "CaptureOptions":
+        rollout_header = _header_name("polar_rollout_header", opts.polar_rollout_header)
+        task_header = _header_name("polar_task_header", opts.polar_task_header)
+        if rollout_header == task_header:
+            raise ValueError(f"polar_rollout_header and polar_task_header: both are {rollout_header!r}; "
+                             "which one would name the rollout?")
         return cls(
             out=_not_empty("polar_out", opts.polar_out),
             tokenizer=opts.polar_tokenizer,
@@ -91,13 +99,14 @@ class CaptureOptions:
             flush_seconds=_seconds(opts.polar_flush_seconds),
             queue_size=_at_least("polar_queue_size", opts.polar_queue_size, 1),
             handoff_ms=_at_least("polar_handoff_ms", getattr(opts, "polar_handoff_ms", 20), 0),
-            rollout_header=_not_empty("polar_rollout_header", opts.polar_rollout_header).strip().lower(),
-            task_header=_not_empty("polar_task_header", opts.polar_task_header).strip().lower(),
+            rollout_header=rollout_header,
+            task_header=task_header,
             port_rollouts=parse_port_rollouts(opts.polar_port_rollouts),
             tokenize_check=opts.polar_tokenize_check,
             tokenize_url=_base_url("polar_tokenize_url", opts.polar_tokenize_url),
             max_body_mb=_at_least("polar_max_body_mb", opts.polar_max_body_mb, 1),
             prompt_delta=bool(getattr(opts, "polar_prompt_delta", False)),
+            tokenize_insecure=bool(getattr(opts, "ssl_insecure", False)),
         )
 
 
@@ -107,6 +116,25 @@ def _not_empty(name: str, value: str) -> str:
     if not value.strip():
         raise ValueError(f"{name}: empty; give a value or leave the option out")
     return value
+
+
+#: An HTTP field name (RFC 9110 token), and the names a request needs for itself.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "content-encoding", "transfer-encoding",
+                               "connection", "authorization", "proxy-authorization", "x-api-key", "accept-encoding",
+                               "expect", "te", "upgrade", "cookie"})
+
+
+def _header_name(name: str, value: str) -> str:
+    """A header option's value as the lower-case field name. ``x-polar-rollout:`` (copied from a
+    ``curl -H``) or a name with a space matched no header: every call lost its rollout, and the
+    real header went on to the upstream."""
+    header = _not_empty(name, value).strip().lower()
+    if not _TOKEN.fullmatch(header):
+        raise ValueError(f"{name}: {value!r} is not a header name (letters, digits and -, no ':' or spaces)")
+    if header in _RESERVED_HEADERS:
+        raise ValueError(f"{name}: {header!r} is a header requests need for themselves; choose another name")
+    return header
 
 
 def _base_url(name: str, value: str) -> str:
@@ -120,6 +148,8 @@ def _base_url(name: str, value: str) -> str:
 
 def _at_least(name: str, value: Any, low: int) -> int:
     """An integer option's value, refused below ``low`` (a typo must not become a silent 1 or 0)."""
+    if isinstance(value, bool):  # YAML's `true` passes mitmproxy's int check: it is no count
+        raise ValueError(f"{name}: expected a whole number, got {str(value).lower()}")
     value = int(value)
     if value < low:
         raise ValueError(f"{name}: at least {low}, got {value}")

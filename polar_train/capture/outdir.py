@@ -20,3 +20,9 @@ def prepare_calls_dir(calls_dir: Path) -> None:
         calls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     finally:
         os.umask(old)
+    # an existing calls/ on a read-only mount passed the mkdir: the proxy then served, kept rows in
+    # memory and lost them at shutdown. A dot-file (readers skip it) proves the folder writable.
+    probe = calls_dir / f".polar-write-check-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    os.unlink(probe)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ..wire.errors import BadRequest
 from ..wire.lax import lax_true
 from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
@@ -266,8 +267,19 @@ def _parse_stream(module, state: CallState) -> ParsedCall:
     return parsed
 
 
+#: Reasons already logged (the /tokenize check, a prompt that cannot be rendered): once each, not
+#: once per call.
+_LOGGED: set[str] = set()
+
+
+def _log_once(reason: str) -> None:
+    if reason not in _LOGGED and len(_LOGGED) < 1000:
+        _LOGGED.add(reason)
+        log.warning("polar_capture: %s (said once)", reason)
+
+
 def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None,
-         tokenize_check: bool, tokenize_url: str) -> dict[str, Any]:
+         tokenize_check: bool, tokenize_url: str, tokenize_insecure: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"prompt_token_ids": None, "completion_token_ids": None,
                            "completion_logprobs": None, "token_source": "none",
                            "usage_match": None, "server_tokenize_match": None}
@@ -287,10 +299,13 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
         if tokenize_check:
             base = tokenize_url or state.upstream_base
             try:
-                served = server_tokenize(base, state.request.get("model"), messages, tools)
+                served = server_tokenize(base, state.request.get("model"), messages, tools,
+                                         insecure=tokenize_insecure)
                 out["server_tokenize_match"] = served == prompt
             except Exception as exc:  # the check is advisory: record why it could not run
-                log.warning("polar_capture: /tokenize check failed: %s", exc)
+                reason = f"/tokenize check could not run: {exc}"
+                _log_once(reason)
+                out["check_error"] = reason
     if out["prompt_token_ids"] is not None:
         checks = []
         if parsed.usage_prompt_tokens is not None:
@@ -310,7 +325,8 @@ def _request_text(state: CallState, request: dict[str, Any]) -> str:
 
 
 def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
-              tokenize_url: str = "", attempts: AttemptCounter | None = None) -> dict[str, Any]:
+              tokenize_url: str = "", attempts: AttemptCounter | None = None,
+              tokenize_insecure: bool = False) -> dict[str, Any]:
     """The call-log row of a finished call (runs in the row worker; never raises for bad input).
     With ``attempts`` it also sets the call's request hash and attempt number."""
     module = FORMATS[state.api]
@@ -359,9 +375,15 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
                            "usage_match": None, "server_tokenize_match": None}
     if status == "ok":
         try:
-            ids = _ids(parsed, module, state, renderer, tokenize_check, tokenize_url)
+            ids = _ids(parsed, module, state, renderer, tokenize_check, tokenize_url, tokenize_insecure)
+            if "check_error" in ids:  # the call is fine; its row says why the check did not run
+                reason = ids.pop("check_error")
+                error = f"{error}; {reason}" if error else reason
         except TokenizerUnavailable as exc:  # logged once by the renderer
             error = f"token ids unavailable: {exc}"
+        except BadRequest as exc:  # a prompt the template refuses (vLLM would have answered 400)
+            error = f"token ids unavailable: {exc}"
+            _log_once(f"a prompt could not be rendered ({exc}); such calls keep no token ids")
         except Exception as exc:
             log.exception("polar_capture: token ids of %s failed", state.call_id)
             error = f"token ids unavailable: {exc!r}"

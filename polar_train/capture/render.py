@@ -98,8 +98,12 @@ class Renderer:
 
 
 def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, timeout: float = 30) -> list[int]:
-    """The upstream's own rendering of chat ``messages`` (vLLM and ``polar-train serve`` have it)."""
+                    tools: list[dict[str, Any]] | None, timeout: float = 30, insecure: bool = False) -> list[int]:
+    """The upstream's own rendering of chat ``messages`` (vLLM and ``polar-train serve`` have it).
+
+    Straight to the upstream, as the proxy reaches it: never through the ``HTTP(S)_PROXY`` of
+    mitmdump's environment (a proxy there failed every check), and with ``insecure`` (mitmproxy's
+    ``ssl_insecure``) trusting its certificate as the proxy does."""
     body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
     if model:
         body["model"] = model
@@ -107,7 +111,12 @@ def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, A
         body["tools"] = tools
     req = urllib.request.Request(base_url.rstrip("/") + "/tokenize", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own upstream
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if insecure:
+        import ssl
+
+        handlers.append(urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))  # noqa: S323
+    with urllib.request.build_opener(*handlers).open(req, timeout=timeout) as resp:  # noqa: S310 - the user's upstream
         data = json.loads(resp.read())
     tokens = data.get("tokens")
     if not isinstance(tokens, list):

@@ -289,7 +289,7 @@ def build_call_row(state: Any, renderer: Any, opts: CaptureOptions, attempts: An
     except Exception as exc:
         log.exception("polar_capture: reading the headers of %s failed", state.call_id)
         state.fail("proxy_error", f"reading the request headers failed: {exc!r}")
-    return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts)
+    return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts, opts.tokenize_insecure)
 
 
 def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any):

@@ -45,13 +45,15 @@ class Mitm:
 
 
 def start_mitm(tmp: Path, *, modes: Sequence[str] = ("regular",), tokenizer: Path | str | None = None,
-               options: dict[str, object] | None = None, out_dir: Path | None = None) -> Mitm:
-    """Start mitmdump; each mode may carry ``@PORT`` or get a free port. Waits until all listen."""
+               options: dict[str, object] | None = None, out_dir: Path | None = None,
+               scripts: Sequence[Path] = (ADDON,)) -> Mitm:
+    """Start mitmdump; each mode may carry ``@PORT`` or get a free port. Waits until all listen.
+    ``scripts``: the addon files to load (a copy of the addon, to reload it by touching it)."""
     out_dir = out_dir or tmp / "captures"
     confdir = tmp / "mitm-conf"
     confdir.mkdir(parents=True, exist_ok=True)
     ports: list[int] = []
-    args = [str(VENV_BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1",
+    args = [str(VENV_BIN / "mitmdump"), *(a for script in scripts for a in ("-s", str(script))), "--listen-host", "127.0.0.1",
             "--set", f"confdir={confdir}", "--set", f"polar_out={out_dir}",
             "--set", "flow_detail=0", "--set", "ssl_insecure=true"]
     for mode in modes:
