@@ -43,6 +43,21 @@ def _blocks(loc: str, value: Any) -> list[dict]:
     return [field_error("string_type", loc, "Input should be a valid string", value)] + bad if bad else []
 
 
+def _objects(errors: list[dict], value: Any, loc: str) -> list[tuple[str, dict]]:
+    """The objects of a ``list[...]`` field with their locations; a value that is no list, or an
+    item that is no object, is pydantic's error (added to ``errors``)."""
+    if not isinstance(value, list):
+        errors.append(field_error("list_type", loc, "Input should be a valid list", value))
+        return []
+    found = []
+    for i, item in enumerate(value):
+        if isinstance(item, dict):
+            found.append((f"{loc}.{i}", item))
+        else:
+            errors.append(field_error("model_attributes_type", f"{loc}.{i}", _OBJECT, item))
+    return found
+
+
 def check_shapes(body: dict, count_only: bool) -> None:
     """The fields vLLM's ``AnthropicMessagesRequest`` types, refused as its pydantic model refuses
     them, every failing field at once in field order (vLLM's validation handler answers these in
@@ -50,17 +65,9 @@ def check_shapes(body: dict, count_only: bool) -> None:
     errors: list[dict] = []
     if "model" not in body:
         errors.append(missing("body.model", body))
-    messages = body.get("messages")
     if "messages" not in body:
         errors.append(missing("body.messages", body))
-    elif not isinstance(messages, list):
-        errors.append(field_error("list_type", "body.messages", "Input should be a valid list",
-                                  messages))
-    for i, m in enumerate(messages if isinstance(messages, list) else []):
-        loc = f"body.messages.{i}"
-        if not isinstance(m, dict):
-            errors.append(field_error("model_attributes_type", loc, _OBJECT, m))
-            continue
+    for loc, m in _objects(errors, body.get("messages", []), "body.messages"):
         if "role" not in m:
             errors.append(missing(f"{loc}.role", m))
         elif m["role"] not in ("user", "assistant", "system"):
@@ -81,13 +88,7 @@ def check_shapes(body: dict, count_only: bool) -> None:
     if body.get("system") is not None:
         errors += _blocks("body.system", body["system"])
     tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        errors.append(field_error("list_type", "body.tools", "Input should be a valid list", tools))
-    for i, t in enumerate(tools if isinstance(tools, list) else []):
-        loc = f"body.tools.{i}"
-        if not isinstance(t, dict):
-            errors.append(field_error("model_attributes_type", loc, _OBJECT, t))
-            continue
+    for loc, t in _objects(errors, tools, "body.tools") if tools is not None else []:
         if "name" not in t:
             errors.append(missing(f"{loc}.name", t))
         elif not isinstance(t["name"], str):
