@@ -170,7 +170,19 @@ def _probabilities(c):
     return c
 
 
+def _neg_inf_logprob(c):
+    c["logprobs"][0][0] = -math.inf
+    return c
+
+
+def _null_mask(c):
+    c["loss_mask"][0] = None
+    return c
+
+
 @pytest.mark.parametrize("fn, message", [
+    (_neg_inf_logprob, r"trajectory .*: logprob -inf \(probability 0 for a token the sampler chose\)"),
+    (_null_mask, r"trajectory .*: loss_mask is null"),
     (_no_rewards, "no trajectory .* has a reward"),
     (_inf_reward, r"reward inf is not finite"),
     (_probabilities, r"logprob 0.5 is above 0 \(a probability above 1\)"),
@@ -219,7 +231,7 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
     # division by zero, torch's TypeError on a null learning rate
     for setting, message in (("num_generations=0", "num_generations must be at least 2 .*, got 0"),
                              ("beta=-0.5", r"beta \(the KL coefficient\) must be a finite number >= 0, got -0.5"),
-                             ("vllm_importance_sampling_clip_max=-1", "must be above 0, got -1"),
+                             ("vllm_importance_sampling_clip_max=-1", "must be a finite number above 0, got -1"),
                              ("temperature=0", "temperature must be a number above 0 .*, got 0"),
                              ("max_steps=0", r"max_steps must be at least 1, or -1 .*, got 0"),
                              ("max_steps=-5", "max_steps must be at least 1, or -1"),
@@ -427,3 +439,118 @@ def test_a_flipped_bit_in_a_trajectory_part_is_an_error_never_other_ids(tmp_path
             silent.append(pos)
     assert errors > len(flips) / 2
     assert len(silent) <= len(flips) / 100, silent
+
+
+def _part(src: Path, dst: Path, name: str, fn=None, metadata: dict | None = None) -> Path:
+    """Write one trajectory part of ``src``'s rows (``fn`` may change the table) into ``dst``."""
+    table = pq.read_table(next(src.glob("*.parquet")))
+    table = pa.Table.from_pydict(table.to_pydict(), schema=TRAJECTORY_SCHEMA)
+    if fn is not None:
+        table = fn(table)
+    if metadata is not None:
+        table = table.replace_schema_metadata(metadata)
+    dst.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, dst / name)
+    return dst
+
+
+def _temperature_as(kind):
+    def cast(table):
+        i = table.column_names.index("temperature")
+        col = table.column(i).cast(pa.float64()) if kind == "float64" else pa.array(["hot"] * table.num_rows)
+        return table.set_column(i, pa.field("temperature", col.type), col)
+    return cast
+
+
+def test_parts_of_other_column_types_versions_or_copied_twice(sampled, tiny_model_dir, tmp_path):
+    """A float64 temperature in one part and float32 in another was pyarrow's ArrowTypeError; a string
+    one failed naming no file; a newer table version was read as ours; a part copied twice was
+    trained twice."""
+    mixed = _part(sampled, tmp_path / "mixed", "part-0.parquet")
+    _part(sampled, mixed, "part-1.parquet", lambda t: _temperature_as("float64")(
+        t.set_column(0, "trajectory_id", pa.array([f"b-{v}" for v in t.column(0).to_pylist()]))))
+    _, grouped, report = prepare(ns(mixed, tiny_model_dir, tmp_path / "r"))
+    assert report.rows == 16 and report.temperatures == [1.0] and report.dropped_duplicate_id == 0
+
+    words = _part(sampled, tmp_path / "words", "part-0.parquet", _temperature_as("string"))
+    with pytest.raises(UserError, match=r"part-0.parquet: column temperature is string, expected float"):
+        prepare(ns(words, tiny_model_dir, tmp_path / "r"))
+
+    newer = _part(sampled, tmp_path / "newer", "part-0.parquet",
+                  metadata={"polar_train.table": "trajectories", "polar_train.version": "2"})
+    with pytest.raises(UserError, match=r"part-0.parquet: trajectory table version 2, this polar-train reads "
+                                        r"version 1: upgrade polar-train"):
+        prepare(ns(newer, tiny_model_dir, tmp_path / "r"))
+
+    twice = _part(sampled, tmp_path / "twice", "part-0.parquet")
+    _part(sampled, twice, "part-0 (copy).parquet")
+    _, grouped, report = prepare(ns(twice, tiny_model_dir, tmp_path / "r"))
+    assert (report.rows, report.dropped_duplicate_id, report.rows_out, len(grouped.trajectories)) == (16, 8, 2, 8)
+    assert ("data: 8 trajectories dropped: trajectory_id already read (a part copied twice?); the first is used"
+            in report.lines())
+
+
+def test_importance_weight_bounds_are_checked_as_trl_uses_them(sampled, tiny_model_dir, tmp_path):
+    """TRL copies the deprecated cap into clip_max after our range check ran: a cap of -1 reversed
+    every gradient; a NaN lower bound trained an adapter of NaNs."""
+    for setting, message in (
+            ("vllm_importance_sampling_cap=-1", r"vllm_importance_sampling_cap \(the cap of the importance weight\) "
+                                                r"must be a finite number above 0, got -1"),
+            ("vllm_importance_sampling_clip_max=inf", "clip_max .* must be a finite number above 0, got inf"),
+            ("vllm_importance_sampling_clip_min=nan", "clip_min .* must be a finite number >= 0, got nan"),
+            ("vllm_importance_sampling_clip_min=-1", "clip_min .* must be a finite number >= 0, got -1")):
+        with pytest.raises(UserError, match=message):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "vllm_importance_sampling_clip_min=0.5"))
+    assert (config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max) == (0.5, 2.0)
+
+
+def test_yaml_values_are_checked_against_the_option_types(sampled, tiny_model_dir, tmp_path):
+    """TRL hands YAML values to the dataclass as YAML typed them: ``lora_r: 4.5`` reached peft."""
+    yaml_file = tmp_path / "t.yaml"
+    for text, message in (("lora_r: 4.5\n", "lora_r: expected an integer, got 4.5"),
+                          ("max_steps: 1.5\n", "max_steps: expected an integer, got 1.5"),
+                          ("lora_target_modules: 5\n", r"lora_target_modules: expected a list \(or a comma-separated "
+                                                       r"string\), got 5"),
+                          ("lora_target_modules: [1, 2]\n", "lora_target_modules: expected a list of strings"),
+                          ("max_steps: true\n", "max_steps: expected an integer, got True"),
+                          ("bf16: 2\n", "bf16: expected true or false, got 2")):
+        yaml_file.write_text(text)
+        with pytest.raises(UserError, match=f"^{yaml_file}: {message}"):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
+    yaml_file.write_text("lora_r: 4.0\nmax_steps: 2\nlearning_rate: 1\nlora_target_modules: q_proj,v_proj\n")
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
+    assert (config.lora_r, type(config.lora_r), config.max_steps) == (4, int, 2)
+    assert config.learning_rate == 1.0 and config.lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_options_that_would_generate_or_train_nothing_are_refused(sampled, tiny_model_dir, tmp_path):
+    """``use_vllm`` ended in vLLM's ImportError; ``mask_truncated_completions`` masked every recorded
+    trajectory (none ends in EOS for TRL) and reported success."""
+    for setting in ("use_vllm=true", "vllm_mode=server", "vllm_server_port=8001"):
+        key = setting.split("=")[0]
+        with pytest.raises(UserError, match=f"^--set {key}: this trainer trains recorded trajectories only"):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("use_vllm: true\n")
+    with pytest.raises(UserError, match="use_vllm: this trainer trains recorded trajectories only"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
+    with pytest.raises(UserError, match="mask_truncated_completions is not supported on recorded trajectories"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "mask_truncated_completions=true"))
+
+
+def test_errors_name_the_users_option_not_a_derived_one(sampled, tiny_model_dir, tmp_path):
+    with pytest.raises(UserError, match=r"argument --num_generations.*invalid int value: 'four'"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "num_generations=four"))
+    with pytest.raises(UserError, match=r"^per_device_train_batch_size \(3\) x gradient_accumulation_steps \(1\) x "
+                                        r"processes \(1\) = 3 must be a multiple of num_generations \(4\)"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "per_device_train_batch_size=3"))
+
+    def two_temperatures(cols):
+        cols["temperature"] = [0.7 if g == "task-0" else 1.0 for g in cols["group_id"]]
+        return cols
+
+    data = rewrite(sampled, tmp_path / "two", two_temperatures)
+    for setting in ("temperature=0.7", "temperature=1"):
+        with pytest.raises(UserError, match=r"record several sampling temperatures \(0.7, 1\) .* split or filter"):
+            prepare(ns(data, tiny_model_dir, tmp_path / "r", setting, "sampler_logprobs=processed"))

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
+import errno
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
+from polar_train.cli import UserError
+from polar_train.train import cli as train_cli
 from polar_train.train.sampling import sample_trajectories
 
 BIN = Path(sys.executable).parent / "polar-train"
@@ -216,3 +221,129 @@ def test_an_adapter_with_weights_cut_short_is_one_error(tmp_path, keep):
     weights.write_bytes(data[: keep if isinstance(keep, int) else int(len(data) * keep)])
     with pytest.raises(ModelLoadError, match=f"cannot load the adapter in {adapter}: "):
         load_adapter(tiny(), adapter)
+
+
+def _args(data: Path, model: Path, out: Path, *sets: str, resume: bool = False) -> argparse.Namespace:
+    return argparse.Namespace(data=str(data), model=str(model), output=str(out), config=None,
+                              sets=["report_to=none", *sets], resume=resume)
+
+
+def test_a_failed_save_or_non_finite_weights_is_one_line_exit_1(trajectories, tiny_model_dir, tmp_path,
+                                                               monkeypatch, capsys):
+    """A full disk while saving a checkpoint or the adapter was a traceback; an adapter of NaNs was
+    written with exit 0 and a train_summary.json holding a bare NaN (not JSON). No real training
+    here: ``train`` is replaced, the saving is real."""
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import TrainOutput
+
+    from polar_train.train.trainer import RecordedGRPOTrainer
+
+    trainer, _, _ = train_cli.build_trainer(_args(trajectories, tiny_model_dir, tmp_path / "r0", "max_steps=1",
+                                                  "save_only_model=true"))
+    trainer._save_checkpoint(trainer.model, None)
+    checkpoint = tmp_path / "r0" / "checkpoint-0"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "trainer_state.json").is_file()
+    assert not (checkpoint / "tokenizer.json").exists()  # --resume reads it from --model: 33 MB saved per save
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", disk_full)
+        with pytest.raises(train_cli.TrainFailure, match=f"^cannot save {checkpoint}: No space left on device$"):
+            trainer._save_checkpoint(trainer.model, None)
+
+    def nan_loss(self, *args, **kwargs):
+        return TrainOutput(0, float("nan"), {})
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", nan_loss)
+    assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r1")) == 0
+    summary = json.loads((tmp_path / "r1" / "train_summary.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"{c} in train_summary.json"))
+    assert summary["train_loss"] is None
+
+    tokenizer_class = type(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+
+    def tokenizers_disk_full(*args, **kwargs):
+        raise Exception("No space left on device (os error 28)")  # tokenizers' error is no OSError
+
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer_class, "save_pretrained", tokenizers_disk_full)
+        capsys.readouterr()
+        assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r2")) == train_cli.EXIT_FAILED == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"polar-train train: error: cannot write the adapter to {tmp_path / 'r2' / 'adapter'}: "
+            "No space left on device (os error 28)")
+
+    def nan_weights(self, *args, **kwargs):
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                if "lora_B" in name:
+                    param.fill_(float("nan"))
+        return TrainOutput(0, 0.0, {})
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", nan_weights)
+    assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r3")) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("polar-train train: error: training ended with non-finite adapter weights (")
+    assert not (tmp_path / "r3" / "adapter").exists() and not (tmp_path / "r3" / "train_summary.json").exists()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r4", "save_steps=50"))
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "polar-train train: interrupted at step 0, before any checkpoint was saved (save_steps=50): nothing to "
+        "resume; start again with another --output")
+
+
+def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_same_data(
+        trajectories, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C exited 130 without a word; a checkpoint cut short made --resume refuse with no way on;
+    a resume with another --model or other data went on silently."""
+    from polar_train.train.trainer import MetricsFileCallback
+
+    out = tmp_path / "run"
+    log = MetricsFileCallback.on_log
+
+    def ctrl_c_at_step_2(self, args, state, control, logs=None, **kwargs):
+        log(self, args, state, control, logs=logs, **kwargs)
+        if state.global_step == 2:  # logged, not yet saved
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(MetricsFileCallback, "on_log", ctrl_c_at_step_2)
+        with pytest.raises(KeyboardInterrupt):
+            train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",
+                                "learning_rate=5e-3"))
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "polar-train train: interrupted at step 2; continue with --resume (from checkpoint-1)")
+    cut_short = out / "checkpoint-2"  # the save the interrupt (or a full disk) cut short: weights, no state
+    cut_short.mkdir()
+    (cut_short / "adapter_model.safetensors").write_bytes(b"")
+
+    other_model = tmp_path / "other-model"  # the same files elsewhere: another --model all the same
+    other_model.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (other_model / f.name).symlink_to(f)
+    with pytest.raises(UserError, match=f"^--resume: the run in {out} trained on --model {tiny_model_dir.resolve()}, "
+                                        f"not {other_model}: resume with the same model"):
+        train_cli.run(_args(trajectories, other_model, out, "max_steps=2", resume=True))
+    fewer = tmp_path / "fewer"
+    fewer.mkdir()
+    table = pq.read_table(trajectories)
+    pq.write_table(table.slice(0, 4).replace_schema_metadata(table.schema.metadata), fewer / "part-0.parquet")
+    with pytest.raises(UserError, match=f"^--resume: the run in {out} trained on other trajectories \\(8 with "
+                                        "fingerprint [0-9a-f]+; now 4 with [0-9a-f]+\\): resume with the same data"):
+        train_cli.run(_args(fewer, tiny_model_dir, out, "max_steps=2", resume=True))
+
+    capsys.readouterr()
+    assert train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",
+                               "learning_rate=5e-3", resume=True)) == 0
+    assert ("resume: skipping incomplete checkpoint-2 (no readable trainer_state.json: its save was cut short); "
+            "resuming from checkpoint-1") in capsys.readouterr().out
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["resumed_from"] == str((out / "checkpoint-1").resolve())
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file()

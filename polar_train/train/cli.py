@@ -21,6 +21,15 @@ from ..paths import cannot_write_folder, holds_other_files
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
 
+class TrainFailure(Exception):
+    """A failure once training has begun, not caused by the input (a full disk while saving, weights
+    that became NaN): printed as one line, exit status 1 (:data:`EXIT_FAILED`)."""
+
+
+#: Exit status of a run that failed while training or saving (bad input is 2, an interrupt 130).
+EXIT_FAILED = 1
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="folder of trajectory Parquet parts (or one .parquet file)")
     p.add_argument("--model", required=True, help="base model directory (or HF model dir)")
@@ -61,6 +70,11 @@ def _check_temperature(config, report) -> None:
     mismatched = [r for r in recorded if abs(r - t) > 1e-3]
     if mismatched and not config.allow_temperature_mismatch:
         shown = ", ".join(f"{r:g}" for r in recorded)
+        if len(recorded) > 1:  # no one temperature fits: naming the first sent the user into the next error
+            raise UserError(
+                f"the trajectories record several sampling temperatures ({shown}) and one run trains at one "
+                "temperature: split or filter the trajectories by temperature and train each part with its "
+                "--set temperature=T (or --set allow_temperature_mismatch=true)")
         raise UserError(
             f"temperature {t:g} differs from the sampling temperature recorded in the trajectories "
             f"({shown}): set --set temperature={recorded[0]:g} (or --set allow_temperature_mismatch=true)")
@@ -87,12 +101,21 @@ def prepare(args: argparse.Namespace):
     # options the data decides when the user did not: the group size, one group per micro-batch
     g = raw["num_generations"] if "num_generations" in raw else max(2, modal_group_size(trajs))
     defaults = {"num_generations": g, "per_device_train_batch_size": g}
+    if _as_int(g) is None:  # not a number: the parser's error must name num_generations, not the copy
+        del defaults["per_device_train_batch_size"]
     config = load_config(args.config, args.sets, args.output,
                          {k: v for k, v in defaults.items() if k not in raw})
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
     _check_temperature(config, report)  # the temperatures of what is trained (not of dropped groups)
     return config, grouped, report
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def _max_completion_length(raw: dict[str, Any]) -> int | None:
@@ -110,21 +133,91 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
     return length
 
 
-#: Marks a folder as a run's output (one that stopped before its metrics may be started again).
+#: Marks a folder as a run's output (one that stopped before its metrics may be started again);
+#: holds the run's identity (:func:`run_identity`), which ``--resume`` must match.
 RUN_MARKER = ".polar-train-run"
 
 
-def _check_output(out: Path, resume: bool, config) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def run_identity(model: str, trajectories) -> dict[str, Any]:
+    """What a resumed run must continue on: the base model's path and the trained trajectories
+    (a hash of their sorted ids and their number): another one mixed two runs into one adapter."""
+    import hashlib
 
+    ids = sorted({t.trajectory_id for t in trajectories})
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+    return {"model": str(Path(model).expanduser().resolve()), "trajectories": len(ids), "data": digest}
+
+
+def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
+    try:
+        saved = json.loads((out / RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return  # a run of an older version (an empty marker): nothing recorded to compare
+    if not isinstance(saved, dict):
+        return
+    if saved.get("model") not in (None, identity["model"]):
+        raise UserError(f"--resume: the run in {out} trained on --model {saved['model']}, not {identity['model']}: "
+                        "resume with the same model, or start a new --output")
+    if saved.get("data") is not None and (saved.get("data"), saved.get("trajectories")) != (
+            identity["data"], identity["trajectories"]):
+        raise UserError(f"--resume: the run in {out} trained on other trajectories ({saved.get('trajectories')} "
+                        f"with fingerprint {saved.get('data')}; now {identity['trajectories']} with "
+                        f"{identity['data']}): resume with the same data, or start a new --output")
+
+
+def _write_marker(out: Path, identity: dict[str, Any]) -> None:
+    tmp = out / f".{RUN_MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(identity) + "\n")
+    tmp.replace(out / RUN_MARKER)
+
+
+def _checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be resumed from, or None. The trainer writes the adapter first and
+    trainer_state.json last: a save cut short (Ctrl-C, a full disk) lacks one of them."""
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return "no readable trainer_state.json"
+    if not isinstance(state, dict):
+        return "no readable trainer_state.json"
+    if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin",
+                                                      "model.safetensors")):
+        return "no adapter weights"
+    return None
+
+
+def complete_checkpoint(out: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint-N in ``out`` that a resume can load, and a note per newer one skipped."""
+    found = []
+    if out.is_dir():
+        for d in out.iterdir():
+            name, _, step = d.name.rpartition("-")
+            if name == "checkpoint" and step.isdigit() and d.is_dir():
+                found.append((int(step), d))
+    skipped = []
+    for _, folder in sorted(found, reverse=True):
+        problem = _checkpoint_problem(folder)
+        if problem is None:
+            return folder, skipped
+        skipped.append(f"{folder.name} ({problem}: its save was cut short)")
+    return None, skipped
+
+
+def _check_output(out: Path, resume: bool, config, identity: dict[str, Any]) -> str | None:
     if (problem := cannot_write_folder(out, "--output")) is not None:
         raise UserError(problem)
     if resume:
-        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        last, skipped = complete_checkpoint(out)
         if last is None:
+            if skipped:
+                raise UserError(f"--resume: no complete checkpoint in {out} ({', '.join(skipped)}): nothing to "
+                                "resume from; start again with another --output")
             raise UserError(f"--resume: no checkpoint-* folder in {out}")
-        _check_resumable(Path(last), config)
-        return last
+        _check_same_run(out, identity)
+        _check_resumable(last, config)
+        for note in skipped:
+            print(f"resume: skipping incomplete {note}; resuming from {last.name}", flush=True)
+        return str(last)
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")
     if holds_other_files(out, RUN_MARKER):
@@ -178,7 +271,8 @@ def build_trainer(args: argparse.Namespace):
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
-    checkpoint = _check_output(out, args.resume, config)
+    identity = run_identity(args.model, grouped.trajectories)
+    checkpoint = _check_output(out, args.resume, config, identity)
     if config.init_adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
 
@@ -206,7 +300,11 @@ def build_trainer(args: argparse.Namespace):
     else:
         peft_config = config.lora_config()
     out.mkdir(parents=True, exist_ok=True)
-    (out / RUN_MARKER).touch()
+    if os.environ.get("RANK", "0") == "0":
+        try:
+            _write_marker(out, identity)
+        except OSError as exc:
+            raise TrainFailure(f"cannot write {out / RUN_MARKER}: {exc.strerror or exc}") from None
     if checkpoint is not None and os.environ.get("RANK", "0") == "0":  # the steps after it are logged again;
         # by the one process that writes metrics.jsonl (accelerate launch starts one per GPU)
         keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
@@ -225,11 +323,29 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # a resumed run's first step was taken before the checkpoint: its value comes from there
     first_step_known = checkpoint is None or restore_first_epoch_mismatch(trainer, checkpoint)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    result = trainer.train(resume_from_checkpoint=checkpoint)
-    changed = max((float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters()
-                   if n in before), default=0.0)
+    try:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        if trainer.accelerator.is_main_process:
+            for callback in trainer.callback_handler.callbacks:  # end tqdm's line before ours
+                if getattr(callback, "training_bar", None) is not None:
+                    callback.training_bar.close()
+            _report_interrupt(out, trainer.state.global_step, trainer.args.save_steps)
+        raise
+    trained = {n: p.detach() for n, p in trainer.model.named_parameters() if n in before}
+    broken = [n for n, p in trained.items() if not bool(_all_finite(p))]
+    if broken:  # an adapter of NaNs "trained successfully" (e.g. an inf learning rate, a NaN bound)
+        raise TrainFailure(f"training ended with non-finite adapter weights ({len(broken)} of {len(trained)} "
+                           f"tensors, e.g. {broken[0]}) at step {trainer.state.global_step}: no adapter written; "
+                           "lower learning_rate or check the options that scale the loss")
+    changed = max((float((p - before[n]).abs().max()) for n, p in trained.items()), default=0.0)
     adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir))
+    try:
+        trainer.save_model(str(adapter_dir))
+    except Exception as exc:  # noqa: BLE001 - a full disk: OSError from torch, a plain Exception from tokenizers
+        last, _ = complete_checkpoint(out)
+        kept = f" ({last.name} holds the adapter of step {last.name.rsplit('-', 1)[-1]})" if last else ""
+        raise TrainFailure(f"cannot write the adapter to {adapter_dir}: {save_error(exc)}{kept}") from None
     mism = trainer.first_epoch_mismatch
     measured = [v for v in mism if math.isfinite(v)]  # NaN: a step with no sampler logprob to compare
     first = mism[0] if first_step_known and mism and math.isfinite(mism[0]) else None
@@ -246,7 +362,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "data": report.__dict__,
     }
     if trainer.accelerator.is_main_process:
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        text = json.dumps(_finite_or_null(summary), indent=2, default=str, allow_nan=False) + "\n"
+        try:
+            (out / "train_summary.json").write_text(text)
+        except OSError as exc:
+            raise TrainFailure(f"cannot write {out / 'train_summary.json'}: {exc.strerror or exc}") from None
         print(f"trained {summary['steps']} steps; adapter written to {adapter_dir}", flush=True)
         if first is not None:
             print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
@@ -254,8 +374,47 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _all_finite(tensor) -> bool:
+    import torch
+
+    return bool(torch.isfinite(tensor).all())
+
+
+def save_error(exc: BaseException) -> str:
+    """The first line of a save's error: ``No space left on device`` rather than a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: ``json.dumps`` wrote a bare NaN (not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def _report_interrupt(out: Path, step: int, save_steps: float) -> None:
+    """Ctrl-C ended the run with exit 130 and not a word on what is left to continue from."""
+    last, _ = complete_checkpoint(out)
+    if last is not None:
+        print(f"polar-train train: interrupted at step {step}; continue with --resume (from {last.name})",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"polar-train train: interrupted at step {step}, before any checkpoint was saved (save_steps="
+              f"{save_steps:g}): nothing to resume; start again with another --output", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    train(args)
+    try:
+        train(args)
+    except TrainFailure as exc:
+        print(f"polar-train train: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     return 0
 
 

@@ -141,8 +141,27 @@ class TrainConfig(GRPOConfig):
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
         if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
             self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        if self.mask_truncated_completions:
+            # TRL calls every completion that does not end in EOS truncated; a recorded agent trajectory
+            # ends in whatever the harness stopped at, so every token was masked and nothing trained
+            raise ValueError("mask_truncated_completions is not supported on recorded trajectories: TRL "
+                             "would mask every trajectory not ending in EOS and train nothing (trajectories "
+                             "longer than max_completion_length are truncated and reported instead)")
         self._check_ranges()
-        super().__post_init__()
+        batch_set_by_user = self.generation_batch_size is not None or self.steps_per_generation is not None
+        try:
+            super().__post_init__()
+        except ValueError as exc:
+            if batch_set_by_user or "must be divisible by num_generations" not in str(exc):
+                raise
+            # TRL names its internal generation_batch_size, which the user never set
+            raise ValueError(
+                f"per_device_train_batch_size ({self.per_device_train_batch_size}) x "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}) x processes "
+                f"({self.world_size}) = {self.generation_batch_size} must be a multiple of num_generations "
+                f"({self.num_generations}): each step trains whole GRPO groups") from None
+        # after TRL's post-init: it copies the deprecated vllm_importance_sampling_cap into clip_max
+        self._check_importance_bounds()
         self._check_reporting()
 
     def _check_ranges(self) -> None:
@@ -153,9 +172,8 @@ class TrainConfig(GRPOConfig):
             if not ok:
                 raise ValueError(f"{what}, got {value}")
 
-        if self.num_generations is not None:
-            need(self.num_generations >= 2, "num_generations must be at least 2 (GRPO compares the "
-                 "trajectories of a group)", self.num_generations)
+        need(self.num_generations is not None and self.num_generations >= 2, "num_generations must be at least 2 "
+             "(GRPO compares the trajectories of a group)", self.num_generations)
         need(self.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1",
              self.per_device_train_batch_size)
         need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1",
@@ -164,9 +182,6 @@ class TrainConfig(GRPOConfig):
              "(the sampler's temperature)", self.temperature)
         need(math.isfinite(self.beta) and self.beta >= 0, "beta (the KL coefficient) must be a finite number "
              ">= 0", self.beta)
-        if self.vllm_importance_sampling_clip_max is not None:
-            need(self.vllm_importance_sampling_clip_max > 0, "vllm_importance_sampling_clip_max (the cap of the "
-                 "importance weight) must be above 0", self.vllm_importance_sampling_clip_max)
         need(math.isfinite(self.learning_rate) and self.learning_rate >= 0, "learning_rate must be a finite "
              "number >= 0", self.learning_rate)  # inf trained "successfully" into an adapter of NaNs
         need(self.max_steps >= 1 or self.max_steps == -1, "max_steps must be at least 1, or -1 (then "
@@ -178,6 +193,19 @@ class TrainConfig(GRPOConfig):
         need(self.lora_alpha > 0, "lora_alpha must be above 0 (the LoRA scale is alpha / r)", self.lora_alpha)
         need(self.min_group_size >= 1, "min_group_size must be at least 1", self.min_group_size)
         need(0 <= self.lora_dropout < 1, "lora_dropout must be in [0, 1)", self.lora_dropout)
+
+    def _check_importance_bounds(self) -> None:
+        """The importance-weight bounds, as TRL will use them: a cap <= 0 (also one given through the
+        deprecated ``vllm_importance_sampling_cap``) reversed every token's gradient, and a NaN bound
+        passed TRL's comparisons and trained an adapter of NaNs."""
+        hi, lo = self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min
+        name = ("vllm_importance_sampling_cap" if self.vllm_importance_sampling_cap is not None
+                else "vllm_importance_sampling_clip_max")
+        if hi is not None and not (math.isfinite(hi) and hi > 0):
+            raise ValueError(f"{name} (the cap of the importance weight) must be a finite number above 0, got {hi}")
+        if lo is not None and not (math.isfinite(lo) and lo >= 0):
+            raise ValueError("vllm_importance_sampling_clip_min (the lower bound of the importance weight) must "
+                             f"be a finite number >= 0, got {lo}")
 
     def _check_reporting(self) -> None:
         """An integration named in ``report_to`` whose package is missing fails in transformers only
@@ -201,13 +229,123 @@ class TrainConfig(GRPOConfig):
 
 
 class _Parser(TrlParser):
-    """TrlParser whose errors are one clear line (a ``UserError``), not a usage dump and exit."""
+    """TrlParser whose errors are one clear line (a ``UserError``), not a usage dump and exit, and
+    which takes the YAML's values as :func:`read_yaml` checked and converted them (TRL hands them to
+    the dataclass as YAML typed them: argparse converts only string defaults)."""
+
+    def __init__(self, *args: Any, yaml_values: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.yaml_values = yaml_values or {}
 
     def error(self, message: str):  # noqa: D401 - argparse hook
         raise UserError(f"bad configuration: {message}")
 
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        return super().set_defaults_with_config(**{**kwargs, **self.yaml_values})
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _is_generation_option(key: str) -> bool:
+    """TRL's options for generating with vLLM (its importance-sampling options apply to recorded data)."""
+    return key == "use_vllm" or (key.startswith("vllm_") and not key.startswith("vllm_importance_sampling_"))
+
+
+def _refuse_generation_option(where: str, key: str) -> None:
+    if _is_generation_option(key):
+        raise UserError(f"{where}{key}: this trainer trains recorded trajectories only and generates nothing "
+                        "(no vLLM): sample with your server through the capture proxy, then build and train")
+
+
+def _hint_kinds(key: str) -> set[type] | None:
+    """The plain types a field accepts (bool, int, float, str, list), or None when it takes others
+    too (enums, dicts): those are left to TRL."""
+    import types
+    import typing
+
+    hint = _HINTS.get(key)
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds: set[type] = set()
+    for arg in args:
+        if arg is type(None):
+            continue
+        arg = typing.get_origin(arg) or arg
+        if arg not in (bool, int, float, str, list):
+            return None
+        kinds.add(arg)
+    return kinds or None
+
+
+def _list_item_kind(key: str) -> type | None:
+    import typing
+
+    for arg in (typing.get_args(_HINTS.get(key)) or ()) + (_HINTS.get(key),):
+        if typing.get_origin(arg) is list and typing.get_args(arg):
+            item = typing.get_args(arg)[0]
+            return item if item in (str, int, float) else None
+    return None
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list (or a comma-separated string)"}
+
+
+def _yaml_value(key: str, value: Any) -> Any:
+    """``value`` converted to the field's type, or ValueError: ``lora_r: 4.5`` or ``max_steps: 1.5``
+    reached the trainer (a TypeError after the weights loaded), ``lora_target_modules: 5`` too."""
+    kinds = _hint_kinds(key)
+    if kinds is None:
+        return value
+    wanted = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str, list) if k in kinds)
+    bad = ValueError(f"expected {wanted}, got {value!r}")
+    if isinstance(value, str):
+        if list in kinds and str not in kinds:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        else:
+            return value  # argparse converts string defaults, with its own message
+    if isinstance(value, bool):
+        if bool in kinds:
+            return value
+        raise bad
+    if isinstance(value, int):
+        if int in kinds:
+            return value
+        if float in kinds:
+            return float(value)
+        if str in kinds:  # `run_name: 7`
+            return str(value)
+        raise bad
+    if isinstance(value, float):
+        if float in kinds:
+            return value
+        if int in kinds and value.is_integer():
+            return int(value)
+        if str in kinds and int not in kinds:
+            return str(value)
+        raise bad
+    if isinstance(value, list):
+        if list not in kinds:
+            raise bad
+        item = _list_item_kind(key)
+        if item is str and not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected a list of strings, got {value!r}")
+        if item in (int, float) and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"expected a list of numbers, got {value!r}")
+        return value
+    raise bad
+
+
+def _type_hints() -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(TrainConfig)
+    except Exception:  # noqa: BLE001 - an annotation this Python cannot resolve: no YAML type checks
+        return {}
+
+
+_HINTS = _type_hints()
 
 
 def parse_sets(sets: list[str]) -> dict[str, str]:
@@ -222,6 +360,7 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
             raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
         if key == "output_dir":
             raise UserError("--set output_dir: the run folder is --output")
+        _refuse_generation_option("--set ", key)
         out[key] = value
     return out
 
@@ -252,6 +391,12 @@ def read_yaml(path: str | None) -> dict[str, Any]:
             raise UserError(f"{p}: {key}: expected a value, got a mapping")
         if value is None and "None" not in str(_FIELDS[key].type) and "Optional" not in str(_FIELDS[key].type):
             raise UserError(f"{p}: {key}: expected a value, got null (leave the option out for its default)")
+        _refuse_generation_option(f"{p}: ", key)
+        if value is not None:
+            try:
+                data[key] = _yaml_value(key, value)
+            except ValueError as exc:
+                raise UserError(f"{p}: {key}: {exc}") from None
     return data
 
 
@@ -275,7 +420,8 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
             args.append(str(value))
     args += ["--output_dir", str(output_dir)]
     try:
-        (config,) = _Parser(dataclass_types=[TrainConfig]).parse_args_and_config(args=args)
+        parser = _Parser(dataclass_types=[TrainConfig], yaml_values={k: v for k, v in user.items() if k != "env"})
+        (config,) = parser.parse_args_and_config(args=args)
     except ValueError as exc:  # a value __post_init__ (ours or TRL's) refuses: the user's input
         raise UserError(str(exc)) from None
     return config

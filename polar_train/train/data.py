@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cli import UserError
-from ..schema import TRAJECTORY_SCHEMA, missing_columns
+from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
 #: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
@@ -54,6 +54,7 @@ class DataReport:
     files: int = 0
     rows: int = 0
     dropped_no_reward: int = 0
+    dropped_duplicate_id: int = 0  # a trajectory_id already read (a part copied twice): only the first is used
     dropped_no_trainable_tokens: int = 0
     truncated_to_max_length: int = 0
     trainable_tokens: int = 0
@@ -78,6 +79,8 @@ class DataReport:
         ]
         notes = [
             (self.dropped_no_reward, "trajectories dropped: no reward"),
+            (self.dropped_duplicate_id, "trajectories dropped: trajectory_id already read (a part copied "
+             "twice?); the first is used"),
             (self.dropped_no_trainable_tokens, "trajectories dropped: no trainable (mask 1) token"),
             (self.truncated_to_max_length, "trajectories truncated to max_completion_length"),
             (self.groups_split, "groups split into several GRPO groups"),
@@ -122,13 +125,52 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
                 raise UserError(f"{f}: a capture's call log, not trajectories: run `polar-train build` on the "
                                 "capture folder first and train on its --out folder")
             raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
+        _check_version(f, schema)
         cols = [c for c in wanted if c in schema.names]
         try:
-            tables.append(pq.read_table(f, columns=cols, page_checksum_verification=True))
+            table = pq.read_table(f, columns=cols, page_checksum_verification=True)
         except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
             raise UserError(f"{f}: unreadable data ({exc})") from None
+        tables.append(_cast_to_schema(f, table))
         report.files += 1
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _check_version(f: Path, schema: pa.Schema) -> None:
+    """A part written by another version of the trajectory table may mean its columns differently."""
+    version = (schema.metadata or {}).get(b"polar_train.version")
+    if version is None or version.decode(errors="replace") == TRAJECTORY_VERSION:
+        return  # no metadata: written by another tool in our columns (the column checks still apply)
+    shown = version.decode(errors="replace")
+    newer = shown.isdigit() and TRAJECTORY_VERSION.isdigit() and int(shown) > int(TRAJECTORY_VERSION)
+    raise UserError(f"{f}: trajectory table version {shown}, this polar-train reads version {TRAJECTORY_VERSION}"
+                    + (": upgrade polar-train" if newer else ""))
+
+
+def _same_kind(have: pa.DataType, want: pa.DataType) -> bool:
+    """Types that cast to ``want`` without changing meaning: numbers to numbers, strings to strings."""
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(have) or pa.types.is_integer(have)
+    if pa.types.is_string(want):
+        return pa.types.is_string(have) or pa.types.is_large_string(have)
+    return have.equals(want)
+
+
+def _cast_to_schema(f: Path, table: pa.Table) -> pa.Table:
+    """Every column in TRAJECTORY_SCHEMA's type: parts with a float64 temperature next to float32
+    ones did not concatenate (pyarrow's ArrowTypeError), a string one failed naming nothing."""
+    for i, name in enumerate(table.column_names):
+        want = TRAJECTORY_SCHEMA.field(name).type
+        have = table.schema.field(i).type
+        if have.equals(want):
+            continue
+        if not _same_kind(have, want):
+            raise UserError(f"{f}: column {name} is {have}, expected {want}")
+        try:
+            table = table.set_column(i, TRAJECTORY_SCHEMA.field(name), table.column(i).cast(want))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise UserError(f"{f}: column {name}: cannot read {have} as {want} ({exc})") from None
+    return table
 
 
 def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_length: int | None,
@@ -145,13 +187,21 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
     temps = cols.get("temperature") or [None] * n
     out: list[Trajectory] = []
     any_reward = False
+    seen: set[str] = set()
     for i in range(n):
         tid = cols["trajectory_id"][i]
+        if tid in seen:  # as the builder treats a repeated call_id: the first is used, the rest counted
+            report.dropped_duplicate_id += 1
+            continue
+        seen.add(tid)
         prompt = cols["prompt_ids"][i] or []
         comp = cols["completion_ids"][i] or []
         mask = cols["loss_mask"][i]
         lps = cols["logprobs"][i]
-        mask = list(mask) if mask is not None else [1] * len(comp)
+        if mask is None:  # the builder always writes one: which tokens the model sampled is unknown
+            raise UserError(f"trajectory {tid}: loss_mask is null (which tokens the model sampled is unknown): "
+                            "rebuild the trajectories with `polar-train build`")
+        mask = list(mask)
         lps = [math.nan if v is None else float(v) for v in lps] if lps is not None else [math.nan] * len(comp)
         if len(mask) != len(comp) or len(lps) != len(comp):
             raise UserError(f"trajectory {tid}: completion_ids ({len(comp)}), loss_mask ({len(mask)}) "
@@ -162,6 +212,9 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
             bad = max(v for v in lps if not math.isnan(v))
             raise UserError(f"trajectory {tid}: logprob {bad:g} is above 0 (a probability above 1): these are "
                             "not log-probabilities (another column, or probabilities?)")
+        if any(v == -math.inf for v in lps):  # probability 0 for a token the sampler chose; NaN is "not recorded"
+            raise UserError(f"trajectory {tid}: logprob -inf (probability 0 for a token the sampler chose): a "
+                            "broken logprob; a token without one must be NaN (null)")
         ids = prompt + comp
         if ids and (max(ids) >= vocab_size or min(ids) < 0):
             bad = max(ids) if max(ids) >= vocab_size else min(ids)

@@ -27,6 +27,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from .cli import TrainFailure, save_error
 from .data import GroupedData
 
 
@@ -51,6 +52,31 @@ class RecordedGRPOTrainer(GRPOTrainer):
             super().__init__(reward_funcs=[recorded_reward], train_dataset=data.dataset(),
                              rollout_func=self._rollout, **kwargs)
         self._last_loaded_step = None  # read by TRL's vLLM weight-sync check; nothing to sync
+        self._saving_checkpoint = False
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial) -> None:
+        """A failed save (a full disk: torch's OSError, tokenizers' plain Exception) is one line,
+        naming the checkpoint, not a traceback; ``--resume`` skips the folder it left incomplete."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        self._saving_checkpoint = True
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as exc:  # noqa: BLE001 - see above
+            raise TrainFailure(f"cannot save {folder}: {save_error(exc)}") from None
+        finally:
+            self._saving_checkpoint = False
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Checkpoints without the tokenizer (33 MB each for Qwen's): ``--resume`` reads it from
+        ``--model``; the final adapter keeps its copy."""
+        if not self._saving_checkpoint:
+            return super()._save(output_dir, state_dict)
+        tokenizer, self.processing_class = self.processing_class, None
+        try:
+            return super()._save(output_dir, state_dict)
+        finally:
+            self.processing_class = tokenizer
 
     # -- data ---------------------------------------------------------------------------------
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
@@ -152,7 +178,10 @@ class MismatchCheckpointCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
             values = [v if math.isfinite(v) else None for v in self.trainer.first_epoch_mismatch]
-            (folder / MISMATCH_FILE).write_text(json.dumps(values) + "\n")
+            try:
+                (folder / MISMATCH_FILE).write_text(json.dumps(values) + "\n")
+            except OSError as exc:
+                raise TrainFailure(f"cannot save {folder / MISMATCH_FILE}: {save_error(exc)}") from None
 
 
 def restore_first_epoch_mismatch(trainer: RecordedGRPOTrainer, checkpoint: str | Path) -> bool:
@@ -200,5 +229,8 @@ class MetricsFileCallback(TrainerCallback):
                "time_s": round(time.time() - self.start, 3)}
         for k, v in logs.items():
             row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as exc:
+            raise TrainFailure(f"cannot write {self.path}: {save_error(exc)}") from None
