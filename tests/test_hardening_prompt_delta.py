@@ -137,6 +137,8 @@ def test_a_row_stored_as_proxy_error_is_never_referred_to(tmp_path: Path) -> Non
     want[rows[1]["call_id"]] = None
     assert got == want
     stored = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    (part,) = (tmp_path / "calls").glob("part-*.parquet")
+    assert pq.read_schema(part).metadata[b"polar_train.compact_prompts"] == b"true"  # for direct readers
     assert stored[rows[1]["call_id"]]["status"] == "proxy_error"
     assert stored[rows[2]["call_id"]]["prompt_prefix_call_id"] == rows[0]["call_id"]  # still compact
 

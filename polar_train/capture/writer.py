@@ -223,6 +223,10 @@ class PartWriter:
         except Exception:
             log.exception("polar_capture: writing a part of %d rows failed", len(rows))
 
+    #: Set in the metadata of a part written with compact prompts: a reader that opens the parts
+    #: itself (DuckDB, pandas) can tell that ``prompt_token_ids`` may hold suffixes only.
+    COMPACT_MARK = {b"polar_train.compact_prompts": b"true"}
+
     def _compacted_table(self, rows: list[dict[str, Any]]) -> pa.Table:
         """The part's table with compact prompts. The rows stay as they are (full prompts: kept for
         a retry when the part cannot be written); a row that cannot be stored is not compacted nor
@@ -233,7 +237,7 @@ class PartWriter:
             encoded = [row if i in skip else self._compacted(row) for i, row in enumerate(rows)]
             table, bad = checked_rows_table(encoded, quiet=frozenset(skip))
             if bad <= skip:
-                return table
+                return table.replace_schema_metadata({**(table.schema.metadata or {}), **self.COMPACT_MARK})
             skip |= bad
             self._delta.restore(saved)
 
