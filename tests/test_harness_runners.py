@@ -473,3 +473,261 @@ def test_the_command_removes_a_temporary_home_after_a_good_session(succeeds, tmp
         # a home the user named is theirs to keep, whatever the session did
         main(["harness", "pi", "fix it", "--server", url, "--workdir", str(work), "--home", str(tmp_path / "mine")])
         assert (tmp_path / "mine" / ".codex" / "config.toml").is_file()
+
+
+# -- ending everything a session started; interrupts; homes ------------------------------------------
+
+@dataclass
+class _DetachingSession(_ShellSession):
+    """A 'harness' whose tool leaves its session as Claude Code and Pi start tools (``setsid``),
+    then hangs (or ends at once): a process-group kill misses the tool."""
+
+    hang: bool = True
+
+    def command(self, exe, prompt, workdir, home, server):
+        detach = f"setsid sh -c 'echo $$ > {self.pidfile}; exec sleep 300' >/dev/null 2>&1 </dev/null &"
+        wait = f"while [ ! -s {self.pidfile} ]; do sleep 0.05; done; echo started"
+        return [str(exe), "-c", f"{detach} {wait}; {'sleep 300' if self.hang else 'true'}"]
+
+
+def _wait_gone(pid: int, seconds: float = 15) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)  # polling for the kill to land
+    return not _alive(pid)
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["timeout", "normal-end"])
+def test_tools_in_a_session_of_their_own_are_ended_with_the_session(hang, tmp_path) -> None:
+    """Claude Code and Pi start tools with setsid: `sleep` kept running after the session's timeout."""
+    harness = _DetachingSession(pidfile=tmp_path / "tool.pid", hang=hang)
+    run = harness.run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), None, home=tmp_path / "home",
+                      timeout=3 if hang else 30)
+    assert run.timed_out is hang and "started" in run.stdout
+    assert _wait_gone(int((tmp_path / "tool.pid").read_text())), "the detached tool outlived the session"
+
+
+@pytest.mark.parametrize("signum", [2, 15], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_ends_the_session_keeps_its_home_and_says_so(signum, tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C/SIGTERM used to exit 130/143 in silence: the output dropped, the temporary home left
+    behind unnamed, the detached tools running."""
+    import polar_train.harnesses as harnesses
+
+    pidfile = tmp_path / "tool.pid"
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _DetachingSession(pidfile=pidfile))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
+            time.sleep(0.05)  # polling for the session to start its tool
+        time.sleep(0.5)  # for "started" to reach the pipe
+        os.kill(os.getpid(), signum)  # handled in the main thread, inside main()'s handlers
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        thread = threading.Thread(target=interrupt)
+        thread.start()
+        code = main(["harness", "pi", "fix it", "--server", f"http://127.0.0.1:{server.getsockname()[1]}",
+                     "--workdir", str(tmp_path), "--timeout", "120"])
+        thread.join()
+    out = capsys.readouterr()
+    assert code == 128 + signum
+    (home,) = temp.iterdir()  # kept, as after a failed session, and named
+    assert "started" in out.out
+    name = "SIGINT" if signum == 2 else "SIGTERM"
+    assert re.search(rf"^polar-train harness: interrupted \({name}\); the pi session was ended after "
+                     rf"[0-9.]+s \(home: {re.escape(str(home))}\)$", out.err, re.M), out.err
+    assert _wait_gone(int(pidfile.read_text()))
+
+
+def test_a_harness_that_cannot_start_leaves_no_home(tmp_path, monkeypatch, capsys) -> None:
+    """A binary that is not executable: PermissionError from Popen, and a temporary home left behind."""
+    import polar_train.harnesses as harnesses
+
+    prefix = tmp_path / "prefix"
+    (prefix / "node_modules" / ".bin").mkdir(parents=True)
+    (prefix / "node_modules" / ".bin" / "sh").write_text("#!/bin/sh\n")  # mode 0644
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    with pytest.raises(HarnessError, match=r"cannot start shell \(.*\): Permission denied"):
+        _QuickSession(prefix=prefix).run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), timeout=30)
+    assert list(temp.iterdir()) == []
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _QuickSession(prefix=prefix))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server.getsockname()[1]}",
+                     "--workdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("polar-train harness: error: cannot start shell (") and err.count("\n") == 1
+    assert list(temp.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_temporary_files_go_into_the_private_home(name, tmp_path, monkeypatch) -> None:
+    """Claude Code wrote tool output under the caller's TMPDIR ($TMPDIR/claude-0/...), never removed."""
+    monkeypatch.setenv("TMPDIR", "/var/tmp")
+    env = get_harness(name).environment(tmp_path, ModelServer("http://127.0.0.1:1"), None)
+    assert env["TMPDIR"] == str(tmp_path / "tmp") and (tmp_path / "tmp").is_dir()
+
+
+@dataclass
+class _SilentSession(_QuickSession):
+    """A 'harness' that exits 0 and says nothing: Pi after a failed compaction."""
+
+    def command(self, exe, prompt, workdir, home, server):
+        return [str(exe), "-c", "exit 0"]
+
+
+def test_exit_0_without_a_final_answer_is_a_failure(tmp_path, monkeypatch, capsys) -> None:
+    """Pi exits 0 with no output when its compaction call fails: that was counted a success."""
+    import polar_train.harnesses as harnesses
+
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _SilentSession())
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        code = main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server.getsockname()[1]}",
+                     "--workdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    match = re.fullmatch(r"polar-train harness: shell exited 0 without a final answer after [0-9.]+s, counted as a "
+                         r"failure \(home: (.*)\)\n", err)
+    assert code == 1 and match, err
+    assert Path(match.group(1)).is_dir()  # kept, as after any failed session
+    import shutil
+    shutil.rmtree(match.group(1))
+
+
+class _ModelsServer(http.server.BaseHTTPRequestHandler):
+    """A server's /v1/models (vLLM's shape, with ``max_model_len``), also as a plain HTTP proxy
+    would pass it on (absolute-form path); records what each request carried."""
+
+    seen: list[dict]
+
+    def do_GET(self) -> None:
+        self.seen.append({"path": self.path, "proxy_auth": self.headers.get("proxy-authorization")})
+        payload = json.dumps({"object": "list", "data": [{"id": "other", "max_model_len": 99},
+                                                          {"id": "tiny", "max_model_len": 4096}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def models_server() -> Iterator[tuple[int, list[dict]]]:
+    seen: list[dict] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_ModelsServer,), {"seen": seen}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_pi_takes_its_context_window_from_the_server(tmp_path, models_server) -> None:
+    """A hard-coded 65536 beyond the server's limit: Pi outgrew it and exited 0 with no answer."""
+    port, _ = models_server
+
+    def window(url: str, folder: str) -> int:
+        env = Pi().configure(tmp_path / folder, ModelServer(url, model="tiny"), None)
+        return json.loads((Path(env["PI_CODING_AGENT_DIR"]) / "models.json").read_text()
+                          )["providers"]["polar"]["models"][0]["contextWindow"]
+
+    assert window(f"http://127.0.0.1:{port}", "served") == 4096
+    assert window(f"http://127.0.0.1:{free_port()}", "unreachable") == 65536  # the default
+    env = Pi(context_window=1000).configure(tmp_path / "given", ModelServer(f"http://127.0.0.1:{port}"), None)
+    assert '"contextWindow": 1000' in (Path(env["PI_CODING_AGENT_DIR"]) / "models.json").read_text()
+
+
+def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, models_server, monkeypatch,
+                                                                     capsys) -> None:
+    """Before the session: one GET /v1/models through the proxy (a model call it is not), which also
+    gives Pi its context window. The caller's NO_PROXY must not send it around the proxy."""
+    import polar_train.harnesses as harnesses
+
+    port, seen = models_server
+    chosen: list[dict] = []
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: chosen.append(options) or _QuickSession())
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    ca = tmp_path / "ca.pem"
+    ca.write_text(Path(__import__("certifi").where()).read_text())  # any PEM ssl loads
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server_port = server.getsockname()[1]
+        assert main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server_port}", "--workdir", str(tmp_path),
+                     "--home", str(tmp_path / "home"), "--proxy-port", str(port), "--rollout", "r-7",
+                     "--ca-cert", str(ca)]) == 0, capsys.readouterr().err
+    assert seen == [{"path": f"http://127.0.0.1:{server_port}/v1/models", "proxy_auth": "Basic ci03Ong="}]  # r-7:x
+    assert chosen == [{"context_window": 4096}]
+
+
+def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_session(tmp_path, refusing_server,
+                                                                                      capsys) -> None:
+    """Something listens on --proxy-port but is no proxy (or a CA file TLS cannot load): the session
+    used to wait in silence until --timeout."""
+    url, _ = refusing_server  # an HTTP server, not a proxy: it answers GET with 501
+    port = urlsplit(url).port
+    ca = tmp_path / "ca.pem"
+    ca.write_text(Path(__import__("certifi").where()).read_text())
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        args = ["harness", "pi", "x", "--server", f"http://127.0.0.1:{server.getsockname()[1]}", "--workdir",
+                str(tmp_path), "--proxy-port", str(port), "--rollout", "r1", "--timeout", "600"]
+        assert main([*args, "--ca-cert", str(ca)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"polar-train harness: error: the proxy (mitmdump -s addons/polar_capture.py) at "
+                              f"127.0.0.1:{port} did not pass a request on to the model server: GET ") and \
+            err.endswith(" answered HTTP 501 Unsupported method ('GET')\n"), err
+        ca.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+        assert main([*args, "--ca-cert", str(ca)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"polar-train harness: error: proxy CA certificate {ca} cannot be loaded as a PEM "
+                              "certificate (") and err.count("\n") == 1, err
+
+
+def test_names_the_system_refuses_are_one_line(tmp_path, capsys) -> None:
+    """ENAMETOOLONG and symlink loops were tracebacks (OSError from exists(), RuntimeError from resolve())."""
+    long_name = tmp_path / ("a" * 300)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for bad in (long_name, loop / "x"):
+        for call in (lambda: Harness.check_inputs(bad, "x"), lambda: Harness.check_inputs(tmp_path, "x", bad),
+                     lambda: Proxy(1, "r", bad)):
+            with pytest.raises(HarnessError):
+                call()
+        for option in ("--workdir", "--home", "--ca-cert"):
+            args = ["harness", "pi", "x", "--server", "http://127.0.0.1:1", "--workdir", str(tmp_path),
+                    option, str(bad)] + (["--proxy-port", "1", "--rollout", "r"] if option == "--ca-cert" else [])
+            assert main(args) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("polar-train harness: error: ") and err.count("\n") == 1, err
+            assert "Traceback" not in err
+
+
+def test_a_timeout_exits_124_and_says_so(tmp_path, monkeypatch, capsys) -> None:
+    import polar_train.harnesses as harnesses
+
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _ShellSession(pidfile=tmp_path / "c.pid"))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        code = main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server.getsockname()[1]}",
+                     "--workdir", str(tmp_path), "--home", str(tmp_path / "home"), "--timeout", "1.5"])
+    assert code == 124  # as timeout(1): not an ordinary failure
+    assert capsys.readouterr().err.endswith(f"polar-train harness: shell timed out after 1.5 s, killed "
+                                            f"(home: {tmp_path / 'home'})\n")
+
+
+def test_server_urls(tmp_path, capsys) -> None:
+    assert ModelServer("HTTP://127.0.0.1:8000/V1").base_url == "http://127.0.0.1:8000/V1"  # the path is the server's
+    assert ModelServer("HTTPS://Host:8000/v1/").base_url == "https://Host:8000"
+    for url, why in (("http://[::1", "Invalid IPv6 URL"), ("http://h:99999", "Port out of range"),
+                     ("http://", "names no host")):
+        assert main(["harness", "pi", "x", "--server", url, "--workdir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("polar-train harness: error: --server: model server URL") and why in err, err

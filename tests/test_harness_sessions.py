@@ -320,3 +320,19 @@ def test_builder_stitches_the_session(proxied: Session) -> None:
         assert np.array_equal(completion[mask == 1], sampled)
         assert np.allclose(lps[mask == 1], recorded, equal_nan=True, atol=0)
         assert np.isnan(lps[mask == 0]).all()
+
+
+def test_the_commands_proxy_check_reaches_the_server_and_records_no_row(scripted_server: str, tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """`polar-train harness --proxy-port` sends one GET /v1/models through the proxy before the session
+    (a wrong service there used to mean a silent wait until --timeout): through the real mitmdump +
+    addon it reaches the server, gives Pi its context window, and is no row of the capture."""
+    from polar_train.harnesses.base import server_models
+    from polar_train.harnesses.pi import served_context_length
+
+    with capture_proxy(tmp_path, tiny_model_dir) as px:
+        models = server_models(ModelServer(scripted_server, model="tiny"), Proxy(px.port, "probe-1", px.ca_cert))
+    assert served_context_length(models, "tiny") == 65536  # the server's --max-model-len
+    flows = [json.loads(line) for line in px.witness_log.read_text().splitlines() if line.strip()]
+    assert [(f["method"], f["path"]) for f in flows] == [("GET", "/v1/models")]  # it went through the proxy
+    assert not list(px.out.rglob("*.parquet")) or call_rows(px.out) == []

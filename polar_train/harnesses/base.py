@@ -12,18 +12,27 @@ API keys are only ever passed in the environment of the child process, never wri
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
+import json
 import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from typing import IO, Any
+from urllib.parse import quote, urlsplit
 
 from ..paths import holds_other_files
 
@@ -33,8 +42,13 @@ DEFAULT_HARNESS_PREFIX = REPO_ROOT / ".harnesses"
 
 #: Environment variables passed through from the caller: what a child needs to find its tools
 #: (node, python3, git) and behave like a normal terminal session. Nothing with keys or proxies.
-_PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
+#: (``TMPDIR`` is not: it points into the private home, see :meth:`Harness.environment`.)
+_PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL",
                     "PYENV_ROOT", "PYENV_VERSION")
+
+#: Set to a fresh id in every session's environment: the processes that carry it are the session's,
+#: also those that left its process group (Claude Code and Pi start their tools with ``setsid``).
+SESSION_VAR = "POLAR_HARNESS_SESSION"
 
 #: Rollout ids travel in a URL's user part and a Basic auth header: keep them to unreserved characters.
 _ROLLOUT_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
@@ -51,10 +65,19 @@ class HarnessError(Exception):
     """The harness could not be run (missing binary, bad option): one clear line for the user."""
 
 
-def absolute(path: Path | str) -> Path:
+def absolute(path: Path | str, what: str = "path") -> Path:
     """``path`` with ``~`` expanded, made absolute against the caller's directory: the harness runs
-    in the work directory, where a relative home or CA file would name another place."""
-    return Path(path).expanduser().resolve()
+    in the work directory, where a relative home or CA file would name another place. A name the
+    system refuses (too long, a symlink loop) is a :class:`HarnessError`, not a traceback."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: "Symlink loop from ..." (Python < 3.13)
+        raise HarnessError(f"{what} {str(path)[:200]!r}: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The short cause of an OS-level error (``File name too long``), else its message."""
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def check_timeout(seconds: float, name: str = "timeout") -> float:
@@ -77,9 +100,18 @@ class ModelServer:
     api_key: str = DEFAULT_API_KEY
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise HarnessError(f"model server URL must start with http:// or https://, got {self.base_url!r}")
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/").removesuffix("/v1"))
+        url = self.base_url
+        if not url[:8].lower().startswith(("http://", "https://")):
+            raise HarnessError(f"model server URL must start with http:// or https://, got {url!r}")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not one
+        except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+            raise HarnessError(f"model server URL {url!r}: {exc}") from None
+        if not parts.hostname:
+            raise HarnessError(f"model server URL {url!r} names no host")
+        url = parts.scheme.lower() + url[len(parts.scheme):]  # HTTP:// is http://; harnesses want lower case
+        object.__setattr__(self, "base_url", url.rstrip("/").removesuffix("/v1"))
 
 
 #: The file that marks a home folder as one a session of ours made (and may write into again).
@@ -101,9 +133,25 @@ class Proxy:
             raise HarnessError("rollout id must be 1-128 characters of A-Z a-z 0-9 . _ ~ - "
                                f"(it is sent as the proxy user name), got {self.rollout_id!r}")
         if self.ca_cert is not None:
-            object.__setattr__(self, "ca_cert", absolute(self.ca_cert))  # Node reads it from the work dir
-            if not self.ca_cert.is_file():
+            # Node reads it from the work dir: absolute
+            object.__setattr__(self, "ca_cert", absolute(self.ca_cert, "proxy CA certificate"))
+            try:
+                found = self.ca_cert.is_file()
+            except OSError as exc:
+                raise HarnessError(f"proxy CA certificate {self.ca_cert}: {_reason(exc)}") from None
+            if not found:
                 raise HarnessError(f"proxy CA certificate not found: {self.ca_cert}")
+
+    def check_ca_cert(self) -> None:
+        """Refuse a CA file that TLS cannot load: Codex would fail every call, Node ignore it with a
+        warning, and the session wait until its timeout."""
+        if self.ca_cert is None:
+            return
+        try:
+            ssl.create_default_context(cafile=str(self.ca_cert))
+        except (ssl.SSLError, OSError) as exc:
+            raise HarnessError(f"proxy CA certificate {self.ca_cert} cannot be loaded as a PEM "
+                               f"certificate ({_reason(exc)})") from None
 
     @property
     def url(self) -> str:
@@ -115,6 +163,44 @@ class Proxy:
         if self.ca_cert is not None:
             env["NODE_EXTRA_CA_CERTS"] = str(self.ca_cert)  # Node adds it to its bundled roots
         return env
+
+
+def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """``GET SERVER/v1/models`` (through ``proxy`` when given, with the rollout's credentials and
+    trusting its CA), the way the harness will reach the server: the model list, or a
+    :class:`HarnessError` saying in one line what answered instead. The capture addon records only
+    POSTs to model paths, so this request never becomes a row."""
+    url = server.base_url + "/v1/models"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.api_key}",
+                                                   "Accept": "application/json"})
+    context = None
+    if proxy is not None:
+        # set by hand: urllib's ProxyHandler would honour the caller's NO_PROXY and go around it
+        request.set_proxy(f"{proxy.host}:{proxy.port}", "http")
+        credentials = base64.b64encode(f"{proxy.rollout_id}:{proxy.secret}".encode()).decode()
+        request.add_header("Proxy-Authorization", f"Basic {credentials}")  # on the CONNECT for https
+        if proxy.ca_cert is not None and server.base_url.startswith("https://"):
+            proxy.check_ca_cert()
+            context = ssl.create_default_context(cafile=str(proxy.ca_cert))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),  # never the caller's proxies
+                                         urllib.request.HTTPSHandler(context=context))
+    try:
+        with opener.open(request, timeout=timeout) as response:  # noqa: S310 - the user's server
+            body = response.read(4 << 20)
+    except urllib.error.HTTPError as exc:
+        raise HarnessError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        raise HarnessError(f"GET {url} failed ({_reason(reason) if isinstance(reason, BaseException) else reason})") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # a service that does not speak HTTP
+        raise HarnessError(f"GET {url} failed ({_reason(exc)})") from None
+    try:
+        models = json.loads(body)
+    except ValueError:
+        models = None
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        raise HarnessError(f"GET {url} did not answer with a model list (not an OpenAI-compatible server?)")
+    return models
 
 
 @dataclass
@@ -184,7 +270,10 @@ class Harness(ABC):
     def environment(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in _PASSTHROUGH_ENV if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        env.update({"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+        # Claude Code keeps tool output and session folders under $TMPDIR (0644, never removed):
+        # inside the home, they go with it and no other user can read them
+        (home / "tmp").mkdir(mode=0o700, exist_ok=True)
+        env.update({"HOME": str(home), "TMPDIR": str(home / "tmp"), "XDG_CONFIG_HOME": str(home / ".config"),
                     "XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local/share"),
                     "XDG_STATE_HOME": str(home / ".local/state"), "TERM": "dumb", "NO_COLOR": "1",
                     "CI": "1"})
@@ -196,58 +285,190 @@ class Harness(ABC):
     @staticmethod
     def check_inputs(workdir: Path | str, prompt: str, home: Path | str | None = None) -> Path:
         """The session's work directory, resolved, once the user's inputs are known to be usable."""
-        workdir = absolute(workdir)
-        home = absolute(home) if home is not None else None
+        workdir = absolute(workdir, "work directory")
+        home = absolute(home, "home") if home is not None else None
+        try:
+            Harness._check_folders(workdir, home)
+        except OSError as exc:  # a name too long for the file system, a folder we may not read
+            raise HarnessError(f"{exc.filename or workdir}: {_reason(exc)}") from None
+        if not prompt.strip():
+            raise HarnessError("the prompt is empty: give the task as the harness's user would type it")
+        return workdir
+
+    @staticmethod
+    def _check_folders(workdir: Path, home: Path | None) -> None:
         if not workdir.exists():
             raise HarnessError(f"work directory not found: {workdir}")
         if not workdir.is_dir():
             raise HarnessError(f"work directory is a file, not a folder: {workdir}")
-        if not prompt.strip():
-            raise HarnessError("the prompt is empty: give the task as the harness's user would type it")
-        if home is not None and Path(home).exists() and not Path(home).is_dir():
+        if home is not None and home.exists() and not home.is_dir():
             raise HarnessError(f"home is a file, not a folder: {home}")
         if home is not None and holds_other_files(home, HOME_MARKER):
             # the harness's own config files there (~/.codex/config.toml, ...) would be overwritten
             raise HarnessError(f"home {home} is not empty and was not made by polar-train harness: its "
                                "harness config files would be overwritten; give a new or empty folder")
-        return workdir
 
     def run(self, workdir: Path | str, prompt: str, server: ModelServer, proxy: Proxy | None = None,
             home: Path | str | None = None, timeout: float = 300) -> HarnessRun:
         """Run one session in ``workdir`` and wait for it (``home``: a fresh temporary dir if not given).
 
-        On timeout the whole process group is killed: harnesses spawn shells and helpers.
+        However the session ends (normally, timeout, Ctrl-C, SIGTERM unwinding as SystemExit), every
+        process it started is ended, also tools started in a session of their own (see
+        :func:`kill_session`). A temporary home no session ran in (the harness could not start, an
+        interrupt before the start) is removed. An interrupt during the session is re-raised after
+        the clean-up with the partial :class:`HarnessRun` as its ``harness_run`` attribute (the home
+        stays, as after any failed session).
         """
         check_timeout(timeout)
         workdir = self.check_inputs(workdir, prompt, home)
         exe = find_binary(self.binary, self.prefix)
-        home = absolute(home) if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
-        home.mkdir(parents=True, exist_ok=True)
-        (home / HOME_MARKER).touch()  # a later run may reuse this home (see check_inputs)
-        env = self.environment(home, server, proxy)
-        argv = self.command(exe, prompt, workdir, home, server)
-        stdin_text = self.prompt_input(prompt)
-        start = time.monotonic()
-        timed_out = False
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
-                                text=True, errors="replace", start_new_session=True)
+        temporary = home is None
+        home = absolute(home, "home") if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
         try:
-            out, err = proc.communicate(stdin_text, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
             try:
-                out, err = proc.communicate(timeout=15)
-            except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
-                out, err = "", "(output lost: a child process outside the session kept its pipes open)"
-        finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        seconds = time.monotonic() - start
-        rc = proc.returncode
-        final = self.final_message(out, home) if rc == 0 and not timed_out else ""
-        return HarnessRun(self.name, argv, rc, out, err, final, workdir, home, seconds, timed_out)
+                home.mkdir(parents=True, exist_ok=True)
+                (home / HOME_MARKER).touch()  # a later run may reuse this home (see check_inputs)
+            except OSError as exc:
+                raise HarnessError(f"cannot make the home {home}: {_reason(exc)}") from None
+            env = self.environment(home, server, proxy)
+            marker = uuid.uuid4().hex
+            env[SESSION_VAR] = marker
+            argv = self.command(exe, prompt, workdir, home, server)
+            stdin_text = self.prompt_input(prompt)
+            start = time.monotonic()
+            try:
+                proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+                                        start_new_session=True)
+            except OSError as exc:  # not executable, a broken interpreter line, ...
+                raise HarnessError(f"cannot start {self.name} ({exe}): {_reason(exc)}") from None
+        except BaseException:
+            if temporary:
+                shutil.rmtree(home, ignore_errors=True)
+            raise
+        return _Session(self, proc, marker, argv, workdir, home, start).wait(stdin_text, timeout)
+
+
+def session_processes(marker: str) -> list[int]:
+    """Pids of the processes whose environment holds ``SESSION_VAR=marker`` (Linux ``/proc`` only;
+    elsewhere none are found and only the session's process group is ended). A process that
+    cleared its environment before an ``exec`` (``env -i``) is not found."""
+    needle = f"{SESSION_VAR}={marker}".encode()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    pids = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in environ.split(b"\0"):
+            pids.append(int(name))
+    return pids
+
+
+def kill_session(marker: str, grace: float = 2.0, limit: float = 30.0) -> None:
+    """End every process of a session: SIGTERM, SIGKILL after ``grace`` seconds, again until none is
+    left (a dying shell may still fork). Why not the process group: Claude Code and Pi start each
+    tool command with ``setsid``, so a tool's ``sleep``, server or test run would outlive a group kill."""
+    end = time.monotonic() + limit
+    while (pids := session_processes(marker)) and time.monotonic() < end:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            if sig == signal.SIGTERM:
+                wait_until = time.monotonic() + grace
+                while (pids := session_processes(marker)) and time.monotonic() < wait_until:
+                    time.sleep(0.05)  # polling /proc for the processes to go
+                if not pids:
+                    break
+
+
+def _pump(stream: IO[bytes], sink: list[bytes]) -> threading.Thread:
+    """Read a pipe into ``sink`` in a thread: what was read is there even after an interrupt."""
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                sink.append(chunk)
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _feed(stream: IO[bytes], text: str) -> threading.Thread:
+    """Write the prompt to stdin and close it, in a thread (a child that never reads blocks only it)."""
+    def write() -> None:
+        with contextlib.suppress(OSError, ValueError):  # BrokenPipeError: the child left without reading
+            stream.write(text.encode("utf-8"))
+        with contextlib.suppress(OSError, ValueError):
+            stream.close()
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def _text(chunks: list[bytes]) -> str:
+    """Decoded output with universal newlines, as ``subprocess``'s text mode gave it."""
+    return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+@dataclass
+class _Session:
+    """One started harness process: waiting for it, collecting its output, ending all it started."""
+
+    harness: Harness
+    proc: subprocess.Popen
+    marker: str
+    argv: list[str]
+    workdir: Path
+    home: Path
+    start: float
+
+    def wait(self, stdin_text: str | None, timeout: float) -> HarnessRun:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        readers = [_pump(self.proc.stdout, out), _pump(self.proc.stderr, err)]  # type: ignore[arg-type]
+        if stdin_text is not None:
+            _feed(self.proc.stdin, stdin_text)  # type: ignore[arg-type]
+        timed_out = False
+        try:
+            try:
+                self.proc.wait(timeout)
+                for reader in readers:  # a child still holding the pipes: wait for it until the timeout
+                    reader.join(max(0.0, self.start + timeout - time.monotonic()))
+                timed_out = any(reader.is_alive() for reader in readers)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        except BaseException as exc:  # Ctrl-C, SIGTERM (SystemExit), anything else: nothing left running
+            self.end(readers, err)
+            exc.harness_run = self.result(out, err, timed_out=False)  # type: ignore[attr-defined]
+            exc.add_note(f"polar-train: the {self.harness.name} session was ended; its home: {self.home}")
+            raise
+        self.end(readers, err)  # also after a normal end: tool processes it left behind
+        return self.result(out, err, timed_out)
+
+    def end(self, readers: list[threading.Thread], err: list[bytes]) -> None:
+        """Kill what the session started, reap it, and collect the rest of its output."""
+        kill_session(self.marker)
+        if self.proc.poll() is None:  # without /proc: its process group at least
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + 15
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):
+            err.append(b"\n(output cut: a process outside the session kept its pipes open)\n")
+
+    def result(self, out: list[bytes], err: list[bytes], timed_out: bool) -> HarnessRun:
+        stdout, stderr = _text(out), _text(err)
+        rc = self.proc.returncode if self.proc.returncode is not None else -1
+        final = self.harness.final_message(stdout, self.home) if rc == 0 and not timed_out else ""
+        return HarnessRun(self.harness.name, self.argv, rc, stdout, stderr, final, self.workdir, self.home,
+                          time.monotonic() - self.start, timed_out)

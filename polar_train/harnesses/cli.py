@@ -57,14 +57,23 @@ def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
         raise UserError(f"cannot connect to {what} at {host}:{port} ({reason}); is it running?") from None
 
 
+#: Exit status of a session that ran past ``--timeout``, as ``timeout(1)`` gives.
+TIMEOUT_EXIT = 124
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
-    from .base import absolute, check_timeout
+    from .base import absolute, check_timeout, server_models
+    from .pi import served_context_length
 
+    run = None
     try:
         check_timeout(args.timeout, "--timeout")
-        server = ModelServer(args.server, args.model, os.environ.get("POLAR_API_KEY") or DEFAULT_API_KEY)
+        try:
+            server = ModelServer(args.server, args.model, os.environ.get("POLAR_API_KEY") or DEFAULT_API_KEY)
+        except HarnessError as exc:
+            raise UserError(f"--server: {exc}") from None
         proxy = None
         if args.proxy_port is not None:
             if not 0 < args.proxy_port < 65536:
@@ -75,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
             proxy = Proxy(args.proxy_port, args.rollout, ca)  # made absolute there
         elif args.rollout or args.ca_cert:
             raise UserError(f"{'--rollout' if args.rollout else '--ca-cert'} needs --proxy-port")
-        options = {}
+        options: dict[str, object] = {}
         if args.freeform_apply_patch:
             if args.name != "codex":
                 raise UserError("--freeform-apply-patch is a Codex option")
@@ -84,20 +93,67 @@ def _run(args: argparse.Namespace) -> int:
         if args.home is not None and not args.home.strip():
             raise HarnessError("--home is empty: name a folder, or leave it out for a temporary one")
         workdir = Harness.check_inputs(args.workdir, args.prompt, args.home)
-        home = absolute(args.home) if args.home else None
+        home = absolute(args.home, "home") if args.home else None
         _check_listening(server.base_url, "the model server")
         if proxy is not None:
-            _check_listening(f"http://{proxy.host}:{proxy.port}", "the proxy (mitmdump -s addons/polar_capture.py)")
+            where = "the proxy (mitmdump -s addons/polar_capture.py)"
+            _check_listening(f"http://{proxy.host}:{proxy.port}", where)
+            proxy.check_ca_cert()
+            # something listens there; is it a proxy that reaches the server? (else: a silent wait
+            # until --timeout). A GET of /v1/models is not a model call: the capture records no row.
+            try:
+                models = server_models(server, proxy)
+            except HarnessError as exc:
+                raise UserError(f"{where} at {proxy.host}:{proxy.port} did not pass a request on to the "
+                                f"model server: {exc}") from None
+            if args.name == "pi" and (window := served_context_length(models, server.model)):
+                options["context_window"] = window  # asked already: Pi need not ask again
         run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout)
     except HarnessError as exc:
         raise UserError(str(exc)) from None
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return _interrupted(exc, args.name)
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
+    if run.timed_out:
+        print(f"polar-train harness: {run.harness} timed out after {args.timeout:g} s, killed "
+              f"(home: {run.home})", file=sys.stderr)
+        return TIMEOUT_EXIT
     if not run.ok:  # the temporary home stays: its logs and session files say what happened
-        print(f"polar-train harness: {run.harness} exited "
-              f"{run.returncode}{' (timed out)' if run.timed_out else ''} after {run.seconds:.1f}s "
+        print(f"polar-train harness: {run.harness} exited {run.returncode} after {run.seconds:.1f}s "
               f"(home: {run.home})", file=sys.stderr)
         return run.returncode if run.returncode > 0 else 1
+    if not run.final_message:  # Pi exits 0 with no answer when its compaction call fails
+        print(f"polar-train harness: {run.harness} exited 0 without a final answer after {run.seconds:.1f}s, "
+              f"counted as a failure (home: {run.home})", file=sys.stderr)
+        return 1
     if home is None:  # one temporary home per session would pile up over a training run's rollouts
         shutil.rmtree(run.home, ignore_errors=True)
     return 0
+
+
+def _interrupted(exc: KeyboardInterrupt | SystemExit, name: str) -> int:
+    """Ctrl-C or SIGTERM (polar_train.cli's ``_Unwinding`` raises ``SystemExit(128 + signal)``):
+    the session has been ended by ``Harness.run``; print what it wrote and one line, and exit as
+    the shell would (130, 143)."""
+    import signal
+
+    if isinstance(exc, SystemExit):
+        if not isinstance(exc.code, int) or exc.code <= 128:
+            raise exc  # not a signal: not ours to report
+        code = exc.code
+    else:
+        code = 128 + signal.SIGINT
+    try:
+        what = signal.Signals(code - 128).name
+    except ValueError:
+        what = f"signal {code - 128}"
+    run = getattr(exc, "harness_run", None)
+    if run is None:
+        print(f"polar-train harness: interrupted ({what}) before the {name} session started", file=sys.stderr)
+        return code
+    sys.stdout.write(run.stdout)
+    sys.stderr.write(run.stderr)
+    print(f"polar-train harness: interrupted ({what}); the {name} session was ended after {run.seconds:.1f}s "
+          f"(home: {run.home})", file=sys.stderr)
+    return code

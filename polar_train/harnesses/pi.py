@@ -3,7 +3,9 @@
 Why ``models.json``: it is Pi's documented way to add a provider (``api: openai-completions``); its
 ``apiKey`` field holds the *name* of an environment variable, so no key is written to disk.
 ``PI_OFFLINE=1`` stops update checks and install telemetry. The compat flags are the ones Pi's docs
-give for vLLM/SGLang (no ``developer`` role, no ``reasoning_effort``).
+give for vLLM/SGLang (no ``developer`` role, no ``reasoning_effort``). Why ``contextWindow`` is
+the server's ``max_model_len``: a guess larger than the server's limit lets the session outgrow it,
+and Pi then exits 0 with no answer after its compaction call fails.
 """
 
 from __future__ import annotations
@@ -12,10 +14,32 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Harness, ModelServer, Proxy
+from typing import Any
+
+from .base import Harness, HarnessError, ModelServer, Proxy, server_models
 
 API_KEY_ENV = "POLAR_API_KEY"
 PROVIDER = "polar"
+#: The context window when the server does not say its own (no ``max_model_len`` in /v1/models).
+DEFAULT_CONTEXT_WINDOW = 65536
+
+
+def served_context_length(models: dict[str, Any], model: str) -> int | None:
+    """``max_model_len`` of ``model`` in a /v1/models answer (vLLM and ``polar-train serve`` give
+    it; the only entry's when none has that id), else None."""
+    entries = [m for m in models.get("data") or [] if isinstance(m, dict)]
+    chosen = [m for m in entries if m.get("id") == model] or (entries if len(entries) == 1 else [])
+    value = chosen[0].get("max_model_len") if chosen else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def context_window_of(server: ModelServer, proxy: Proxy | None = None) -> int:
+    """The server's context length for ``server.model``, or :data:`DEFAULT_CONTEXT_WINDOW` when it
+    does not say or cannot be asked (asked the way the session reaches it: through ``proxy``)."""
+    try:
+        return served_context_length(server_models(server, proxy), server.model) or DEFAULT_CONTEXT_WINDOW
+    except HarnessError:
+        return DEFAULT_CONTEXT_WINDOW
 
 
 def models_json(server: ModelServer, context_window: int, max_tokens: int, reasoning: bool) -> dict:
@@ -32,9 +56,9 @@ def models_json(server: ModelServer, context_window: int, max_tokens: int, reaso
 
 @dataclass
 class Pi(Harness):
-    """``pi -p --no-session``; ``context_window`` large enough that a short session never compacts."""
+    """``pi -p --no-session``; ``context_window``: None asks the server (:func:`context_window_of`)."""
 
-    context_window: int = 65536
+    context_window: int | None = None
     max_tokens: int = 1024
     reasoning: bool = True
     extra_args: list[str] = field(default_factory=list)
@@ -45,7 +69,8 @@ class Pi(Harness):
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         agent_dir = home / ".pi" / "agent"
         agent_dir.mkdir(parents=True, exist_ok=True)
-        spec = models_json(server, self.context_window, self.max_tokens, self.reasoning)
+        window = self.context_window or context_window_of(server, proxy)
+        spec = models_json(server, window, self.max_tokens, self.reasoning)
         (agent_dir / "models.json").write_text(json.dumps(spec, indent=2) + "\n", "utf-8")
         return {"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1",
                 "PI_TELEMETRY": "0", API_KEY_ENV: server.api_key}
