@@ -131,8 +131,8 @@ class PolarCapture:
             log.error("polar_capture: %s", problem)  # at startup: mitmdump exits (as for a bad value)
 
     def configure(self, updated) -> None:
-        if not any(name.startswith("polar_") for name in updated):
-            return
+        if not any(name.startswith("polar_") or name == "ssl_insecure" for name in updated):
+            return  # (ssl_insecure: the /tokenize check trusts the upstream as the proxy does)
         if self._unusable and not self._running:
             return  # mitmdump exits on the error logged in load: no worker, no output folder
         try:

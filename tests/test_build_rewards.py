@@ -162,6 +162,14 @@ def test_files_as_spreadsheets_and_databases_write_them_are_read(tmp_path, captu
     per = by_rollout(result)
     assert result.report.problems == [] and per["r1"][0].reward == 0.5 and per["r2"][0].reward == 1.25
     assert per["r1"][0].task_id == per["r2"][0].task_id == "3"  # one group, not "3.0" and "3"
+    pq.write_table(pa.table({"rollout_id": ["r1", "r2", "r3"], "reward": [0.5, 1.0, 0.0],
+                             "task_id": pa.array([Decimal("3.0"), Decimal("3"), Decimal("2.5")], pa.decimal128(4, 1))}),
+                   dec)  # DuckDB writes a task id column of 3.0 so
+    result = build_trajectories(captures, BuildOptions(rewards=dec))
+    per = by_rollout(result)
+    assert per["r1"][0].task_id == per["r2"][0].task_id == "3" and per["r3"][0].task_id is None
+    assert result.report.problems == [f"{dec}: row 3: task_id Decimal('2.5') of rollout 'r3' is not a string or a "
+                                      "whole number; left out (the reward is kept)"]
     semi = tmp_path / "semi.csv"
     semi.write_text("rollout_id;reward\nr1;1\n")
     with pytest.raises(RewardFileError, match=r"the header has no rollout_id column \(found 'rollout_id;reward'\); "

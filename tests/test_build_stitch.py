@@ -516,3 +516,27 @@ def test_a_side_request_sent_first_does_not_take_the_main_conversations_place(tm
     assert causes == {rows[0]["call_id"]: "new_conversation", rows[1]["call_id"]: None}
     assert [t.trajectory_id for t in result.trajectories] == ["r1#0", "r1#1"]  # still in time order
     assert result.report.forks == {"new_conversation": 1}
+
+
+def test_a_side_request_with_the_same_user_text_is_no_compaction(tmp_path):
+    """The title call carries the user's own words: the agent's longer system and tools moved the
+    same user turn along, which the compaction rule took for a summary put before it."""
+    title = Conversation(rollout_id="r1", name="title", system="Write a title.", tools=[])
+    main = Conversation(rollout_id="r1", name="main")
+    title.user("fix the failing test")  # what tool_session's user says
+    rows = [title.assistant("Fix test")] + tool_session(main, 2)
+    result = build(tmp_path, rows)
+    causes = {t.call_ids[0]: t.fork_cause for t in result.trajectories}
+    assert causes == {rows[0]["call_id"]: "new_conversation", rows[1]["call_id"]: None}
+
+
+def test_a_new_tool_list_is_no_compaction(tmp_path):
+    """A changed system prompt or tool list differs where a sub-agent differs from its parent (before
+    the first user turn): a new conversation, never the compaction the moved user turn suggested."""
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 1)
+    conv.tools = conv.tools + [{"type": "function", "function": {"name": "cat", "parameters": {"type": "object"}}}]
+    conv.user("and now?")
+    rows.append(conv.assistant("Done."))
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "new_conversation"]

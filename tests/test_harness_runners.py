@@ -486,7 +486,7 @@ class _DetachingSession(_ShellSession):
 
     def command(self, exe, prompt, workdir, home, server):
         detach = f"setsid sh -c 'echo $$ > {self.pidfile}; exec sleep 300' >/dev/null 2>&1 </dev/null &"
-        wait = f"while [ ! -s {self.pidfile} ]; do sleep 0.05; done; echo started"
+        wait = f"while [ ! -s {self.pidfile} ]; do sleep 0.05; done; echo started; : > {self.pidfile}.said"
         return [str(exe), "-c", f"{detach} {wait}; {'sleep 300' if self.hang else 'true'}"]
 
 
@@ -507,6 +507,23 @@ def test_tools_in_a_session_of_their_own_are_ended_with_the_session(hang, tmp_pa
     assert _wait_gone(int((tmp_path / "tool.pid").read_text())), "the detached tool outlived the session"
 
 
+class _LeavesAServer(_ShellSession):
+    """A 'harness' that starts a server with `&` (its stdout still the session's pipe) and exits 0."""
+
+    def command(self, exe, prompt, workdir, home, server):
+        started = f"while [ ! -s {self.pidfile} ]; do sleep 0.05; done"
+        return [str(exe), "-c", f"sh -c 'echo $$ > {self.pidfile}; exec sleep 300' & {started}; echo done"]
+
+
+def test_a_process_left_holding_the_pipes_is_ended_not_waited_for(tmp_path) -> None:
+    """The harness exited 0 but a process it started with `&` kept its stdout open: the run waited
+    out the whole --timeout and reported a timeout."""
+    harness = _LeavesAServer(pidfile=tmp_path / "server.pid")
+    run = harness.run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), None, home=tmp_path / "home", timeout=60)
+    assert run.returncode == 0 and not run.timed_out and "done" in run.stdout
+    assert _wait_gone(int((tmp_path / "server.pid").read_text()))
+
+
 @pytest.mark.parametrize("signum", [2, 15], ids=["ctrl-c", "sigterm"])
 def test_an_interrupt_ends_the_session_keeps_its_home_and_says_so(signum, tmp_path, monkeypatch, capsys) -> None:
     """Ctrl-C/SIGTERM used to exit 130/143 in silence: the output dropped, the temporary home left
@@ -522,9 +539,9 @@ def test_an_interrupt_ends_the_session_keeps_its_home_and_says_so(signum, tmp_pa
 
     def interrupt() -> None:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
-            time.sleep(0.05)  # polling for the session to start its tool
-        time.sleep(0.5)  # for "started" to reach the pipe
+        said = Path(f"{pidfile}.said")  # written after "started" went into the pipe
+        while time.monotonic() < deadline and not said.exists():
+            time.sleep(0.05)  # polling for the session to start its tool and say so
         os.kill(os.getpid(), signum)  # handled in the main thread, inside main()'s handlers
 
     with socket.create_server(("127.0.0.1", 0)) as server:

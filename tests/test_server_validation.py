@@ -350,3 +350,13 @@ def test_prompt_beyond_the_context_is_vllms_token_check(polar_base_url):
                    "output tokens. Please reduce the length of the input prompt. "
                    "(parameter=input_tokens, value=4097)",
         "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+
+
+def test_a_null_max_tokens_on_the_messages_api_is_pydantics_int_type(polar_base_url):
+    """`"max_tokens": null` reached a comparison with None: Python's TypeError text came back."""
+    r = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": None, "messages": USER})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "Bad Request" and error["param"] == "body.max_tokens"
+    assert error["message"] == ("1 validation error:\n  {'type': 'int_type', 'loc': 'body.max_tokens', "
+                                "'msg': 'Input should be a valid integer', 'input': 'None'}")  # vLLM: str(input)

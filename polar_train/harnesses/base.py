@@ -418,6 +418,10 @@ def _text(chunks: list[bytes]) -> str:
     return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
+#: How long the pipes may stay open after the harness exited, before what holds them is ended.
+_PIPE_GRACE_S = 2.0
+
+
 @dataclass
 class _Session:
     """One started harness process: waiting for it, collecting its output, ending all it started."""
@@ -440,9 +444,9 @@ class _Session:
         try:
             try:
                 self.proc.wait(timeout)
-                for reader in readers:  # a child still holding the pipes: wait for it until the timeout
-                    reader.join(max(0.0, self.start + timeout - time.monotonic()))
-                timed_out = any(reader.is_alive() for reader in readers)
+                for reader in readers:  # the harness is done; what it left running (a server started
+                    # with `&` holding the pipes) is ended below, not waited for until the timeout
+                    reader.join(max(0.0, min(_PIPE_GRACE_S, self.start + timeout - time.monotonic())))
             except subprocess.TimeoutExpired:
                 timed_out = True
         except BaseException as exc:  # Ctrl-C, SIGTERM (SystemExit), anything else: nothing left running

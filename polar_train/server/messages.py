@@ -15,7 +15,7 @@ from typing import Any
 
 from .common import check_model, integer, refuse_images, sampling
 from .completion import CompletionState
-from .errors import PydanticError, field_error, missing, value_error
+from .errors import PydanticError, field_error, missing, validation_error, value_error
 from .fields import flag, strings
 from .parse import random_id
 from .prompt import encode_prompt, render
@@ -112,6 +112,8 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     if count_only:
         return req
     max_tokens = integer(body, "max_tokens", None)
+    if max_tokens is None:  # `"max_tokens": null`: the field is an int, not Optional
+        raise validation_error("int_type", "max_tokens", "Input should be a valid integer", None)
     if max_tokens < 1:  # vLLM's field validator
         raise value_error("body.max_tokens", "max_tokens must be positive", body["max_tokens"])
     thinking = body.get("thinking")

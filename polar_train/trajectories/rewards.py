@@ -113,6 +113,8 @@ def _task_text(value: Any) -> str | None:
     """A task id as text: a whole-number float is written as the integer (JSON ``1`` and ``1.0``,
     or a Parquet column that became float, name one group, not two). None for what names no task
     (a list, an object, true/false, a fraction): ``str()`` of it made up a group without a word."""
+    if isinstance(value, Decimal):  # a Parquet decimal column (DuckDB writes 3.0 so)
+        return str(int(value)) if value.is_finite() and value == value.to_integral_value() else None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
     if isinstance(value, float):

@@ -21,7 +21,8 @@ Fork causes (``fork_cause`` of the new trajectory):
     the sampled ids are kept and the next prompt's tokens resume where the texts agree.
 ``history_rewrite``
     the harness or template changed earlier turns: reasoning of earlier turns dropped after a
-    new user message (``<think>`` removed), edited messages, a changed tool list.
+    new user message (``<think>`` removed), edited messages. (A changed system prompt or tool list
+    reads as ``new_conversation``: it differs where a sub-agent differs from its parent.)
 ``compaction``
     the context shrank: earlier turns were replaced (e.g. by a summary) - also where the summary
     comes first and the task's own user turn, kept whole, after it (Pi).
@@ -354,7 +355,11 @@ class Stitcher:
         if j is not None:
             return "retokenization", j
         if d < t.first_user_end:
-            if _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end], t.first_user_start):
+            # the system and tools kept, the first user turn changed, and that turn found whole later:
+            # a summary put before the task (Pi). A changed system or tool block (a side request, a
+            # new tool list) is no compaction, even where it moves the same user turn along.
+            if t.first_user_start <= d and _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end],
+                                                        t.first_user_start):
                 return "compaction", None  # the task's turn kept, moved behind a summary (Pi)
             return "new_conversation", None
         if t.match_at(d) == THINK_ID:
