@@ -99,6 +99,19 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
     return compact(obj).encode("utf-8")
 
 
+def _listen_hosts() -> list[str]:
+    """The host each mode listens on: its own (``--mode regular@0.0.0.0:8080``) or ``listen_host``."""
+    from mitmproxy.proxy.mode_specs import ProxyMode
+
+    hosts = []
+    for spec in ctx.options.mode or ["regular"]:
+        try:
+            hosts.append(ProxyMode.parse(spec).listen_host(ctx.options.listen_host))
+        except Exception:  # mitmproxy refuses a bad spec itself
+            hosts.append(ctx.options.listen_host)
+    return hosts
+
+
 def _close_off_the_loop(writer: RowWorker) -> None:
     """Close a row worker on a thread of its own: it drains what it holds (seconds with a tokenizer
     to load), and on the event loop every connection would stand still meanwhile. Not a daemon:
@@ -184,9 +197,10 @@ class PolarCapture:
             log.warning("polar_capture: stream_large_bodies is %s: a model call whose request or non-streamed "
                         "reply is larger passes unrecorded (a proxy_error row says so) and a reply keeps the "
                         "token ids the addon asked for", ctx.options.stream_large_bodies)
-        if ctx.options.listen_host in ("", "0.0.0.0", "::"):
+        if any(host in ("", "0.0.0.0", "::") for host in _listen_hosts()):
             log.warning("polar_capture: the proxy listens on all interfaces; prompts and keys of every "
-                        "rollout pass through it - use --listen-host 127.0.0.1 unless you mean it")
+                        "rollout pass through it - use --listen-host 127.0.0.1 (and no other host in "
+                        "--mode ...@HOST:PORT) unless you mean it")
 
     # -- connections -------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:

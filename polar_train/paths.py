@@ -8,6 +8,17 @@ import os
 from pathlib import Path
 
 
+def make_private_dir(path: str | Path) -> None:
+    """Create ``path`` (and any missing parent) readable by the owner only (mode 0700); raises
+    OSError. Captures, trajectories, training runs and harness homes hold prompts. Only folders
+    created here get that mode: an existing one (a shared folder, ``$HOME``) keeps its own."""
+    old = os.umask(0o077)  # what mkdir creates, parents included, is the owner's only
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
+    finally:
+        os.umask(old)
+
+
 def not_a_file(path: str | Path, what: str = "file") -> str | None:
     """None when ``path`` is a file; else why not ("a folder, not a file" reads better than a
     "not found" for a folder that plainly exists)."""

@@ -406,3 +406,26 @@ def test_the_api_refuses_unusable_inputs_with_a_value_error_before_reading(tmp_p
     result = build_trajectories(capture, BuildOptions(realign=True, reward_mode="split",
                                                       rewards=str(capture / "rewards.jsonl")))
     assert result.trajectories and result.report.reward_mode == "split" and result.report.realign is True
+
+
+def test_a_new_out_folder_is_the_owners_only(tmp_path, monkeypatch):
+    """Trajectories hold the captured prompts: a folder build makes gets mode 0700 (it was 0755 under
+    the usual umask); an existing folder keeps its mode."""
+    from polar_train.trajectories import build_trajectories
+    from polar_train.trajectories.writer import write_trajectories
+    from tests.support.calls import Conversation, write_parts
+
+    conv = Conversation(rollout_id="r1")
+    conv.user("hello")
+    write_parts(tmp_path / "cap", [conv.assistant("hi")])
+    built = build_trajectories(tmp_path / "cap")
+    old = os.umask(0o022)
+    try:
+        write_trajectories(built.trajectories, tmp_path / "new" / "traj")
+        (tmp_path / "shared").mkdir(mode=0o755)
+        write_trajectories(built.trajectories, tmp_path / "shared")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "new" / "traj").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "shared").stat().st_mode & 0o777 == 0o755

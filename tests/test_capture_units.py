@@ -1451,3 +1451,24 @@ def test_an_existing_calls_folder_that_cannot_be_written_is_refused_at_start(tmp
         with pytest.raises(exceptions.OptionsError, match=r"polar_out: cannot write to .*Read-only file system"):
             tctx.configure(addon, polar_out=str(tmp_path))
     assert list((tmp_path / "calls").iterdir()) == []
+
+
+def test_the_all_interfaces_warning_reads_each_modes_own_host(tmp_path, caplog):
+    """`--listen-host 127.0.0.1 --mode regular@0.0.0.0:8088` listened on every interface without a
+    word, and a mode bound to 127.0.0.1 without --listen-host was warned about."""
+    from mitmproxy.test import taddons
+
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+    for modes, host, warned in ((["regular@0.0.0.0:18088"], "127.0.0.1", True),
+                                (["regular@127.0.0.1:18088"], "", False),
+                                (["regular@18088"], "", True)):
+        caplog.clear()
+        addon = _load_addon().PolarCapture()
+        with taddons.context(addon) as tctx:
+            try:
+                tctx.configure(addon, polar_out=str(tmp_path), mode=modes, listen_host=host)
+                addon.running()
+                assert ("listens on all interfaces" in caplog.text) is warned, (modes, host)
+                addon.done()
+            finally:  # the next context's log handler, not this one's (its loop is closed then)
+                tctx.master._legacy_log_events.uninstall()

@@ -123,3 +123,40 @@ def test_identity_headers_never_reach_the_upstream_also_on_other_requests(tmp_pa
     for path, headers, _ in received:
         names = {k.lower() for k in headers}
         assert not names & {"x-polar-rollout", "x-polar-task", "proxy-authorization"}, (path, names)
+
+
+def test_a_credential_echoed_in_the_prompt_keeps_no_token_ids() -> None:
+    """Scrubbed from the stored JSON, a key the client sent and also wrote into its prompt was still
+    in the row's token ids (they decode to it) and so in the trajectories and the adapter. Such a
+    call now keeps no ids; cookie values, a bearer token under any header name and the model
+    field are scrubbed too."""
+    import json as json_module
+
+    from polar_train.capture import record
+    from tests.support.capture_wire import WIRE
+
+    key, cookie, custom = "sk-ECHOED-0123456789", "sess-COOKIE-abcdef", "tok-CUSTOM-987654"
+    body = {"model": f"tiny-{key}", "messages": [{"role": "user", "content": f"use {key} and {cookie}, {custom}"}],
+            "return_token_ids": True}
+    state = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", None, record.utcnow(),
+                             "http://h", header_fields=[(b"authorization", f"Bearer {key}".encode()),
+                                                        (b"cookie", f"session={cookie}; theme=dark".encode()),
+                                                        (b"x-custom-auth", f"Bearer {custom}".encode()),
+                                                        (b"x-polar-rollout", b"r1")])
+    state.request_body = json_module.dumps(body).encode()
+    state.request_unread = True
+    state.response_body = WIRE["chat_inj"].encode()  # a reply with the server's token ids
+    state.http_status = 200
+    record.resolve_head(state, "x-polar-rollout", "x-polar-task", {})
+    row = record.build_row(state, None)
+    text = json_module.dumps(row, default=str)
+    assert key not in text and cookie not in text and custom not in text
+    assert row["prompt_token_ids"] is None and row["completion_token_ids"] is None and row["token_source"] == "none"
+    assert row["status"] == "ok" and "credential the call carried" in row["error"]
+    clean = dict(body, model="tiny", messages=[{"role": "user", "content": "hello"}])
+    state2 = record.CallState("openai.chat", "POST", "h", "/v1/chat/completions", "c", None, record.utcnow(),
+                              "http://h", header_fields=[(b"authorization", f"Bearer {key}".encode())])
+    state2.request_body, state2.request_unread = json_module.dumps(clean).encode(), True
+    state2.response_body, state2.http_status = WIRE["chat_inj"].encode(), 200
+    record.resolve_head(state2, "x-polar-rollout", "x-polar-task", {})
+    assert record.build_row(state2, None)["token_source"] == "server"  # a key not in the texts costs nothing

@@ -284,6 +284,7 @@ def test_a_home_with_someone_elses_files_is_not_overwritten(tmp_path) -> None:
     home = tmp_path / "home"
     for _ in range(2):
         assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=home, timeout=30).ok
+    assert home.stat().st_mode & 0o777 == 0o700  # made here: the owner's only (configs, transcripts)
     (tmp_path / "empty").mkdir()
     assert _QuickSession().run(tmp_path, "x", ModelServer("http://127.0.0.1:1"), home=tmp_path / "empty", timeout=30).ok
 

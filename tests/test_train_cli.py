@@ -44,6 +44,7 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
 
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 2
+    assert out.stat().st_mode & 0o777 == 0o700  # a run on captured prompts: the owner's only
     assert summary["logprob_mismatch_first_step"] < 1e-3
     # where the run's parts are, for a reader of the summary alone (the notebook, a later run)
     assert summary["trajectories"] == str(trajectories.resolve()) and summary["model"] == str(tiny_model_dir.resolve())

@@ -124,6 +124,10 @@ class HeaderView:
     def __contains__(self, name: object) -> bool:
         return name in self._values
 
+    def items(self):
+        """(lower-case name, its values) of every header."""
+        return self._values.items()
+
 
 def identity_headers(rollout_header: str, task_header: str) -> frozenset[bytes]:
     """Lower-case names of the headers that only carry an identity: the proxy removes them from a

@@ -9,17 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..paths import make_private_dir
+
 
 def prepare_calls_dir(calls_dir: Path) -> None:
     """Create ``calls_dir`` (and any missing parent) with mode 0700; raises OSError.
 
     Only folders created here get that mode: an existing ``polar_out`` (a shared folder, the
     user's repository, ``$HOME``) keeps its own, sticky bit and all."""
-    old = os.umask(0o077)  # what mkdir creates, parents included, is the owner's only
-    try:
-        calls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    finally:
-        os.umask(old)
+    make_private_dir(calls_dir)
     # an existing calls/ on a read-only mount passed the mkdir: the proxy then served, kept rows in
     # memory and lost them at shutdown. A dot-file (readers skip it) proves the folder writable.
     probe = calls_dir / f".polar-write-check-{os.getpid()}"

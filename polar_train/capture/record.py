@@ -324,6 +324,11 @@ def _request_text(state: CallState, request: dict[str, Any]) -> str:
     return text if text is not None else redacted_dumps(request, compact)
 
 
+#: The id columns of a row that keeps no token ids.
+_WITHOUT_IDS = {"prompt_token_ids": None, "completion_token_ids": None, "completion_logprobs": None,
+                "token_source": "none", "usage_match": None}
+
+
 def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool = False,
               tokenize_url: str = "", attempts: AttemptCounter | None = None,
               tokenize_insecure: bool = False) -> dict[str, Any]:
@@ -402,6 +407,17 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         top_p = top_p if top_p is not None else as_float(response.get("top_p"))
     secrets = state.secrets
     forms = secret_forms(secrets)  # each secret as JSON text may hold it, once for every stored text
+    request_text = _request_text(state, request) if request is not None else None
+    response_text = redacted_dumps(response, compact) if response is not None else None
+    request_json = scrub_json(request_text, secrets, compact, forms)
+    response_json = scrub_json(response_text, secrets, compact, forms)
+    if (request_json is not request_text or response_json is not response_text) and ids["token_source"] != "none":
+        # a credential the call carried (its API key, proxy password, ...) is in its prompt or
+        # reply: scrubbed from the texts, but the ids would decode to it and train on it
+        ids = _WITHOUT_IDS | {"server_tokenize_match": None}
+        note = ("a credential the call carried shows in its prompt or reply: its token ids are not stored "
+                "(they would decode to it)")
+        error = f"{error}; {note}" if error else note
     identity = state.identity or Identity(None, "none")
     row = {
         "call_id": state.call_id,
@@ -412,8 +428,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "method": state.method,
         "host": state.host,
         "path": scrub(state.path, secrets),
-        "model": (request.get("model") if isinstance(request, dict) and isinstance(request.get("model"), str)
-                  else parsed.model),
+        "model": scrub(request.get("model") if isinstance(request, dict) and isinstance(request.get("model"), str)
+                       else parsed.model, forms),
         "attempt": state.attempt,
         "request_hash": state.request_hash,
         "client_conn_id": state.client_conn_id,
@@ -424,10 +440,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "http_status": state.http_status,
         "status": status,
         "error": scrub(error if error is None else error[:ERROR_TEXT_LIMIT], forms),
-        "request_json": (scrub_json(_request_text(state, request), secrets, compact, forms)
-                         if request is not None else None),
-        "response_json": (scrub_json(redacted_dumps(response, compact), secrets, compact, forms)
-                          if response is not None else None),
+        "request_json": request_json,
+        "response_json": response_json,
         "usage_prompt_tokens": parsed.usage_prompt_tokens,
         "usage_completion_tokens": parsed.usage_completion_tokens,
         "finish_reason": parsed.finish_reason if isinstance(parsed.finish_reason, str) else None,

@@ -80,14 +80,33 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
     return dumps(redact_json(value)) if found else text
 
 
+#: A credential in a header of any name (``x-custom-auth: Bearer ...``): its scheme, then the value.
+_SCHEMED_CREDENTIAL = re.compile(r"(?i)^\s*(?:bearer|basic|token)\s+\S")
+
+
 def header_secrets(headers: Any) -> set[str]:
-    """Secret values in request headers (whole values, the token after the scheme, decoded Basic)."""
+    """Secret values in request headers (whole values, the token after the scheme, decoded Basic,
+    each cookie's value), and any header of another name whose value is a schemed credential."""
     found: set[str] = set()
     for name in SECRET_HEADERS:
         for value in headers.get_all(name) if hasattr(headers, "get_all") else [headers.get(name)]:
             if value:
                 found |= value_secrets(value)
+                if name == "cookie":
+                    found |= cookie_secrets(value)
+    for name, values in getattr(headers, "items", lambda: ())():
+        if name not in SECRET_HEADERS:
+            for value in values:
+                if _SCHEMED_CREDENTIAL.match(value):
+                    found |= value_secrets(value.strip())
     return found
+
+
+def cookie_secrets(value: str) -> set[str]:
+    """Each cookie's value (``session=abc; theme=dark``): the whole header alone is no secret a
+    prompt would echo."""
+    found = {part.partition("=")[2].strip() for part in value.split(";")}
+    return {s for s in found if len(s) >= _MIN_SECRET_LEN}
 
 
 def value_secrets(value: str) -> set[str]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote, urlsplit
 
-from ..paths import holds_other_files
+from ..paths import holds_other_files, make_private_dir
 
 #: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -326,7 +326,7 @@ class Harness(ABC):
         home = absolute(home, "home") if home is not None else Path(tempfile.mkdtemp(prefix=f"polar-{self.name}-home-"))
         try:
             try:
-                home.mkdir(parents=True, exist_ok=True)
+                make_private_dir(home)  # the harness's config, sessions and transcripts
                 (home / HOME_MARKER).touch()  # a later run may reuse this home (see check_inputs)
             except OSError as exc:
                 raise HarnessError(f"cannot make the home {home}: {_reason(exc)}") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import UserError
-from ..paths import cannot_write_folder, holds_other_files
+from ..paths import cannot_write_folder, holds_other_files, make_private_dir
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
 
@@ -299,7 +299,7 @@ def build_trainer(args: argparse.Namespace):
         model = load_adapter(model, config.init_adapter, is_trainable=True)
     else:
         peft_config = config.lora_config()
-    out.mkdir(parents=True, exist_ok=True)
+    make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
     if os.environ.get("RANK", "0") == "0":
         try:
             _write_marker(out, identity)

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..paths import make_private_dir
 from ..schema import TRAJECTORY_SCHEMA
 from .stitch import Trajectory
 
@@ -184,7 +185,7 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
             raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
                                   "or choose another folder")
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(out_dir)  # the trajectories hold the captured prompts
     written: list[tuple[Path, Path]] = []
     swapped = False
     try:
