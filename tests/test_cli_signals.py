@@ -14,19 +14,32 @@ from tests.support.procs import REPO
 
 # main() waits until interrupted; its clean-up then waits for a line on stdin, which the test sends
 # only once the second signal has been handled: the signal arrives in the middle of the clean-up.
+# The script waits in select() on a signal wake-up pipe as well: a signal that came just before a
+# blocking read() began would otherwise wait for the next signal, and the test with it (a CI run
+# once hung there until its time ran out).
 SCRIPT = textwrap.dedent("""
-    import sys, threading
+    import os, select, signal, sys
     from polar_train.cli import run_script
+
+    def wait_for(fd):
+        \"\"\"Block until fd is readable (never, for None); a signal's handler runs on the way.\"\"\"
+        watched = [woken] + ([fd] if fd is not None else [])
+        while fd not in select.select(watched, [], [])[0]:
+            os.read(woken, 512)  # the wake-up byte: the handler has run (or raised) by now
 
     def main():
         try:
             print("ready", flush=True)
-            threading.Event().wait()
+            wait_for(None)
         finally:
             print("cleaning", flush=True)
+            wait_for(sys.stdin.fileno())
             sys.stdin.readline()
             print("cleaned", flush=True)
 
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
     sys.exit(run_script(main))
 """)
 
