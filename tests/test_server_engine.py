@@ -45,7 +45,19 @@ def test_greedy_and_logit_bias():
     lp = torch.log_softmax(LOGITS, -1)
     assert Engine._sample(LOGITS, lp, SamplingParams(1, temperature=0.0), g) == 0
     biased = SamplingParams(1, temperature=0.0, logit_bias={4: 100.0})
-    assert Engine._sample(LOGITS, lp, biased, g) == 4
+    assert Engine._sample(Engine._process(LOGITS, [], [], biased), lp, biased, g, True) == 4
+
+
+def test_penalties_follow_vllms_sampler():
+    """Repetition penalty on prompt + output tokens (divide positive logits, multiply negative
+    ones), frequency and presence penalties on output tokens only."""
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5, 0.0])
+    p = SamplingParams(1, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    out = Engine._process(logits, [0, 1], [2, 2], p)
+    assert out.tolist() == [1.0, -4.0, 0.5 - 1.0 - 0.25, 0.5, 0.0]
+    masked = Engine._process(logits, [], [], SamplingParams(1, allowed_token_ids=[3], min_tokens=1,
+                                                            stop_token_ids=[2]))
+    assert torch.isfinite(masked).tolist() == [False, False, False, True, False]
 
 
 def test_top_p_over_a_large_vocabulary_uses_the_exact_nucleus():

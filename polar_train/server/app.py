@@ -24,7 +24,8 @@ from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
 from .engine import Engine, Finish, TokenStep
-from .errors import ApiError, BadRequest, BodyParseError, PydanticError, VllmError, field_error, missing
+from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, UnsupportedMediaType,
+                     VllmError, field_error, missing)
 from .fields import flag, list_of
 from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
@@ -68,7 +69,10 @@ class Server:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    """The body as FastAPI hands it to vLLM's request model; what it refuses is pydantic's error."""
+    """The body as FastAPI hands it to vLLM's request model; what it refuses is pydantic's error.
+    A body that is not declared JSON is refused first, as vLLM's ``validate_json_request``."""
+    if request.headers.get("content-type", "").lower().split(";", 1)[0] != "application/json":
+        raise UnsupportedMediaType()
     raw = await request.body()
     if not raw:
         raise PydanticError([missing("body", None)])

@@ -11,9 +11,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import constraints
 from .common import check_model, check_top_logprobs, integer, refuse_images, require_list, sampling
 from .completion import CompletionState
 from .errors import PydanticError, VllmError, field_error, missing
+from .extras import refuse_unsupported, truncate_prompt
 from .fields import flag, list_of, obj
 from .parse import random_id
 from .prompt import encode_prompt, normalize_tool, render
@@ -30,7 +32,20 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if body.get("stream_options") and not body.get("stream"):  # vLLM tests the raw values
         raise VllmError("Stream options can only be defined when `stream=True`.",
                         param="stream_options")
+    prompt_logprobs = body.get("prompt_logprobs")
+    if prompt_logprobs is not None and not isinstance(prompt_logprobs, (int, float)):
+        raise VllmError("`prompt_logprobs` must be an integer.", param="prompt_logprobs",
+                        value=prompt_logprobs)
+    if isinstance(prompt_logprobs, (int, float)) and body.get("stream") and (
+            prompt_logprobs > 0 or prompt_logprobs == -1):
+        raise VllmError("`prompt_logprobs` are not available when `stream=True`.",
+                        param="prompt_logprobs")
     check_tool_usage(body)
+    if body.get("chat_template") is not None:  # vLLM without --trust-request-chat-template
+        raise VllmError("Chat template is passed with request, but --trust-request-chat-template "
+                        "is not set. Refused request with untrusted chat template.")
+    if server.script is None:  # a script's answer is fixed; sampling would ignore a constraint
+        constraints.check_chat(body)
     messages = require_list(body, "messages")
     tools_raw = list_of(body, "tools")
     check_tools(tools_raw or [])
@@ -47,17 +62,31 @@ def prepare(server, body: dict) -> dict[str, Any]:
     stream_options = obj(body, "stream_options", "StreamOptions")
     logprobs = flag(body, "logprobs")
     top = check_top_logprobs(body, logprobs, server.engine.vocab_size)
+    add_generation_prompt = flag(body, "add_generation_prompt", True)
+    continue_final = flag(body, "continue_final_message")
+    if continue_final and add_generation_prompt:
+        raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
+                        "continue_final_message when you want the model to continue the final "
+                        "message, and add_generation_prompt when you want to add a header that will "
+                        "prompt it to start a new assistant message instead.")
+    if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
+        raise PydanticError([field_error("dict_type", "body.chat_template_kwargs",
+                                         "Input should be a valid dictionary",
+                                         body["chat_template_kwargs"])])
     text = render(server.tokenizer, messages, tools or None,
-                  add_generation_prompt=flag(body, "add_generation_prompt", True),
-                  continue_final_message=flag(body, "continue_final_message"))
-    prompt_ids = encode_prompt(server.engine, text)
+                  add_generation_prompt=add_generation_prompt,
+                  continue_final_message=continue_final)
+    refuse_unsupported(body)
+    prompt_ids = truncate_prompt(body, encode_prompt(server.engine, text), server.engine.max_model_len)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),
-                      top_logprobs=top, clamp=server.script is not None)
+                      top_logprobs=top, clamp=server.script is not None, extras=True)
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])
     return {
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view,
         "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
         "return_token_ids": flag(body, "return_token_ids"),
+        # vLLM's get_chat_request_role: without a generation prompt, the last message's role
+        "role": "assistant" if add_generation_prompt else messages[-1].get("role", "assistant"),
         "stream": stream,
         "include_usage": flag(stream_options, "include_usage", field="stream_options.include_usage"),
     }
@@ -150,12 +179,12 @@ def finish_reason(state: CompletionState) -> str:
 
 
 async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
     message: dict[str, Any] = {
-        "role": "assistant", "content": parsed.content if not (parsed.content is None and
+        "role": req["role"], "content": parsed.content if not (parsed.content is None and
                                                                not parsed.tool_calls) else "",
         "refusal": None, "annotations": None, "audio": None, "function_call": None,
     }
@@ -194,17 +223,18 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
         return sse_data({"id": cid, "object": "chat.completion.chunk", "created": created,
                          "model": model, "choices": choices, **extra})
 
-    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+    yield chunk([{"index": 0, "delta": {"role": req["role"], "content": ""}, "logprobs": None,
                   "finish_reason": None}],
                 prompt_token_ids=req["prompt_ids"] if rti else None, prompt_text=None)
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     pending = []
     async for step in server.tokens(req):
         d = state.push(step)
         pending.append(step)
         is_finish = state.finish is not None
-        if d.empty() and not is_finish:
-            continue  # vLLM holds a token back until it adds text (e.g. half a UTF-8 character)
+        if d.empty() and not is_finish and not (rti or req["logprobs"]):
+            continue  # vLLM holds a token back until it adds text (e.g. half a UTF-8 character),
+            # but sends it at once in an empty delta when its ids or logprobs were asked for
         delta: dict[str, Any] = {}
         if d.reasoning:
             delta["reasoning"] = d.reasoning

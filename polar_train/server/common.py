@@ -13,6 +13,7 @@ from typing import Any
 
 from .engine import SamplingParams
 from .errors import NotFound, PydanticError, VllmError, field_error
+from .extras import chat_extras
 from .fields import list_of, required, seed, strings, text, to_float, to_int
 
 
@@ -47,7 +48,8 @@ def check_model(body: dict, served_name: str, required_: bool = False) -> str:
 
 def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
              top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False,
-             budget_name: str | None = None, bias: bool = True) -> SamplingParams:
+             budget_name: str | None = None, bias: bool = True,
+             extras: bool = False) -> SamplingParams:
     """Sampling parameters; the token budget defaults to what is left of the context, and one
     beyond it is cut to fit (vLLM's ``get_max_tokens``).
 
@@ -55,7 +57,8 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
     Claude Code's ``max_tokens: 32000`` works with any ``--max-model-len``. ``budget_name``: the
     name vLLM's message gives the budget when it is not the request's own field (the Messages API
     says ``max_completion_tokens``). ``bias``: whether the API has ``logit_bias`` (vLLM's Messages
-    request has none, so it is ignored there)."""
+    request has none, so it is ignored there). ``extras``: read vLLM's sampling extensions of the
+    chat request (:mod:`.extras`)."""
     room = engine.max_model_len - prompt_len
     if room <= 0:
         # vLLM's _token_len_check: its tokenizer stops at max_model_len + 1 tokens, so a longer
@@ -86,6 +89,7 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
         top_logprobs=top_logprobs,
         stop=list(stop),
         logit_bias=biases,
+        **(chat_extras(body, engine, max_tokens) if extras else {}),
     )
 
 
@@ -181,7 +185,8 @@ def _top_p(body: dict) -> float:
 
 
 def check_penalties(body: dict) -> None:
-    """``presence_penalty`` / ``frequency_penalty``: accepted (and ignored) only where vLLM accepts them."""
+    """``presence_penalty`` / ``frequency_penalty`` in [-2, 2], as vLLM checks them (applied on the
+    chat API, see :mod:`.extras`)."""
     for key in ("presence_penalty", "frequency_penalty"):
         v = number(body, key, 0.0)
         if not -2.0 <= v <= 2.0:

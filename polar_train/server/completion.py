@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from .engine import Engine, Finish, TokenStep  # noqa: F401 - Finish re-exported
+from .engine import Engine, Finish, SamplingParams, TokenStep  # noqa: F401 - Finish re-exported
 from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_tool_calls,
                     parse_turn, split_reasoning)
 
@@ -81,9 +81,12 @@ class Delta:
 class CompletionState:
     """Accumulates tokens; ``push`` returns the parse delta they add (prefix-safe while streaming)."""
 
-    def __init__(self, engine: Engine, tools_enabled: bool) -> None:
+    def __init__(self, engine: Engine, tools_enabled: bool,
+                 params: SamplingParams | None = None) -> None:
         self.engine = engine
         self.tools_enabled = tools_enabled
+        #: text a stream holds back because it may be the start of a stop string (vLLM's)
+        self.holdback = params.stream_holdback if params is not None else 0
         self.steps: list[TokenStep] = []
         self.finish: Finish | None = None
         self.sent_reasoning = ""
@@ -99,12 +102,16 @@ class CompletionState:
 
     def _text_ids(self) -> list[int]:
         ids = self.token_ids
+        if self.finish is not None and self.finish.drop_last:
+            return ids[:-1]  # a stop token is not part of the text (unless asked to be)
         if ids and ids[-1] in self.engine.stop_token_ids:
-            ids = ids[:-1]  # vLLM never prints the stop token in the text
+            ids = ids[:-1]  # vLLM never prints the model's stop token in the text
         return ids
 
     def _decode(self) -> str:
         text = self.engine.tokenizer.decode(self._text_ids(), skip_special_tokens=False)
+        if self.finish is not None and self.finish.text_end is not None:
+            return text[:self.finish.text_end]
         if self.finish is not None and isinstance(self.finish.stop_reason, str):
             cut = text.find(self.finish.stop_reason)
             if cut >= 0:
@@ -146,6 +153,8 @@ class CompletionState:
         text = self._decode()
         if text.endswith("\ufffd"):
             return Delta()  # an incomplete UTF-8 sequence: wait for the next token
+        if self.holdback:
+            text = text[:max(0, len(text) - self.holdback)]
         reasoning, content, calls = self._streamable(text)
         return self._diff(reasoning or "", content, calls)
 

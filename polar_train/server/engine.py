@@ -36,6 +36,31 @@ class SamplingParams:
     top_logprobs: int = 0
     stop: list[str] = field(default_factory=list)
     logit_bias: dict[int, float] = field(default_factory=dict)
+    #: vLLM's extensions (chat completions), with its semantics:
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    allowed_token_ids: list[int] | None = None
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+
+    @property
+    def stream_holdback(self) -> int:
+        """Characters a stream holds back because they may start a stop string (vLLM's
+        ``stop_buffer_length``: the longest stop string's length minus one)."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    def shapes_logits(self) -> bool:
+        """Whether anything but temperature/top-k/top-p changes the distribution."""
+        return bool(self.logit_bias or self.allowed_token_ids is not None or self.bad_words_ids
+                    or self.min_tokens or self.repetition_penalty != 1.0
+                    or self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass
@@ -44,6 +69,10 @@ class Finish:
 
     reason: str
     stop_reason: str | int | None = None
+    #: where the text ends (a matched stop string cut away), ``None``: all of it
+    text_end: int | None = None
+    #: the last token ended generation as a stop token and is not part of the text
+    drop_last: bool = False
 
 
 @dataclass
@@ -139,20 +168,53 @@ class Engine:
                 return scaled + mask
         raise AssertionError("unreachable")
 
+    @staticmethod
+    def _process(logits: torch.Tensor, prompt_ids: Sequence[int], output: list[int],
+                 p: SamplingParams, model_stops: frozenset[int] = frozenset()) -> torch.Tensor:
+        """vLLM's logits processing before temperature, in its order: allowed ids, bad words,
+        min_tokens and logit_bias, then repetition (prompt + output), frequency and presence
+        (output) penalties."""
+        if not p.shapes_logits():
+            return logits
+        logits = logits.clone()
+        if p.allowed_token_ids is not None:
+            mask = torch.ones_like(logits, dtype=torch.bool)
+            mask[list(p.allowed_token_ids)] = False
+            logits.masked_fill_(mask, float("-inf"))
+        for word in p.bad_words_ids:
+            prefix = word[:-1]
+            if len(output) >= len(prefix) and (not prefix or output[-len(prefix):] == prefix):
+                logits[word[-1]] = float("-inf")
+        if len(output) < p.min_tokens:
+            stops = set(p.stop_token_ids) | set(model_stops)
+            logits[list(stops)] = float("-inf")
+        for tid, bias in p.logit_bias.items():
+            logits[tid] += bias
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros_like(logits, dtype=torch.bool)
+            seen[list(set(prompt_ids) | set(output))] = True
+            scale = torch.where(logits > 0, 1.0 / p.repetition_penalty, p.repetition_penalty)
+            logits = torch.where(seen, logits * scale, logits)
+        if output and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.bincount(torch.tensor(output), minlength=logits.numel()).to(logits.dtype)
+            logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        return logits
+
     @classmethod
     def _sample(cls, logits: torch.Tensor, logprobs: torch.Tensor, p: SamplingParams,
-                gen: torch.Generator) -> int:
-        if p.logit_bias:
-            logits = logits.clone()
-            for tid, bias in p.logit_bias.items():
-                logits[tid] += bias
+                gen: torch.Generator, processed: bool = False) -> int:
+        """``logits``: already processed (:meth:`_process`) when ``processed``."""
         if p.temperature <= 1e-5:
             return int(torch.argmax(logits))
-        plain = p.temperature == 1.0 and not p.logit_bias and not p.top_k and p.top_p >= 1.0
+        plain = (p.temperature == 1.0 and not processed and not p.top_k and p.top_p >= 1.0
+                 and not p.min_p)
         if plain:
             probs = logprobs.exp()
         else:
             scaled = logits / p.temperature if p.temperature != 1.0 else logits
+            if p.min_p:  # vLLM: tokens below min_p x the best probability are dropped
+                pr = torch.softmax(scaled, -1)
+                scaled = scaled.masked_fill(pr < p.min_p * pr.max(), float("-inf"))
             if p.top_k and 0 < p.top_k < scaled.numel():
                 kth = torch.topk(scaled, p.top_k).values[-1]
                 scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -175,7 +237,8 @@ class Engine:
         cache = DynamicCache(config=self.model.config)
         ids = list(prompt_ids)
         feed, pos = ids, 0
-        text = ""
+        output: list[int] = []
+        stops = StopStrings(self, params)
         for n in range(params.max_tokens):
             if cancelled():
                 return
@@ -183,22 +246,33 @@ class Engine:
                 hidden = self._hidden(feed, cache, pos)[-1]
                 logits = self._logits(hidden)
                 logprobs = torch.log_softmax(logits, -1)
-                tok = self._sample(logits, logprobs, params, gen)
+                processed = self._process(logits, ids, output, params, self.stop_token_ids)
+                tok = self._sample(processed, logprobs, params, gen, processed is not logits)
                 step = TokenStep(tok, float(logprobs[tok]), self._top(logprobs, tok, params.top_logprobs))
             pos += len(feed)
             feed = [tok]
-            if tok in self.stop_token_ids:
-                step.finish = Finish("stop", None)
-            elif params.stop:
-                text += self.token_text(tok)
-                hit = next((s for s in params.stop if s in text), None)
-                if hit is not None:
-                    step.finish = Finish("stop", hit)
+            output.append(tok)
+            step.finish = self._check_stop(output, params, stops)
             if step.finish is None and n + 1 == params.max_tokens:
                 step.finish = Finish("length", None)
             yield step
             if step.finish is not None:
                 return
+
+    def _check_stop(self, output: list[int], p: SamplingParams, stops: "StopStrings") -> Finish | None:
+        """vLLM's order: no stop before ``min_tokens``; then the model's stop tokens (unless
+        ``ignore_eos``), the request's ``stop_token_ids`` (named in ``stop_reason``), then stop
+        strings in the text (the stop token itself only printed with include_stop_str_in_output)."""
+        tok = output[-1]
+        if len(output) < p.min_tokens:
+            stops.extend(output, check=False)
+            return None
+        keep = p.include_stop_str_in_output
+        if tok in self.stop_token_ids and not p.ignore_eos:
+            return Finish("stop", None, drop_last=not keep)
+        if tok in p.stop_token_ids:
+            return Finish("stop", tok, drop_last=not keep)
+        return stops.extend(output, check=len(output) > p.min_tokens)
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
               top_logprobs: int = 0) -> list[TokenStep]:
@@ -216,3 +290,33 @@ class Engine:
                 for row, tok in zip(chunk, completion_ids[start:start + SCORE_CHUNK]):
                     steps.append(TokenStep(tok, float(row[tok]), self._top(row, tok, top_logprobs)))
         return steps
+
+
+class StopStrings:
+    """Stop strings found in the decoded output as vLLM's detokenizer finds them: only in text
+    after the first ``min_tokens`` tokens, the match that completes first, the text cut before it
+    (or after it with ``include_stop_str_in_output``)."""
+
+    def __init__(self, engine: Engine, params: SamplingParams) -> None:
+        self.engine, self.params = engine, params
+        self.checked_from = 0  # text before this offset was searched already
+        self.floor = 0  # text of the first min_tokens tokens is never searched
+
+    def extend(self, output: list[int], check: bool) -> Finish | None:
+        p = self.params
+        if not p.stop:
+            return None
+        text = self.engine.tokenizer.decode(output, skip_special_tokens=False)
+        if not check:
+            self.checked_from = self.floor = len(text)
+            return None
+        best: tuple[int, int, str] | None = None
+        for s in p.stop:
+            i = text.find(s, max(self.checked_from - len(s) + 1, self.floor))
+            if i >= 0 and (best is None or i + len(s) < best[0]):
+                best = (i + len(s), i, s)
+        self.checked_from = len(text)
+        if best is None:
+            return None
+        end, start, s = best
+        return Finish("stop", s, text_end=end if p.include_stop_str_in_output else start)

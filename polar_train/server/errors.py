@@ -14,7 +14,7 @@ from typing import Any
 from ..wire.errors import ApiError, BadRequest, NotFound
 
 __all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound",
-           "VllmError", "field_error", "missing", "validation_error", "value_error"]
+           "UnsupportedMediaType", "VllmError", "field_error", "missing", "validation_error", "value_error"]
 
 
 class VllmError(BadRequest):
@@ -28,6 +28,17 @@ class VllmError(BadRequest):
         if value is not None:
             extras.append(f"value={value}")
         super().__init__(f"{message} ({', '.join(extras)})" if extras else message, param)
+
+
+class UnsupportedMediaType(BadRequest):
+    """vLLM's ``validate_json_request``: a validation error whose one entry is plain text."""
+
+    def __init__(self) -> None:
+        super().__init__("1 validation error:\n  Unsupported Media Type: Only 'application/json' "
+                         "is allowed")
+
+    def anthropic_body(self) -> dict:  # vLLM's validation handler is app-wide (OpenAI shape)
+        return self.openai_body()
 
 
 class ResponseNotFound(NotFound):

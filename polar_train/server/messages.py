@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import constraints
 from .common import check_model, integer, refuse_images, sampling
 from .completion import CompletionState
 from .errors import PydanticError, field_error, missing, validation_error, value_error
@@ -102,6 +103,8 @@ def check_shapes(body: dict, count_only: bool) -> None:
 
 def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     check_shapes(body, count_only)
+    if not count_only and server.script is None:  # a script's answer is fixed
+        constraints.check_messages(body)
     model = check_model(body, server.served_name, required_=True)
     tools = chat_tools(body.get("tools"))
     refuse_images(body.get("messages"), model)
@@ -152,7 +155,7 @@ def stop_reason(state: CompletionState) -> tuple[str, str | None]:
 
 
 async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
@@ -179,7 +182,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
     yield sse_event("message_start", {"type": "message_start", "message": {
         "id": req["id"], "type": "message", "role": "assistant", "content": [], "model": req["model"],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_in, "output_tokens": 0}}})
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     index = -1
     open_kind: str | None = None
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import constraints
 from .common import check_model, integer, max_logprobs, number, refuse_images, sampling
 from .completion import CompletionState
 from .errors import ResponseNotFound, VllmError
@@ -84,6 +85,8 @@ def before_validators(body: dict) -> dict:
 
 def prepare(server, body: dict) -> dict[str, Any]:
     str_or_list(required(before_validators(body), "input"), "body.input")
+    if server.script is None:  # a script's answer is fixed
+        constraints.check_responses(body)
     text_field(body, "instructions")
     tools = list_of(body, "tools") or []
     include = list_of(body, "include") or []
@@ -219,7 +222,7 @@ def _is_custom(req, call) -> bool:
 
 
 async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
@@ -248,7 +251,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
 
     yield ev("response.created", {"response": response_object(req, "in_progress", [], None)})
     yield ev("response.in_progress", {"response": response_object(req, "in_progress", [], None)})
-    state = CompletionState(server.engine, req["tools_enabled"])
+    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     output: list[dict[str, Any]] = []
     out_index = 0
     cur: dict[str, Any] | None = None  # the open item: {"kind", "id", "text", "steps"}

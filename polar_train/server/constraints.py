@@ -1,0 +1,76 @@
+"""Requests that need constrained decoding (forced tool calls, JSON output, grammars): refused.
+
+Why: vLLM answers them with a grammar-guided sampler; this server samples freely, so a 200 would
+carry text the client was promised could not happen (no tool call under ``tool_choice:
+"required"``, no JSON under ``response_format: json_object``). A 400 in vLLM's error shape says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import PydanticError, VllmError, field_error, missing
+
+WHY = "polar-train serve does not constrain decoding"
+
+
+def _refuse(what: str, param: str) -> VllmError:
+    return VllmError(f"{what} needs constrained decoding; {WHY}", param=param)
+
+
+def _literal(loc: str, expected: str, value: Any) -> dict:
+    return field_error("literal_error", loc, f"Input should be {expected}", value,
+                       {"expected": expected})
+
+
+def check_response_format(body: dict) -> None:
+    """``response_format``: "text" is free text; a type vLLM does not know is its pydantic union
+    error (every branch listed); JSON and structural tags are refused."""
+    rf = body.get("response_format")
+    if rf is None:
+        return
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema", "structural_tag"):
+        raise _refuse(f"response_format {kind!r}", "response_format")
+    if not isinstance(rf, dict):
+        raise PydanticError([field_error("model_type", "body.response_format", "Input should be a "
+                                         "valid dictionary or object to extract fields from", rf)])
+    loc = "body.response_format"
+    tag = _literal(f"{loc}.type", "'structural_tag'", kind)
+    raise PydanticError([
+        _literal(f"{loc}.type", "'text', 'json_object' or 'json_schema'", kind),
+        tag, missing(f"{loc}.format", rf), tag,
+        missing(f"{loc}.structures", rf), missing(f"{loc}.triggers", rf),
+    ])
+
+
+def check_chat(body: dict) -> None:
+    """Chat completions: forced tool choice, JSON output, ``structured_outputs``."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise _refuse("tool_choice " + ("'required'" if choice == "required" else "naming a tool"),
+                      "tool_choice")
+    check_response_format(body)
+    if body.get("structured_outputs") is not None:
+        raise _refuse("structured_outputs", "structured_outputs")
+
+
+def check_messages(body: dict) -> None:
+    """Messages API: ``tool_choice`` ``{"type": "any"}`` or ``{"type": "tool", …}`` forces a call."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        raise _refuse(f"tool_choice {{'type': {choice['type']!r}}}", "tool_choice")
+
+
+def check_responses(body: dict) -> None:
+    """Responses API: a required or named ``tool_choice``, ``text.format`` JSON."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise _refuse("tool_choice " + ("'required'" if choice == "required" else "naming a tool"),
+                      "tool_choice")
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        raise _refuse(f"text.format {fmt['type']!r}", "text.format")

@@ -1,0 +1,162 @@
+"""``polar-train serve`` samples as vLLM 0.32 does: stop strings held back while streaming, vLLM's
+sampling extensions (``stop_token_ids``, ``min_tokens``, penalties, ``allowed_token_ids``,
+``bad_words``, ``truncate_prompt_tokens``) applied with its semantics, fields it cannot honour
+refused by name, constrained decoding refused instead of sampled freely.
+
+The reference answers in ``tests/data/vllm_wire/sampling.json`` are vLLM 0.32's (its CPU build on
+the tiny model, greedy), recorded with these very requests; ids and timestamps are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "sampling.json").read_text())
+VOLATILE = {"id", "created", "created_at", "system_fingerprint", "item_id"}
+USER = [{"role": "user", "content": "Hello"}]
+
+
+def _strip(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def essentials(text: str) -> Any:
+    """A JSON body, or an SSE stream as its list of (event, data), without ids and timestamps."""
+    if text.startswith(("data:", "event:")):
+        events, name = [], None
+        for line in text.splitlines():
+            if line.startswith("event: "):
+                name = line[len("event: "):]
+            elif line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append((name, data if data == "[DONE]" else _strip(json.loads(data))))
+                name = None
+        return events
+    return _strip(json.loads(text)) if text else text
+
+
+def send(base: str, request: dict) -> httpx.Response:
+    headers = {"Content-Type": "application/json", **(request.get("headers") or {})}
+    return httpx.request(request["method"], base + request["path"], headers=headers,
+                         content=json.dumps(request["body"]), timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
+    case = RECORDED[name]
+    r = send(polar_base_url, case["request"])
+    assert r.status_code == case["status"], r.text
+    assert essentials(r.text) == essentials(case["body"])
+
+
+def _post(base: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=120)
+
+
+def _sse(base: str, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", base + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+STOPS = ["e", "\n\n", "an"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streamed_text_equals_non_streamed_text_with_stop_strings(polar_base_url, seed):
+    """A stream holds back what may start a stop string, so it never sends text the full answer
+    lacks: on every API the streamed text equals the non-streamed one."""
+    chat = {"model": "tiny", "messages": USER, "max_tokens": 12, "seed": seed, "stop": STOPS}
+    full = _post(polar_base_url, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
+    chunks = _sse(polar_base_url, "/v1/chat/completions", chat)
+    assert "".join(c["delta"].get("content") or "" for ch in chunks for c in ch["choices"]) == full
+
+    msg = {"model": "tiny", "messages": USER, "max_tokens": 12, "seed": seed, "stop_sequences": STOPS}
+    body = _post(polar_base_url, "/v1/messages", msg).json()
+    full = "".join(b.get("text", "") for b in body["content"])
+    events = _sse(polar_base_url, "/v1/messages", msg)
+    streamed = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert streamed == full
+    if not full:  # vLLM opens no content block when no text is left
+        assert not [e for e in events if e["type"] == "content_block_start"]
+
+    resp = {"model": "tiny", "input": "Hello", "max_output_tokens": 12, "seed": seed, "stop": STOPS}
+    out = _post(polar_base_url, "/v1/responses", resp).json()["output"]
+    full = "".join(p["text"] for item in out if item["type"] == "message" for p in item["content"])
+    events = _sse(polar_base_url, "/v1/responses", resp)
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == full
+
+
+def test_penalties_change_the_tokens_and_allowed_ids_bound_them(polar_base_url):
+    """Sampled (not greedy) requests: the penalties are applied, ``allowed_token_ids`` holds."""
+    base = {"model": "tiny", "messages": USER, "max_tokens": 6, "seed": 3, "return_token_ids": True}
+    plain = _post(polar_base_url, "/v1/chat/completions", base).json()["choices"][0]["token_ids"]
+    again = _post(polar_base_url, "/v1/chat/completions", base).json()["choices"][0]["token_ids"]
+    assert plain == again
+    allowed = _post(polar_base_url, "/v1/chat/completions",
+                    {**base, "allowed_token_ids": [9419, 1879, 198]}).json()["choices"][0]["token_ids"]
+    assert set(allowed) <= {9419, 1879, 198}
+    greedy = {**base, "temperature": 0}
+    banned = _post(polar_base_url, "/v1/chat/completions",
+                   {**greedy, "bad_words": ["Hello"]}).json()["choices"][0]
+    assert banned["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1."),
+    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens=2, got 5."),
+    ({"repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0.0."),
+    ({"min_p": 2}, "min_p must be in [0, 1], got 2.0."),
+    ({"allowed_token_ids": []}, "allowed_token_ids is not None and empty! (parameter=allowed_token_ids, value=[])"),
+    ({"stop_token_ids": [999999999]}, "token_id(s) [999999999] in stop_token_ids contain out-of-vocab token "
+     "ids. Vocabulary size: 248077 (parameter=stop_token_ids, value=[999999999])"),
+    ({"use_beam_search": True}, "`use_beam_search` is not supported by polar-train serve (parameter=use_beam_search)"),
+    ({"prompt_logprobs": 1}, "`prompt_logprobs` is not supported by polar-train serve (parameter=prompt_logprobs)"),
+    ({"length_penalty": 0.5}, "`length_penalty` is not supported by polar-train serve (parameter=length_penalty)"),
+])
+def test_sampling_fields_checked_or_refused_by_name(polar_base_url, extra, message):
+    r = _post(polar_base_url, "/v1/chat/completions",
+              {"model": "tiny", "messages": USER, "max_tokens": 2, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["message"] == message
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+MTOOLS = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
+RTOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+CHAT = {"model": "tiny", "messages": USER, "max_tokens": 2}
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {**CHAT, "tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tools": TOOLS,
+                              "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs"),
+    ("/v1/messages", {**CHAT, "tools": MTOOLS, "tool_choice": {"type": "any"}}, "tool_choice"),
+    ("/v1/messages", {**CHAT, "tools": MTOOLS, "tool_choice": {"type": "tool", "name": "f"}}, "tool_choice"),
+    ("/v1/responses", {"model": "tiny", "input": "Hi", "tools": RTOOLS, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/responses", {"model": "tiny", "input": "Hi", "tools": RTOOLS,
+                       "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+    ("/v1/responses", {"model": "tiny", "input": "Hi", "text": {"format": {"type": "json_object"}}}, "text.format"),
+])
+def test_constrained_decoding_is_refused_not_sampled_freely(polar_base_url, path, body, param):
+    r = _post(polar_base_url, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError"
+    assert "polar-train serve does not constrain decoding" in err["message"]
+    assert err["message"].endswith(f"(parameter={param})")
