@@ -36,7 +36,8 @@ from polar_train.capture.identity import identity_headers
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
 from polar_train.capture.request_walk import splice_injection, walk_request
-from polar_train.capture.tap import Decoder, StreamTap, supported_encoding
+from polar_train.capture.redact import utf8
+from polar_train.capture.tap import StreamTap, decode_whole, decoder_for
 from polar_train.capture.worker import RowWorker
 from polar_train.tokenizer import holds_tokenizer
 from polar_train.wire.lax import lax_true
@@ -96,7 +97,17 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
         return None
     if not isinstance(obj, dict) or not module.strip(obj, asked):
         return None
-    return compact(obj).encode("utf-8")
+    return utf8(compact(obj))  # a lone surrogate escaped as it came (no UTF-8 form)
+
+
+def _content(resp: http.Response, strict: bool = False) -> bytes:
+    """``get_content`` for a body in several content-encodings (``gzip, br``, or the header sent
+    twice), which mitmproxy leaves undecoded: each undone, last first; as it came where it fails."""
+    raw = resp.raw_content or b""
+    try:
+        return decode_whole(raw, resp.headers.get("content-encoding", ""))
+    except ValueError:
+        return raw
 
 
 def _listen_hosts() -> list[str]:
@@ -340,16 +351,18 @@ class PolarCapture:
         resp = flow.response
         state.http_status = resp.status_code
         ctype, enc_raw = raw_headers.values(resp.headers.fields, b"content-type", b"content-encoding")
-        if ctype is None or b"text/event-stream" not in ctype.lower():
+        labelled_sse = ctype is not None and b"text/event-stream" in ctype.lower()
+        if not labelled_sse and not state.stream:
             state.first_byte_at = record.utcnow()
             return
-        enc = (enc_raw or b"").decode("latin-1").strip().lower()
-        decoder = None
-        if enc and enc != "identity":
-            if not supported_encoding(enc):
-                state.fail("proxy_error", f"unsupported content-encoding {enc!r}: stream not parsed")
-                return
-            decoder = Decoder(enc)
+        # labelled an event stream, or the answer to a streamed request (whatever its label): the
+        # tap reads its first bytes to tell an event stream from a JSON body
+        enc = (enc_raw or b"").decode("latin-1")
+        try:
+            decoder = decoder_for(enc)
+        except ValueError:
+            self._unreadable_stream(flow, state, enc)
+            return
         module = record.FORMATS[state.api]
         strip = strip_bytes = None
         if state.injected and self.opts.strip:
@@ -358,16 +371,30 @@ class PolarCapture:
             if hasattr(module, "event_stripper"):
                 strip_bytes = module.event_stripper(asked)
         deliver_decoded = False
-        if strip is not None and decoder is not None:
-            del resp.headers["content-encoding"]
+        if strip is not None:
+            # the body may change: its length (and, decoded, its encoding) is no longer the upstream's;
+            # without content-length the client reads to the end of the chunked body or the close
+            if decoder is not None:
+                del resp.headers["content-encoding"]
+                deliver_decoded = True
             if "content-length" in resp.headers:
                 del resp.headers["content-length"]
-            deliver_decoded = True
 
         def first_byte() -> None:
             state.first_byte_at = record.utcnow()
 
-        resp.stream = StreamTap(state, strip, decoder, deliver_decoded, first_byte, strip_bytes)
+        resp.stream = StreamTap(state, strip, decoder, deliver_decoded, first_byte, strip_bytes, labelled_sse)
+
+    def _unreadable_stream(self, flow: http.HTTPFlow, state: record.CallState, enc: str) -> None:
+        """A stream in a content-encoding the capture cannot undo (the request went without
+        accept-encoding: the upstream chose it unasked): it streams on as it came, unrecorded."""
+        unstripped = state.injected and self.opts.strip
+        log.warning("polar_capture: a response in content-encoding %r, which the capture cannot decode, passed "
+                    "through unread%s", enc, "; the injected fields reached the client" if unstripped else "")
+        state.fail("upstream_error", f"unsupported content-encoding {enc!r}: response not read"
+                   + ("; the injected fields reached the client unstripped" if unstripped else ""))
+        state.streamed = True
+        flow.response.stream = True
 
     async def response(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
@@ -386,6 +413,9 @@ class PolarCapture:
         if resp is None:
             return
         state.http_status = resp.status_code
+        tap = resp.stream
+        if isinstance(tap, StreamTap) and not tap.seen_bytes and resp.raw_content:
+            state.streamed, state.stream_raw = False, None  # the body came whole, past the tap: read it so
         if state.streamed:
             return
         if resp.raw_content is None and resp.stream:  # stream_large_bodies, past its limit mid-body
@@ -393,8 +423,9 @@ class PolarCapture:
             _say_streamed_once()
             return
         big = len(resp.raw_content or b"") > _INLINE_PARSE_LIMIT
-        body = (await asyncio.to_thread(resp.get_content, strict=False) if big
-                else resp.get_content(strict=False)) or b""
+        read = (functools.partial(_content, resp) if "," in resp.headers.get("content-encoding", "")
+                else resp.get_content)
+        body = (await asyncio.to_thread(read, strict=False) if big else read(strict=False)) or b""
         state.response_body = body
         if state.injected and self.opts.strip and 200 <= resp.status_code < 300 and body:
             module = record.FORMATS[state.api]

@@ -104,9 +104,13 @@ def test_fuzz_splitter_random_bytes_lose_nothing(data: bytes, points: list[int])
 
 
 def terminator_split(data: bytes) -> tuple[list[bytes], bytes]:
-    """The reference: events end at each leftmost blank line of any line ending, scanned once."""
+    """The reference: events end at each leftmost blank line, scanned once: two line endings in a
+    row by the SSE spec's rules (CRLF, LF or CR; a CRLF is one), CR CR at once; one that ends in a
+    CR other than CR CR at the very end waits (a LF may still come)."""
     events, start = [], 0
-    for m in re.finditer(rb"\r\n\r\n|\n\n|\r\r", data):
+    for m in re.finditer(rb"\r\r|(?>\r\n|\n|\r)(?>\r\n|\n|\r)", data):
+        if m.end() == len(data) and data.endswith(b"\r") and m.group() != b"\r\r":
+            break
         events.append(data[start:m.end()])
         start = m.end()
     return events, data[start:]

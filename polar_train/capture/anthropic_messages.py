@@ -13,9 +13,11 @@ from typing import Any
 
 from ..wire.anthropic import chat_messages, chat_tools
 from ..wire.errors import ApiError
-from .parsed import Injection, ParsedCall, as_float, as_int
+from .parsed import Injection, ParsedCall, as_float, as_int, error_text
 
 API = "anthropic.messages"
+#: The event that ends a stream (what the row calls its final event).
+FINAL_EVENT = "message_stop"
 #: vLLM's Messages API has no token ids to ask for: the proxy leaves these requests unread.
 INJECTS = False
 
@@ -69,6 +71,8 @@ def _usage(parsed: ParsedCall, usage: Any) -> None:
 
 def parse_body(obj: dict[str, Any]) -> ParsedCall:
     parsed = ParsedCall(response=obj, model=obj.get("model") if isinstance(obj.get("model"), str) else None)
+    if obj.get("type") == "error":  # an error object in a 2xx body
+        parsed.server_error = f"the server reported an error: {error_text(obj.get('error'))}"
     _usage(parsed, obj.get("usage"))
     content = obj.get("content") if isinstance(obj.get("content"), list) else []
     _finish(parsed, content, obj.get("stop_reason"))
@@ -96,7 +100,10 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
             parsed.error = parsed.error or "stream event is not a JSON object"
             continue
         kind = obj.get("type") or name
-        if kind == "message_start" and isinstance(obj.get("message"), dict):
+        if kind == "error":  # overloaded_error, api_error ...: the stream ends here
+            if parsed.server_error is None:
+                parsed.server_error = f"the server reported an error mid-stream: {error_text(obj.get('error'))}"
+        elif kind == "message_start" and isinstance(obj.get("message"), dict):
             message = dict(obj["message"])
             _usage(parsed, message.get("usage"))
         elif kind == "content_block_start" and isinstance(obj.get("content_block"), dict):

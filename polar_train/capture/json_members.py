@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .redact import utf8
+
 _SCAN = json.JSONDecoder().scan_once
 _WS = re.compile(r"[ \t\n\r]*")
 _COMPACT_KEY = re.compile(r'"([^"\\\x00-\x1f]*+)":(?![ \t\n\r])')
@@ -290,7 +292,7 @@ def splice_utf8(data: bytes, text: str, spans: list[tuple[int, int, str]], base:
     at = 0
     for k, (_, _, new) in enumerate(ordered):
         pieces.append(data[at:base + points[2 * k]])
-        pieces.append(new.encode("utf-8"))
+        pieces.append(utf8(new))  # a value holding a lone surrogate: its JSON escape
         at = base + points[2 * k + 1]
     pieces.append(data[at:])
     return b"".join(pieces)

@@ -23,10 +23,12 @@ from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
 from .id_arrays import parse_ids
 from .json_members import EchoCache, PrefixCache
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .parsed import Injection, ParsedCall, as_float, as_int, error_text, int_list
 from .sse import loads_text
 
 API = "openai.chat"
+#: The event that ends a stream (what the row calls its final event).
+FINAL_EVENT = "data: [DONE]"
 INJECTS = True
 #: Request members a session sends again with every call: the proxy reads them only where they
 #: differ from the call before (the injection changes neither).
@@ -244,6 +246,8 @@ def parse_body(obj: dict[str, Any]) -> ParsedCall:
     _usage(parsed, obj.get("usage"))
     choice = _first_choice(obj)
     if choice is None:
+        if obj.get("error"):  # an error object in a 2xx body
+            parsed.server_error = f"the server reported an error: {error_text(obj['error'])}"
         parsed.error = "response has no choices[0]"
         return parsed
     parsed.completion_ids = int_list(choice.get("token_ids"))
@@ -270,6 +274,9 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
         if not isinstance(obj, dict):
             parsed.error = parsed.error or "stream chunk is not a JSON object"
             continue
+        if obj.get("error") and parsed.server_error is None:
+            # vLLM's own mid-stream failure: {"error": {...}} then [DONE], no finish_reason
+            parsed.server_error = f"the server reported an error mid-stream: {error_text(obj['error'])}"
         if not base:
             base = {k: obj.get(k) for k in ("id", "created", "model", "system_fingerprint")}
         if obj.get("prompt_token_ids") is not None:

@@ -25,13 +25,17 @@ from .id_arrays import as_list, parse_ids
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
 from .json_members import (SKIPPED, EchoCache, Member, PrefixCache, Skipper, as_dict, members, objects, remember,
                            replacements, skippers, splice_bytes, unique)
-from .parsed import Injection, ParsedCall, as_float, as_int, int_list
+from .parsed import Injection, ParsedCall, as_float, as_int, error_text, int_list
 from .sse import named_event_data
 
 API = "openai.responses"
+#: The event that ends a stream (what the row calls its final event; also .incomplete / .failed).
+FINAL_EVENT = "response.completed"
 INJECTS = True
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+#: A response with one of these statuses holds no finished call (``incomplete`` does: a length cut).
+FAILED_STATUSES = ("failed", "cancelled")
 
 
 def inject(body: dict[str, Any]) -> Injection:
@@ -544,6 +548,10 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
         parsed.completion_logprobs = [*lps, float("nan")]
     status = resp.get("status")
     details = resp.get("incomplete_details") if isinstance(resp.get("incomplete_details"), dict) else {}
+    if status in FAILED_STATUSES:
+        err = resp.get("error")
+        parsed.server_error = (f"the response {status}: {error_text(err)}" if err
+                               else f"the response ended with status {status}")
     if status == "completed":
         parsed.finish_reason = "tool_calls" if tool_calls else "stop"
         parsed.stopped = True
@@ -582,20 +590,28 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
     """Use the final event's response; a truncated stream is rebuilt from its text deltas."""
     final = None
     text: list[str] = []
+    server_error = None
     for name, obj in events:
         if not isinstance(obj, dict):
             continue
         kind = obj.get("type") or name
-        if kind in FINAL_EVENTS and isinstance(obj.get("response"), dict):
+        if kind == "error" and server_error is None:  # the stream's own failure: it ends here
+            err = obj.get("error") if isinstance(obj.get("error"), dict) else \
+                {"message": obj.get("message"), "code": obj.get("code")}
+            server_error = f"the server reported an error mid-stream: {error_text(err)}"
+        elif kind in FINAL_EVENTS and isinstance(obj.get("response"), dict):
             final = obj["response"]
         elif kind == "response.output_text.delta" and isinstance(obj.get("delta"), str):
             text.append(obj["delta"])
     if final is not None:
         parsed = parse_response(final)
         parsed.complete = True
+        parsed.server_error = server_error or parsed.server_error
         return parsed
     parsed = ParsedCall(complete=False, assistant={"role": "assistant", "content": "".join(text)})
-    parsed.response = {"object": "response", "status": "truncated", "output_text": "".join(text)}
+    parsed.response = {"object": "response", "status": "failed" if server_error else "truncated",
+                       "output_text": "".join(text)}
+    parsed.server_error = server_error
     return parsed
 
 

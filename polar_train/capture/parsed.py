@@ -6,6 +6,7 @@ the row writer, the renderer and the status logic only need this.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,13 @@ class ParsedCall:
     complete: bool = True
     #: A parse problem (malformed JSON/SSE) worth recording; the call is then an upstream_error.
     error: str | None = None
+    #: An error the server itself reported (vLLM's ``{"error": ...}`` chunk, a Responses ``error``
+    #: event or ``failed`` response, a Messages ``error`` event): the call is an upstream_error
+    #: with this text, whatever tokens came before it.
+    server_error: str | None = None
+    #: Something the row should say about a call that is fine otherwise (events after the final
+    #: event, a chat stream that ended without ``[DONE]`` after its final usage chunk).
+    note: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,6 +61,23 @@ def as_float(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def error_text(value: Any) -> str:
+    """An error object as the server wrote it, for the row's ``error``: its message, then its type
+    and code where it names them (``boom (BadRequestError, code 400)``); anything else as JSON."""
+    if isinstance(value, dict):
+        message = value.get("message")
+        if isinstance(message, str) and message:
+            extra = [str(value[k]) if k == "type" else f"code {value[k]}"
+                     for k in ("type", "code") if value.get(k) is not None and not isinstance(value.get(k), (dict, list))]
+            return f"{message} ({', '.join(extra)})" if extra else message
+    if isinstance(value, str) and value:
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 _INT_ONLY = {int}

@@ -24,8 +24,8 @@ from . import anthropic_messages, openai_chat, openai_responses
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
 from .parsed import ParsedCall
-from .redact import (header_secrets, query_secrets, redacted_dumps, scrub, scrub_json, secret_forms,
-                     value_secrets)
+from .redact import (escape_surrogates, header_secrets, query_secrets, redacted_dumps, scrub, scrub_json,
+                     secret_forms, utf8, value_secrets)
 from .render import Renderer, TokenizerUnavailable, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
@@ -102,8 +102,8 @@ def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, A
         added = compact({k: v for k, v in injected.items() if k not in original})[1:-1]
         rest = raw[start + 1:]
         sep = b"" if rest.lstrip(b" \t\r\n")[:1] == b"}" else b","
-        return raw[:start + 1] + added.encode("utf-8") + sep + rest
-    return json.dumps(injected, ensure_ascii=False).encode("utf-8")
+        return raw[:start + 1] + utf8(added) + sep + rest
+    return utf8(json.dumps(injected, ensure_ascii=False))  # a lone surrogate stays the escape it was
 
 
 #: Why a request body is no request (the row's error), found by the proxy or the row worker.
@@ -223,47 +223,78 @@ def resolve_head(state: CallState, rollout_header: str, task_header: str,
 
 
 
+def _is_final(module, ev, obj) -> bool:
+    """Whether an event is the stream's final one (``[DONE]``, ``message_stop``,
+    ``response.completed`` ...), by its name, its data or its JSON ``type``."""
+    return module.is_done_event(ev.event, ev.data) or (isinstance(obj, dict)
+                                                        and module.is_done_event(obj.get("type"), None))
+
+
+#: The note of a row whose stream went on after its final event.
+AFTER_FINAL = "{n} SSE event(s) after the final event ignored (a client stops reading at the final event)"
+TRUNCATED = "stream ended before its final event (truncated)"
+
+
 def _parse_stream(module, state: CallState) -> ParsedCall:
+    """Reassemble a stream up to its final event, as the clients' SDKs read it: what comes after
+    that event never changes the call (the row counts it in ``note``). A final event that lacks
+    only its blank line (the stream's last bytes) is read as a whole one."""
     events: list[tuple[str | None, Any]] = []
     done = False
     malformed = 0
+    after = 0  # events with data after the final event
     raw_events, pending = split_all(bytes(state.stream_raw or b""))
     unused = getattr(module, "unused_event", None)  # proven well-formed, not needed: not parsed
     reader = getattr(module, "ids_reader", None)
     ids_json = reader(state) if reader is not None else None  # a prompt's ids as an array
     for raw in raw_events:
+        if done:
+            if parse_event(raw).data is not None:
+                after += 1
+            continue
         if unused is not None and unused(raw):
             continue
         read = ids_json(raw) if ids_json is not None else None
         if read is not None:
             name, obj = read
-            done = done or module.is_done_event(name, None) or module.is_done_event(obj.get("type"), None)
+            done = module.is_done_event(name, None) or module.is_done_event(obj.get("type"), None)
             events.append(read)
             continue
         ev, obj = event_json(raw)
         if ev.data is None:
             continue
-        if module.is_done_event(ev.event, ev.data) or (isinstance(obj, dict)
-                                                        and module.is_done_event(obj.get("type"), None)):
-            done = True
+        done = _is_final(module, ev, obj)
         if ev.data == "[DONE]":
             continue
         if obj is None:
             malformed += 1
             continue
         events.append((ev.event, obj))
+    cut = False  # the stream ended inside an event
     if pending.strip():
-        ev = parse_event(pending)
-        if ev.data is not None and module.is_done_event(ev.event, ev.data):
-            done = True  # a final event without its blank line: complete
+        ev, obj = event_json(pending)
+        if done:
+            after += ev.data is not None
+        elif ev.data is not None and _is_final(module, ev, obj) and (ev.data == "[DONE]" or obj is not None):
+            done = True  # a final event without its blank line: complete, and read
+            if obj is not None:
+                events.append((ev.event, obj))
         else:
-            done = False
+            cut = True
     parsed = module.parse_stream(events, done)
     if malformed:
         parsed.error = f"{malformed} malformed SSE event(s)"
     if not done:
+        # never complete without its final event, even where every token came (a finish_reason,
+        # a usage chunk): a cut right before the final event looks the same (docs/capture.md)
         parsed.complete = False
-        parsed.error = parsed.error or "stream ended before its final event (truncated)"
+        why = TRUNCATED
+        if parsed.finish_reason is not None:
+            why += f": finish_reason {parsed.finish_reason!r} came, but no {module.FINAL_EVENT}"
+        parsed.error = parsed.error or why
+    if after:
+        note = AFTER_FINAL.format(n=after)
+        parsed.note = f"{parsed.note}; {note}" if parsed.note else note
     return parsed
 
 
@@ -363,10 +394,17 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         status, error = "proxy_error", f"parsing the response failed: {exc!r}"
         parsed = ParsedCall()
 
+    failed = state.http_status is not None and state.http_status >= 400
+    if status is None and parsed.server_error is not None and not failed:
+        # the server said the call failed (mid-stream, after tokens): whatever the client did next,
+        # and whatever came before, no part of it is a finished call
+        status, error = "upstream_error", parsed.server_error
     if status is None and state.client_error is not None and not (state.stream_raw and parsed.complete):
         status, error = "client_disconnected", state.client_error  # left before the final event
     if status is None:
-        if state.http_status is not None and state.http_status >= 400:
+        if failed:
+            if body_text is None and state.stream_raw:  # an error sent as an event stream
+                body_text = bytes(state.stream_raw[:4 * ERROR_TEXT_LIMIT]).decode("utf-8", errors="replace").strip()
             status = "upstream_error"
             error = f"HTTP {state.http_status}: {(body_text or '')[:ERROR_TEXT_LIMIT]}"
         elif parsed.error:
@@ -375,6 +413,8 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             status, error = "upstream_error", "no response"
         else:
             status = "ok"
+    if parsed.note:
+        error = f"{error}; {parsed.note}" if error else parsed.note
     ids: dict[str, Any] = {"prompt_token_ids": None, "completion_token_ids": None,
                            "completion_logprobs": None, "token_source": "none",
                            "usage_match": None, "server_tokenize_match": None}
@@ -455,4 +495,36 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
     }
     if state.request_error and row["error"] is None:
         row["error"] = state.request_error
+    for key in _TEXT_COLUMNS:  # a path decoded with surrogateescape, a server message with "\ud83d"
+        value = row[key]
+        if isinstance(value, str) and not value.isascii():
+            row[key] = escape_surrogates(value)
+    return row
+
+
+#: The row's short text columns that may hold what a client or a server sent (the JSON columns are
+#: written escaped already: :func:`~.redact.redacted_dumps`).
+_TEXT_COLUMNS = ("rollout_id", "task_id", "host", "path", "model", "error", "finish_reason")
+
+
+def fallback_row(state: CallState, exc: BaseException) -> dict[str, Any]:
+    """The row of a call whose row could not be built (a bug of ours): a ``proxy_error`` with
+    what the proxy knew of the call, never its texts or ids. A call never loses its row."""
+    identity = state.identity or Identity(None, "none")
+    row = {
+        "call_id": state.call_id, "rollout_id": identity.rollout_id, "rollout_source": identity.source,
+        "task_id": identity.task_id, "api": state.api, "method": state.method, "host": state.host,
+        "path": scrub(state.path, state.secrets), "model": None, "attempt": state.attempt,
+        "request_hash": state.request_hash, "client_conn_id": state.client_conn_id,
+        "started_at": state.started_at, "first_byte_at": state.first_byte_at,
+        "finished_at": state.finished_at or utcnow(), "stream": state.stream, "http_status": state.http_status,
+        "status": "proxy_error", "error": f"building the row failed: {exc!r}"[:ERROR_TEXT_LIMIT],
+        "request_json": None, "response_json": None, "usage_prompt_tokens": None,
+        "usage_completion_tokens": None, "finish_reason": None, "tool_call_count": 0, "temperature": None,
+        "top_p": None, "injected": state.injected, "prompt_prefix_call_id": None, "prompt_prefix_len": None,
+        **_WITHOUT_IDS, "server_tokenize_match": None,
+    }
+    for key in _TEXT_COLUMNS:
+        if isinstance(row[key], str):
+            row[key] = escape_surrogates(row[key])
     return row

@@ -61,6 +61,30 @@ def redact_json(value: Any) -> Any:
     return value
 
 
+#: A UTF-16 surrogate code point: in a str only where JSON text escaped one alone (``"\\ud83d"``,
+#: what JavaScript's ``JSON.stringify`` writes for a string cut inside an emoji); no UTF-8 holds it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with each surrogate code point written as its JSON escape (``\\ud83d``), so that
+    it can be stored as UTF-8. In JSON text a surrogate can only sit inside a string, where the
+    escape is what the client itself sent: ``json.loads`` gives back exactly the same value."""
+    return text if text.isascii() else _SURROGATE.sub(_escaped, text)
+
+
+def utf8(text: str) -> bytes:
+    """JSON ``text`` as UTF-8 bytes, surrogates written as escapes (:func:`escape_surrogates`)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return escape_surrogates(text).encode("utf-8")
+
+
 def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
     """``dumps(redact_json(value))``, walking ``value`` only when its text can hold a secret key.
 
@@ -71,13 +95,18 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
     proves there is none. Lower-casing the UTF-8 bytes (ASCII letters only) is enough unless the
     text has a Kelvin sign, the one other character whose lower case is an ASCII letter (``k``)."""
     text = dumps(value)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate the JSON escaped: escaped again, as sent
+        text = escape_surrogates(text)
+        data = text.encode("utf-8")
     if not isinstance(value, (dict, list)):
         return text
     if "\u212a" in text:
         found = _QUOTED_SECRET_KEY.search(text.lower().encode("utf-8"))
     else:
-        found = _QUOTED_SECRET_KEY.search(text.encode("utf-8").lower())
-    return dumps(redact_json(value)) if found else text
+        found = _QUOTED_SECRET_KEY.search(data.lower())
+    return escape_surrogates(dumps(redact_json(value))) if found else text
 
 
 #: A credential in a header of any name (``x-custom-auth: Bearer ...``): its scheme, then the value.
@@ -192,12 +221,7 @@ def scrub_json(text: str | None, secrets: set[str], dumps: Callable[[Any], str],
     except ValueError:  # not JSON after all: every form, replaced in the text
         return scrub(text, forms)
     scrubbed = _scrub_strings(value, sorted(secrets, key=len, reverse=True))
-    out = dumps(scrubbed)
-    try:
-        out.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate the client sent escaped ("\\ud83d"): keep it escaped
-        out = json.dumps(scrubbed, separators=(",", ":"))
-    return out
+    return escape_surrogates(dumps(scrubbed))  # a lone surrogate the client sent escaped: kept escaped
 
 
 def scrub(text: str | None, secrets: set[str]) -> str | None:

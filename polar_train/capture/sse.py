@@ -13,8 +13,15 @@ import re
 from dataclasses import dataclass
 
 from .json_members import compact
+from .redact import utf8  # a lone surrogate written as the escape it came as
 
-_TERMINATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+#: A blank line as the SSE spec reads lines (each ends in CRLF, LF or CR): two line endings in a
+#: row, ``\r\n`` always one of them (atomic groups: never CR then LF), so ``\n\r\n`` and
+#: ``\r\n\n`` end an event too. CR CR ends it at once: a LF after it is an empty line of the next
+#: event (which dispatches nothing), so the split never waits for the byte after a CR-only stream's
+#: event. Any other match that ends in CR at the end of the buffer waits for the next byte (a LF
+#: there makes the terminator one byte longer): :meth:`SSESplitter._ends_any`.
+_TERMINATOR = re.compile(rb"\r\r|(?>\r\n|\n|\r)(?>\r\n|\n|\r)")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 #: Line feed and carriage return as ints: ``CR in data`` is one ``memchr``, where ``b"\r" in data``
@@ -61,12 +68,28 @@ class SSESplitter:
         self._cr = self._cr and bool(buf)
         return events
 
-    def _ends_any(self, pos: int) -> list[int]:
-        """Where each event ends, any line endings (CRLF CRLF, LF LF or CR CR)."""
-        ends = []
-        while (m := _TERMINATOR.search(self._buf, pos)) is not None:
-            ends.append(pos := m.end())
+    def _ends_any(self, pos: int, final: bool = False) -> list[int]:
+        """Where each event ends, any line endings (any two of CRLF, LF, CR in a row)."""
+        buf, ends = self._buf, []
+        while (m := _TERMINATOR.search(buf, pos)) is not None:
+            pos = m.end()
+            if pos == len(buf) and buf[pos - 1] == CR and not final and m.group() != b"\r\r":
+                break  # "\n\r" or "\r\n\r" last: a LF may come next and belong to it
+            ends.append(pos)
         return ends
+
+    def end(self) -> list[bytes]:
+        """At the end of the stream: an event whose terminator ends in the CR that :meth:`feed`
+        waits after (no LF can follow it now); it leaves :attr:`pending`."""
+        if not self._buf or self._buf[-1] != CR:
+            return []
+        ends = self._ends_any(max(0, len(self._buf) - 3), final=True)
+        if not ends:
+            return []
+        event = bytes(self._buf[:ends[-1]])
+        del self._buf[:ends[-1]]
+        self._scan_from = len(self._buf)
+        return [event]
 
     def _ends_lf(self, pos: int) -> list[int]:
         """Where each event ends in a buffer without carriage returns: after each ``\\n\\n``."""
@@ -206,7 +229,7 @@ def serialize_event(raw: bytes, ev: SSEEvent, obj: object) -> bytes:
     """Re-serialise ``obj`` as the data of event ``raw``: its other lines (``event:``, ``id:``,
     comments) and its line endings stay as they were; the data lines become one."""
     nl = _line_ending(raw)
-    data = b"data: " + compact(obj).encode("utf-8")
+    data = b"data: " + utf8(compact(obj))
     out: list[bytes] = []
     placed = False
     for line in raw.splitlines():

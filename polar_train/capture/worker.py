@@ -282,14 +282,18 @@ def build_call_row(state: Any, renderer: Any, opts: CaptureOptions, attempts: An
     """A finished call's row: its identity first (from the header fields the proxy kept), then
     :func:`~polar_train.capture.record.build_row`. Never raises for bad input: a call whose
     headers cannot be read keeps its row, as a ``proxy_error`` without identity."""
-    from .record import build_row, resolve_head
+    from .record import build_row, fallback_row, resolve_head
 
     try:
         resolve_head(state, opts.rollout_header, opts.task_header, opts.port_rollouts)
     except Exception as exc:
         log.exception("polar_capture: reading the headers of %s failed", state.call_id)
         state.fail("proxy_error", f"reading the request headers failed: {exc!r}")
-    return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts, opts.tokenize_insecure)
+    try:
+        return build_row(state, renderer, opts.tokenize_check, opts.tokenize_url, attempts, opts.tokenize_insecure)
+    except Exception as exc:  # a bug of ours: the call keeps a row saying so
+        log.exception("polar_capture: building the row of %s failed", getattr(state, "call_id", "?"))
+        return fallback_row(state, exc)
 
 
 def _fallback_job(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any):
