@@ -148,6 +148,7 @@ class PolarCapture:
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
+        handover.stand_down(loader.master)  # loaded after a failed reload: record again
         for name, typ, default, help_text in OPTION_SPECS:
             loader.add_option(name, typ, default, help_text)
         self._unusable = unusable_deferred(loader.master.options)
@@ -517,6 +518,7 @@ class PolarCapture:
         live.calls.clear()
         if live.writer is not None:
             _close_off_the_loop(live.writer)
+        handover.stand_in(ctx.master, record.detect_api)  # no model call passes unrecorded meanwhile
 
 
 _STREAMED_BY_MITMPROXY = ("the {what} body was streamed by mitmproxy's stream_large_bodies (past its limit while "
@@ -540,6 +542,10 @@ def _loaded_already() -> bool:
         return False
 
 
+_changed = handover.changed_modules()
+if _changed:  # a reload after the package changed on disk (git pull): it would run the old modules
+    raise ImportError(f"polar_train changed on disk since mitmdump started ({', '.join(_changed[:3])}"
+                      f"{', ...' if len(_changed) > 3 else ''}); restart mitmdump to use it")
 if _loaded_already():
     # a warning: an error logged at startup makes mitmdump exit, and the first copy records
     log.warning("polar_capture: the capture addon is loaded already (the script given twice under two paths?); "

@@ -330,6 +330,57 @@ def test_a_reload_of_the_addon_loses_no_call_in_flight(tmp_path: Path) -> None:
         assert len(rows_of(m.out_dir, r2)) == 1 and len(rows_of(m.out_dir, r)) == 1
 
 
+def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp_path: Path) -> None:
+    """A saved file that does not load (here a syntax error; also a package updated under the
+    running proxy) left mitmdump forwarding every model call unrecorded, with a traceback in the
+    log the only sign. Model calls are now refused with a 503 saying why until the addon loads."""
+    from polar_train.capture import handover
+    from tests.support.mitm import ADDON
+
+    script = tmp_path / "addon" / "polar_capture.py"
+    script.parent.mkdir()
+    shutil.copy(ADDON, script)
+
+    def save(text: str, marker: str) -> None:
+        seen = m.proc.log().count(marker)
+        script.write_text(text)
+        now = time.time()
+        os.utime(script, (now, now + 5 * (seen + 1)))  # newer: the script watcher reloads it
+        poll(lambda: m.proc.log().count(marker) > seen, 30, marker)
+
+    with fault_upstream() as (base, received):
+        m = start_mitm(tmp_path, scripts=[script], options={"polar_flush_seconds": "0.2"})
+        try:
+            save(ADDON.read_text() + "\nsyntax error (\n", "model calls are refused")
+            before = len(received)
+            r = rid()
+            with client(m, r) as c:
+                resp = c.post(base + "/v1/chat/completions", json=chat(False))
+                assert resp.status_code == 503 and "failed to load" in resp.json()["error"]["message"]
+                assert c.get(base + "/health").status_code == 501  # only model calls are held (no GET there)
+            assert len(received) == before  # the model call never reached the server
+            save(ADDON.read_text(), "model calls are recorded again")
+            r2 = rid()
+            with client(m, r2) as c:
+                assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 200
+            poll(lambda: len(rows_of(m.out_dir, r2)) == 1, 30, "a call after the addon loaded again")
+            # `git pull` under the running proxy: the reloaded file would run with the old modules
+            module = Path(handover.__file__)
+            was = module.stat()
+            try:
+                os.utime(module, (was.st_atime, time.time() + 60))
+                save(ADDON.read_text(), "model calls are refused")
+            finally:
+                os.utime(module, ns=(was.st_atime_ns, was.st_mtime_ns))
+            assert "polar_train changed on disk since mitmdump started (polar_train/capture/handover.py)" \
+                in m.proc.log()
+            with client(m, rid()) as c:
+                assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 503
+        finally:
+            m.stop()
+        assert rows_of(m.out_dir, r) == []
+
+
 def test_the_addon_given_under_two_paths_records_each_call_once(tmp_path: Path) -> None:
     """`-s addons/polar_capture.py -s copy/polar_capture.py`: mitmproxy refused the second with its
     traceback and exited. The second copy now stands aside with one line."""

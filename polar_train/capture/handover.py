@@ -7,12 +7,25 @@ in flight ("proxy shut down") though their streams went on, lost the credentials
 (their later calls had no rollout) and closed the row worker on the event loop (every connection
 stood still for seconds while it drained). This module is imported once per process (the script
 is re-run, the package is not), so what it holds survives the reload.
+
+A reload that fails (a syntax error in the saved file; a package updated under the running proxy,
+whose old modules the new file would run with) leaves :class:`CaptureDown` in the addon's place:
+model calls are refused, never forwarded unrecorded, until a capture addon loads again.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("polar_capture")
 
 
 @dataclass
@@ -40,3 +53,67 @@ def take(live: Live | None = None) -> Live | None:
         return None
     found, _pending = _pending, None
     return found
+
+
+#: When this process first imported the package's capture code: a module file changed after it is
+#: not what runs (a reload re-runs the script, never the package's modules).
+_STARTED = time.time()
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def changed_modules() -> list[str]:
+    """The loaded ``polar_train`` modules whose file changed since the process imported them
+    (``git pull`` while mitmdump runs): a reloaded script would run with the old ones, or fail
+    to import a name only the new ones have."""
+    changed = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not (name == "polar_train" or name.startswith("polar_train.")) or not path:
+            continue
+        try:
+            if os.stat(path).st_mtime > _STARTED:
+                changed.append(str(Path(path).resolve().relative_to(_PACKAGE_ROOT.parent)))
+        except (OSError, ValueError):
+            continue
+    return sorted(changed)
+
+
+class CaptureDown:
+    """Stands in for a capture addon whose reload failed (a syntax error in the saved file, a
+    package updated under the running proxy): model calls get a 503 saying so, where they would
+    otherwise reach the model server and go unrecorded, with nothing but a traceback in the log
+    to tell. The addon that loads next removes it (:func:`stand_down`)."""
+
+    name = "polar_capture_down"
+
+    def __init__(self, detect_api: Callable[[str, str], str | None]) -> None:
+        self._detect_api = detect_api
+
+    def requestheaders(self, flow: Any) -> None:
+        from mitmproxy import http
+
+        if flow.response is not None or self._detect_api(flow.request.method, flow.request.path) is None:
+            return
+        body = {"error": {"message": DOWN_MESSAGE, "type": "polar_capture_unavailable", "param": None,
+                          "code": 503}}
+        flow.response = http.Response.make(503, json.dumps(body), {"content-type": "application/json"})
+
+
+DOWN_MESSAGE = ("polar-train's capture addon failed to load after a change of its file, so this model call "
+                "was refused instead of passing unrecorded; see mitmdump's log, fix the file or restart "
+                "mitmdump (after updating polar-train, restart it: a reload keeps the old package)")
+
+
+def stand_in(master: Any, detect_api: Callable[[str, str], str | None]) -> None:
+    """Refuse model calls until a capture addon loads again (once; logged as an error)."""
+    if master.addons.get(CaptureDown.name) is None:
+        master.addons.add(CaptureDown(detect_api))
+        log.error("polar_capture: %s", DOWN_MESSAGE.replace("this model call was refused", "model calls are refused"))
+
+
+def stand_down(master: Any) -> None:
+    """A capture addon loaded: model calls pass (and are recorded) again."""
+    down = master.addons.get(CaptureDown.name)
+    if down is not None:
+        master.addons.remove(down)
+        log.warning("polar_capture: the capture addon loaded again; model calls are recorded again")
