@@ -208,6 +208,15 @@ def test_a_server_or_proxy_that_does_not_listen_is_refused_before_the_session(tm
     assert proc.stderr.strip() == (f"polar-train harness: error: cannot connect to the proxy (mitmdump -s "
                                    f"addons/polar_capture.py) at 127.0.0.1:{closed} (Connection refused); is it running?")
 
+    # an http:// server needs no CA: a machine where mitmdump never wrote one gets to the proxy check
+    # (it used to stop at "proxy CA certificate not found", contrary to docs/harnesses.md)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        proc = subprocess.run([polar, "harness", "pi", "fix it", "--server", f"http://127.0.0.1:{port}",
+                               "--workdir", str(tmp_path), "--proxy-port", str(closed), "--rollout", "r1"],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and "cannot connect to the proxy" in proc.stderr, proc.stderr
+
 
 @dataclass
 class _ShellSession(Harness):

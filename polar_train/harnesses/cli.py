@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="port of `mitmdump -s addons/polar_capture.py` on 127.0.0.1 (omit: no proxy)")
     p.add_argument("--rollout", default=None, help="rollout id, sent as the proxy user name")
     p.add_argument("--ca-cert", default=None,
-                   help="mitmproxy CA certificate (default: ~/.mitmproxy/mitmproxy-ca-cert.pem)")
+                   help="mitmproxy CA certificate (default for an https:// server: "
+                        "~/.mitmproxy/mitmproxy-ca-cert.pem; an http:// server needs none)")
     p.add_argument("--home", default=None,
                    help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
@@ -80,7 +81,9 @@ def _run(args: argparse.Namespace) -> int:
                 raise UserError("--proxy-port must be in 1..65535")
             if not args.rollout:
                 raise UserError("--proxy-port needs --rollout (the id the calls are recorded under)")
-            ca = Path(args.ca_cert or Path.home() / ".mitmproxy" / "mitmproxy-ca-cert.pem")
+            ca = None  # an http:// server: no TLS through the proxy, no CA to trust
+            if args.ca_cert or server.base_url.startswith("https://"):
+                ca = Path(args.ca_cert or Path.home() / ".mitmproxy" / "mitmproxy-ca-cert.pem")
             proxy = Proxy(args.proxy_port, args.rollout, ca)  # made absolute there
         elif args.rollout or args.ca_cert:
             raise UserError(f"{'--rollout' if args.rollout else '--ca-cert'} needs --proxy-port")
