@@ -8,6 +8,7 @@ line which folder is wrong and why, not print a traceback.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,9 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
 
     check_adapter_folder(adapter_dir)
     try:
-        return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
+        with warnings.catch_warnings():  # transformers' deprecation notices from inside peft: noise to a user
+            warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
+            return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
     except Exception as exc:  # noqa: BLE001 - the folder's fault, e.g. safetensors' SafetensorError for cut weights
         text = str(exc)
         if "size mismatch" in text:  # torch's first line only says "Error(s) in loading state_dict"
