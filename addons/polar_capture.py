@@ -17,6 +17,7 @@ import functools
 import gc
 import json
 import logging
+import re
 import sys
 import threading
 from pathlib import Path
@@ -51,6 +52,10 @@ _INLINE_PARSE_LIMIT = 1 << 20  # bodies above 1 MiB are parsed on a thread
 #: Bodies below 4 KiB are parsed whole: there json.loads + re-encoding cost less than the member
 #: walk's Python per member (~16 vs 10-13 us), and there is no long conversation to skip.
 _WALK_MIN_BYTES = 4 << 10
+#: A request's ``"stream": true`` read off its bytes, where the proxy does not parse the request
+#: (nothing to inject): only to know that its answer is a stream whatever its label (a hint; the
+#: row worker reads the real value). A quote inside a JSON string is escaped, so this is a key.
+_STREAM_TRUE = re.compile(rb'(?<!\\)"stream"\s*:\s*(?:true|"true")')
 _LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "alert": logging.INFO,
                "debug": logging.DEBUG}
 
@@ -302,6 +307,7 @@ class PolarCapture:
         inject = self.opts.inject and module.INJECTS and not _is_hosted(flow.request.host)
         if not inject:  # nothing to change: the row worker alone reads it, off the event loop
             state.request_unread = True
+            state.stream = _STREAM_TRUE.search(body) is not None  # a stream labelled JSON still streams
             return
         big = len(body) > _INLINE_PARSE_LIMIT
         echoes = getattr(module, "REQUEST_ECHOED", None)
@@ -353,7 +359,9 @@ class PolarCapture:
         state.http_status = resp.status_code
         ctype, enc_raw = raw_headers.values(resp.headers.fields, b"content-type", b"content-encoding")
         labelled_sse = ctype is not None and b"text/event-stream" in ctype.lower()
-        if not labelled_sse and not state.stream:
+        if not labelled_sse and not (state.stream and 200 <= resp.status_code < 300):
+            # (an error answer to a streamed request is read whole and passes as it came, its
+            # content-length kept: the client's connection stays open for its retry)
             state.first_byte_at = record.utcnow()
             return
         # labelled an event stream, or the answer to a streamed request (whatever its label): the

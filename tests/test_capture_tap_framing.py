@@ -291,6 +291,56 @@ def test_an_error_body_to_a_streamed_request_passes_whole():
     assert state.response_body == err and state.stream_raw is None
 
 
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_an_error_answer_to_a_streamed_request_keeps_its_content_length(tmp_path, status):
+    """A 429 to a streamed request lost its content-length (mitmproxy then ends the body by closing
+    the connection: an SDK's retry needed a new one). Error answers are read whole, as they came."""
+    from mitmproxy.http import Headers, Response
+
+    err = b'{"error": {"message": "slow down", "code": %d}}' % status
+    with _configured_addon(tmp_path) as addon:
+        f = _chat_flow({"model": "m", "messages": [], "stream": True})
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        f.response = Response.make(status, err, Headers(content_type="application/json"))
+        addon.responseheaders(f)
+        assert not f.response.stream and f.response.headers["content-length"] == str(len(err))
+        asyncio.run(addon.response(f))
+        addon.done()
+
+
+@pytest.mark.parametrize("body", [b'{"model": "m", "stream": true, "messages": []}',
+                                  b'{"model": "m", "stream":"true", "messages": []}'])
+def test_an_unlabelled_stream_streams_where_nothing_is_injected(tmp_path, body):
+    """With polar_inject=false (and for every Messages call) the proxy does not parse the request:
+    an event stream labelled application/json was held whole until its end, and its row said
+    "not a JSON object". The request's stream flag, read off its bytes, now says it streams."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import tflow, tutils
+
+    with _configured_addon(tmp_path, polar_inject=False) as addon:
+        f = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/chat/completions", content=body), resp=False)
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        f.response = Response.make(200, b"", Headers(content_type="application/json"))
+        addon.responseheaders(f)
+        assert callable(f.response.stream)
+        outs = each(f.response.stream, EVENTS)
+        assert outs[:-1] == EVENTS  # each event as it came, unchanged
+        asyncio.run(addon.response(f))
+        addon.done()
+
+
+def test_an_unlabelled_stream_that_starts_with_many_blank_lines_is_still_one():
+    """Past the sniffing limit with only blank lines seen, an unlabelled answer to a streamed
+    request was taken for a JSON body: held to its end, and the injected fields reached the client."""
+    tap, state = chat_tap(labelled_sse=False)
+    state.stream = True
+    out = b"".join(each(tap, [b"\n" * 70, *EVENTS]))
+    assert sse_objs(out) == STRIPPED and not leaked(out)
+
+
 # -- 5. line endings -------------------------------------------------------------------------
 @pytest.mark.parametrize("nl,blank", [(b"\n", b"\r\n"), (b"\r\n", b"\n"), (b"\r", b"\r\n"), (b"\n", b"\r"),
                                       (b"\r\n", b"\r")])

@@ -330,23 +330,32 @@ def test_a_reload_of_the_addon_loses_no_call_in_flight(tmp_path: Path) -> None:
         assert len(rows_of(m.out_dir, r2)) == 1 and len(rows_of(m.out_dir, r)) == 1
 
 
-def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp_path: Path) -> None:
+def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp_path: Path, monkeypatch) -> None:
     """A saved file that does not load (here a syntax error; also a package updated under the
     running proxy) left mitmdump forwarding every model call unrecorded, with a traceback in the
     log the only sign. Model calls are now refused with a 503 saying why until the addon loads."""
-    from polar_train.capture import handover
     from tests.support.mitm import ADDON
 
     script = tmp_path / "addon" / "polar_capture.py"
     script.parent.mkdir()
     shutil.copy(ADDON, script)
+    package = tmp_path / "pkg" / "polar_train"  # a copy the proxy imports, to change under it
+    shutil.copytree(ADDON.parents[1] / "polar_train", package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(package.parent))
+    module = package / "capture" / "handover.py"
+
+    saves = []
 
     def save(text: str, marker: str) -> None:
         seen = m.proc.log().count(marker)
         script.write_text(text)
-        now = time.time()
-        os.utime(script, (now, now + 5 * (seen + 1)))  # newer: the script watcher reloads it
+        saves.append(time.time() + 5 * (len(saves) + 1))
+        os.utime(script, (saves[-1], saves[-1]))  # newer than every save before: the watcher reloads it
         poll(lambda: m.proc.log().count(marker) > seen, 30, marker)
+
+    def model_call() -> httpx.Response:
+        with client(m, rid()) as c:
+            return c.post(base + "/v1/chat/completions", json=chat(False))
 
     with fault_upstream() as (base, received):
         m = start_mitm(tmp_path, scripts=[script], options={"polar_flush_seconds": "0.2"})
@@ -364,18 +373,16 @@ def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp
             with client(m, r2) as c:
                 assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 200
             poll(lambda: len(rows_of(m.out_dir, r2)) == 1, 30, "a call after the addon loaded again")
+            # a module only touched (same content) is no change: the reload goes through
+            os.utime(module, (time.time(), time.time() + 60))
+            save(ADDON.read_text(), "Loading script")
+            assert model_call().status_code == 200
             # `git pull` under the running proxy: the reloaded file would run with the old modules
-            module = Path(handover.__file__)
-            was = module.stat()
-            try:
-                os.utime(module, (was.st_atime, time.time() + 60))
-                save(ADDON.read_text(), "model calls are refused")
-            finally:
-                os.utime(module, ns=(was.st_atime_ns, was.st_mtime_ns))
+            module.write_text(module.read_text() + "\n# changed\n")
+            save(ADDON.read_text(), "model calls are refused")
             assert "polar_train changed on disk since mitmdump started (polar_train/capture/handover.py)" \
                 in m.proc.log()
-            with client(m, rid()) as c:
-                assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 503
+            assert model_call().status_code == 503
         finally:
             m.stop()
         assert rows_of(m.out_dir, r) == []

@@ -15,11 +15,11 @@ model calls are refused, never forwarded unrecorded, until a capture addon loads
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,24 +55,40 @@ def take(live: Live | None = None) -> Live | None:
     return found
 
 
-#: When this process first imported the package's capture code: a module file changed after it is
-#: not what runs (a reload re-runs the script, never the package's modules).
-_STARTED = time.time()
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Each loaded ``polar_train`` module file as first checked (at the addon's first load, or the
+#: first reload after a late import): its mtime and content digest.
+_SEEN: dict[str, tuple[float, str]] = {}
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def changed_modules() -> list[str]:
-    """The loaded ``polar_train`` modules whose file changed since the process imported them
-    (``git pull`` while mitmdump runs): a reloaded script would run with the old ones, or fail
-    to import a name only the new ones have."""
+    """The loaded ``polar_train`` modules whose file content changed since they were first
+    checked (``git pull`` while mitmdump runs): a reloaded script would run with the old modules,
+    or fail to import a name only the new ones have. A file only touched (same content) is no
+    change; a module imported after the last check is checked from the next one on."""
     changed = []
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not (name == "polar_train" or name.startswith("polar_train.")) or not path:
             continue
         try:
-            if os.stat(path).st_mtime > _STARTED:
-                changed.append(str(Path(path).resolve().relative_to(_PACKAGE_ROOT.parent)))
+            mtime = os.stat(path).st_mtime
+            seen = _SEEN.get(path)
+            if seen is None:
+                _SEEN[path] = (mtime, _digest(path))
+            elif mtime != seen[0]:
+                digest = _digest(path)
+                if digest == seen[1]:
+                    _SEEN[path] = (mtime, digest)
+                else:
+                    changed.append(str(Path(path).resolve().relative_to(_PACKAGE_ROOT.parent)))
         except (OSError, ValueError):
             continue
     return sorted(changed)

@@ -266,7 +266,9 @@ class StreamTap:
 
     def _decide(self, mode: str | None) -> list[bytes]:
         """Settle what the body is (None: as labelled); what of the held bytes the client gets."""
-        self.mode = mode = mode or (_SSE if self.labelled_sse else _BODY)
+        # undecided (blank lines only so far): an event stream where it says so or the request
+        # asked for one (a JSON body starts with "{" after at most a little whitespace)
+        self.mode = mode = mode or (_SSE if self.labelled_sse or getattr(self.state, "stream", False) else _BODY)
         head, self._head = self._head, b""
         if head.startswith(_BOM):
             self._bom = True
