@@ -23,7 +23,7 @@ from starlette.routing import Route
 from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
-from .engine import Engine, Finish, TokenStep
+from .engine import Engine, Finish, SamplingParams, TokenStep
 from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, UnsupportedMediaType,
                      VllmError, field_error, missing)
 from .fields import flag, list_of
@@ -31,6 +31,8 @@ from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
 
 log = logging.getLogger("polar_train.server")
+#: the vLLM release whose wire this server speaks (``/version``)
+VLLM_VERSION = "0.32.0"
 
 
 class Server:
@@ -52,8 +54,10 @@ class Server:
         turn = self.script.turn_for(req["view"])
         req["scripted_ids"] = turn_token_ids(self.tokenizer, turn)
 
-    def tokens(self, req: dict[str, Any]) -> AsyncIterator[TokenStep]:
-        prompt_ids, params = req["prompt_ids"], req["params"]
+    def tokens(self, req: dict[str, Any],
+               params: SamplingParams | None = None) -> AsyncIterator[TokenStep]:
+        """The request's tokens; ``params``: one choice's own (``n > 1``), else the request's."""
+        prompt_ids, params = req["prompt_ids"], params or req["params"]
         if "scripted_ids" not in req:
             return iterate_in_thread(lambda cancelled: self.engine.generate(prompt_ids, params, cancelled),
                                      self.delay_s)
@@ -228,9 +232,18 @@ def build_app(server: Server) -> Starlette:
         except Exception as exc:  # noqa: BLE001
             return _error(exc)
 
+    async def version(_: Request) -> JSONResponse:
+        return JSONResponse({"version": VLLM_VERSION})
+
+    async def load(_: Request) -> JSONResponse:
+        return JSONResponse({"server_load": 0})  # vLLM without --enable-server-load-tracking
+
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
+        _get_only(Route("/health", health, methods=["GET"])),
+        _get_only(Route("/v1/models", models, methods=["GET"])),
+        _get_only(Route("/version", version, methods=["GET"])),
+        _get_only(Route("/load", load, methods=["GET"])),
+        _get_only(Route("/ping", health, methods=["GET", "POST"])),
         Route("/v1/chat/completions", api(chat), methods=["POST"]),
         Route("/v1/responses", api(responses), methods=["POST"]),
         Route("/v1/messages", api(messages, anthropic=True), methods=["POST"]),
@@ -239,6 +252,13 @@ def build_app(server: Server) -> Starlette:
         Route("/detokenize", detokenize, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _route_error})
+
+
+def _get_only(route: Route) -> Route:
+    """A GET route without the HEAD starlette adds: vLLM's FastAPI answers HEAD with a 405
+    (``allow: GET``)."""
+    route.methods.discard("HEAD")
+    return route
 
 
 async def _route_error(request: Request, exc: HTTPException) -> Response:

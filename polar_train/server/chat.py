@@ -7,13 +7,16 @@ finish on the last token's chunk, an optional usage chunk with ``choices: []``, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from . import constraints
 from .common import check_model, check_top_logprobs, integer, refuse_images, require_list, sampling
 from .completion import CompletionState
+from .engine import SamplingParams
 from .errors import PydanticError, VllmError, field_error, missing
 from .extras import refuse_unsupported, truncate_prompt
 from .fields import flag, list_of, obj
@@ -23,6 +26,8 @@ from .script import RequestView
 from .sse import sse_data
 
 SYSTEM_FINGERPRINT = "vllm-0.32.0-polar"
+#: vLLM's _SAMPLING_EPS: a temperature below it samples greedily
+GREEDY_EPS = 1e-5
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
@@ -47,6 +52,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if server.script is None:  # a script's answer is fixed; sampling would ignore a constraint
         constraints.check_chat(body)
     messages = require_list(body, "messages")
+    check_tool_call_arguments(messages)
     tools_raw = list_of(body, "tools")
     check_tools(tools_raw or [])
     model = check_model(body, server.served_name)
@@ -56,8 +62,6 @@ def prepare(server, body: dict) -> dict[str, Any]:
     n = integer(body, "n", 1)
     if n < 1:
         raise VllmError(f"n must be at least 1, got {n}.")
-    if n != 1:  # vLLM samples n choices; this server samples one (a deliberate difference)
-        raise VllmError("n > 1 is not supported by polar-train serve", param="n", value=n)
     stream = flag(body, "stream")
     stream_options = obj(body, "stream_options", "StreamOptions")
     logprobs = flag(body, "logprobs")
@@ -80,15 +84,19 @@ def prepare(server, body: dict) -> dict[str, Any]:
     prompt_ids = truncate_prompt(body, encode_prompt(server.engine, text), server.engine.max_model_len)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),
                       top_logprobs=top, clamp=server.script is not None, extras=True)
+    if n > 1 and params.temperature < GREEDY_EPS:  # vLLM's _verify_greedy_sampling
+        raise VllmError(f"n must be 1 when using greedy sampling, got {n}.")
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])
     return {
-        "model": model, "prompt_ids": prompt_ids, "params": params, "view": view,
+        "model": model, "prompt_ids": prompt_ids, "params": params, "view": view, "n": n,
         "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
         "return_token_ids": flag(body, "return_token_ids"),
         # vLLM's get_chat_request_role: without a generation prompt, the last message's role
         "role": "assistant" if add_generation_prompt else messages[-1].get("role", "assistant"),
         "stream": stream,
         "include_usage": flag(stream_options, "include_usage", field="stream_options.include_usage"),
+        "continuous_usage": flag(stream_options, "continuous_usage_stats",
+                                 field="stream_options.continuous_usage_stats"),
     }
 
 
@@ -125,6 +133,30 @@ def check_tool_usage(body: dict) -> None:
     if name not in names:
         raise VllmError("The tool specified in `tool_choice` does not match any of the specified "
                         "`tools`", param="tool_choice")
+
+
+def check_tool_call_arguments(messages: list) -> None:
+    """An assistant tool call's ``function.arguments`` must be a string: vLLM's pydantic answer
+    for one given as an object (its union of function and custom tool calls, both branches)."""
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+        errors: list[dict] = []
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if args is None or isinstance(args, str):
+                continue
+            errors.append(field_error("string_type",
+                                      f"body.{j}.ChatCompletionMessageFunctionToolCallParam.function",
+                                      "Input should be a valid string", args))
+            errors.append(missing(f"body.{j}.ChatCompletionMessageCustomToolCallParam.custom", call))
+            if "type" in call:
+                errors.append(field_error("literal_error",
+                                          f"body.{j}.ChatCompletionMessageCustomToolCallParam.type",
+                                          "Input should be 'custom'", call["type"],
+                                          {"expected": "'custom'"}))
+        if errors:
+            raise PydanticError(errors)
 
 
 def check_tools(tools: list) -> None:
@@ -178,10 +210,24 @@ def finish_reason(state: CompletionState) -> str:
     return state.finish.reason if state.finish else "length"
 
 
-async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
-    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
-    async for step in server.tokens(req):
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index``'s sampling parameters, as vLLM's ``ParentRequest`` makes its children's:
+    a seeded request gives child ``i`` the seed ``seed + i`` (so each choice is reproducible and
+    choice 0 equals the ``n = 1`` answer); an unseeded one samples every choice freshly."""
+    if params.seed is None or index == 0:
+        return params
+    return replace(params, seed=params.seed + index)
+
+
+async def _complete(server, req: dict[str, Any], index: int) -> CompletionState:
+    params = choice_params(req["params"], index)
+    state = CompletionState(server.engine, req["tools_enabled"], params)
+    async for step in server.tokens(req, params):
         state.push(step)
+    return state
+
+
+def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> dict[str, Any]:
     parsed = state.final()
     message: dict[str, Any] = {
         "role": req["role"], "content": parsed.content if not (parsed.content is None and
@@ -193,19 +239,29 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in parsed.tool_calls]
     message["reasoning"] = parsed.reasoning
-    n_prompt, n_out = len(req["prompt_ids"]), len(state.steps)
+    return {
+        "index": index, "message": message,
+        "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs)}
+        if req["logprobs"] else None,
+        "finish_reason": finish_reason(state),
+        "stop_reason": state.finish.stop_reason if state.finish else None,
+        "token_ids": state.token_ids if req["return_token_ids"] else None,
+        "routed_experts": None,
+    }
+
+
+async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
+    """``n`` choices (``n > 1``: sampled side by side, as vLLM's child requests)."""
+    n = req.get("n", 1)
+    if n == 1:
+        states = [await _complete(server, req, 0)]
+    else:
+        states = list(await asyncio.gather(*(_complete(server, req, i) for i in range(n))))
+    n_prompt, n_out = len(req["prompt_ids"]), sum(len(s.steps) for s in states)
     return {
         "id": f"chatcmpl-{random_id()}", "object": "chat.completion", "created": int(time.time()),
         "model": req["model"],
-        "choices": [{
-            "index": 0, "message": message,
-            "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs)}
-            if req["logprobs"] else None,
-            "finish_reason": finish_reason(state),
-            "stop_reason": state.finish.stop_reason if state.finish else None,
-            "token_ids": state.token_ids if req["return_token_ids"] else None,
-            "routed_experts": None,
-        }],
+        "choices": [_choice(server, req, i, s) for i, s in enumerate(states)],
         "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": {**usage(n_prompt, n_out), "prompt_tokens_details": None,
                   "completion_tokens_details": None},
@@ -216,51 +272,94 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
 
 
 async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
+    """vLLM's order for ``n`` choices: every choice's first (role) chunk, by index; then, step by
+    step, each choice's chunk for its newest token in index order (a choice that holds its token
+    back, or has finished, sends nothing); then the usage chunk and ``[DONE]``."""
     cid, created, model = f"chatcmpl-{random_id()}", int(time.time()), req["model"]
-    rti = req["return_token_ids"]
+    rti, n = req["return_token_ids"], req.get("n", 1)
 
     def chunk(choices: list, **extra: Any) -> bytes:
         return sse_data({"id": cid, "object": "chat.completion.chunk", "created": created,
                          "model": model, "choices": choices, **extra})
 
-    yield chunk([{"index": 0, "delta": {"role": req["role"], "content": ""}, "logprobs": None,
-                  "finish_reason": None}],
-                prompt_token_ids=req["prompt_ids"] if rti else None, prompt_text=None)
-    state = CompletionState(server.engine, req["tools_enabled"], req["params"])
-    pending = []
-    async for step in server.tokens(req):
-        d = state.push(step)
-        pending.append(step)
-        is_finish = state.finish is not None
-        if d.empty() and not is_finish and not (rti or req["logprobs"]):
-            continue  # vLLM holds a token back until it adds text (e.g. half a UTF-8 character),
-            # but sends it at once in an empty delta when its ids or logprobs were asked for
-        delta: dict[str, Any] = {}
-        if d.reasoning:
-            delta["reasoning"] = d.reasoning
-        if d.content:
-            delta["content"] = d.content
-        if d.tool_calls:
-            delta["tool_calls"] = []
-            for i, c in d.tool_calls:
-                delta["tool_calls"].append({"id": c.id, "type": "function", "index": i,
-                                            "function": {"name": c.name}})
-                delta["tool_calls"].append({"index": i, "function": {"arguments": c.arguments}})
-        choice: dict[str, Any] = {
-            "index": 0, "delta": delta,
-            "logprobs": {"content": logprob_entries(server, pending, req["params"].top_logprobs)}
-            if req["logprobs"] else None,
-            "finish_reason": finish_reason(state) if is_finish else None,
-        }
-        if is_finish:
-            choice["stop_reason"] = state.finish.stop_reason
-        choice["token_ids"] = [s.token_id for s in pending] if rti else None
-        pending = []
-        if is_finish and not req["include_usage"]:
-            yield chunk([choice], system_fingerprint=SYSTEM_FINGERPRINT)
+    # vLLM's continuous_usage_stats (with include_usage): every chunk carries its choice's usage
+    so_far = (lambda k: {**usage(len(req["prompt_ids"]), k), "completion_tokens_details": None}) \
+        if req["include_usage"] and req.get("continuous_usage") else None
+    for i in range(n):
+        yield chunk([{"index": i, "delta": {"role": req["role"], "content": ""}, "logprobs": None,
+                      "finish_reason": None}], **({"usage": so_far(0)} if so_far else {}),
+                    prompt_token_ids=req["prompt_ids"] if rti else None, prompt_text=None)
+    params = [choice_params(req["params"], i) for i in range(n)]
+    states = [CompletionState(server.engine, req["tools_enabled"], p) for p in params]
+    gens = [_choice_stream(server, req, i, params[i], states[i], chunk, so_far) for i in range(n)]
+    try:
+        if n == 1:
+            async for piece in gens[0]:
+                if piece is not None:
+                    yield piece
         else:
-            yield chunk([choice])
+            live = list(gens)
+            while live:
+                for g in list(live):
+                    try:
+                        piece = await anext(g)
+                    except StopAsyncIteration:
+                        live.remove(g)
+                        continue
+                    if piece is not None:
+                        yield piece
+    finally:
+        for g in gens:
+            await g.aclose()
     if req["include_usage"]:
-        yield chunk([], usage=usage(len(req["prompt_ids"]), len(state.steps)),
+        yield chunk([], usage=usage(len(req["prompt_ids"]), sum(len(s.steps) for s in states)),
                     system_fingerprint=SYSTEM_FINGERPRINT)
     yield b"data: [DONE]\n\n"
+
+
+async def _choice_stream(server, req: dict[str, Any], index: int, params: SamplingParams,
+                         state: CompletionState, chunk,
+                         so_far=None) -> AsyncIterator[bytes | None]:
+    """One choice's chunks: one item per token, ``None`` for a token held back."""
+    rti = req["return_token_ids"]
+    pending = []
+    tokens = server.tokens(req, params)
+    try:
+        async for step in tokens:
+            d = state.push(step)
+            pending.append(step)
+            is_finish = state.finish is not None
+            if d.empty() and not is_finish and not (rti or req["logprobs"]):
+                yield None  # vLLM holds a token back until it adds text (e.g. half a UTF-8
+                # character), but sends it at once in an empty delta when its ids or logprobs
+                # were asked for
+                continue
+            delta: dict[str, Any] = {}
+            if d.reasoning:
+                delta["reasoning"] = d.reasoning
+            if d.content:
+                delta["content"] = d.content
+            if d.tool_calls:
+                delta["tool_calls"] = []
+                for i, c in d.tool_calls:
+                    delta["tool_calls"].append({"id": c.id, "type": "function", "index": i,
+                                                "function": {"name": c.name}})
+                    delta["tool_calls"].append({"index": i, "function": {"arguments": c.arguments}})
+            choice: dict[str, Any] = {
+                "index": index, "delta": delta,
+                "logprobs": {"content": logprob_entries(server, pending, req["params"].top_logprobs)}
+                if req["logprobs"] else None,
+                "finish_reason": finish_reason(state) if is_finish else None,
+            }
+            if is_finish:
+                choice["stop_reason"] = state.finish.stop_reason
+            choice["token_ids"] = [s.token_id for s in pending] if rti else None
+            pending = []
+            if is_finish and not req["include_usage"]:
+                yield chunk([choice], system_fingerprint=SYSTEM_FINGERPRINT)
+            elif so_far:
+                yield chunk([choice], usage=so_far(len(state.steps)))
+            else:
+                yield chunk([choice])
+    finally:
+        await tokens.aclose()

@@ -3,7 +3,9 @@
 vLLM (and so our server) normalises a request before the chat template sees it: a tool becomes
 ``{"type": "function", "function": {"name", "description", "parameters"}}`` (missing fields as
 ``null``), and assistant ``tool_calls[*].function.arguments`` given as JSON text are parsed into
-objects (the template dumps them again). The text is then tokenised without extra special tokens.
+objects (the template dumps them again; text that is no JSON becomes ``{}``). A message of a role
+the template does not know (``wizard``, ``function``) reaches the template, which drops it. The
+text is then tokenised without extra special tokens.
 """
 
 from __future__ import annotations
@@ -40,8 +42,6 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, m in enumerate(out):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", param="messages")
-        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
-            raise BadRequest(f"messages[{i}].role {m['role']!r} is not supported", param="messages")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts",
@@ -62,9 +62,8 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if isinstance(args, str):
                     try:
                         fn["arguments"] = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        raise BadRequest(f"messages[{i}]: tool call arguments are not valid JSON",
-                                         param="messages") from None
+                    except ValueError:  # vLLM renders arguments that are no JSON as {}
+                        fn["arguments"] = {}
     return out
 
 

@@ -1,0 +1,66 @@
+"""vLLM 0.32's small routes and stream extras: ``/version``, ``/ping`` (GET and POST, empty 200),
+``/load``, HEAD on a GET route (405, ``allow: GET``), and ``stream_options.continuous_usage_stats``
+(with ``include_usage``: usage on every chunk; without it: ignored).
+
+The reference answers in ``tests/data/vllm_wire/misc_routes.json`` are vLLM 0.32's (its CPU build
+on the tiny model, greedy), recorded with these very requests; ids and timestamps are ignored, and
+of the headers ``allow``, ``content-type`` and ``content-length`` are compared (streams are chunked).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_server_sampling import essentials
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "misc_routes.json").read_text())
+
+
+def _send(base: str, request: dict) -> httpx.Response:
+    if request["body"] is None:
+        return httpx.request(request["method"], base + request["path"], timeout=120)
+    return httpx.request(request["method"], base + request["path"], timeout=120,
+                         headers={"Content-Type": "application/json"},
+                         content=json.dumps(request["body"]))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
+    case = RECORDED[name]
+    r = _send(polar_base_url, case["request"])
+    assert r.status_code == case["status"], r.text
+    assert essentials(r.text) == essentials(case["body"])
+    for key, value in case["headers"].items():
+        if key == "content-type" and value.startswith("text/event-stream"):
+            assert r.headers[key].startswith("text/event-stream")
+        else:
+            assert r.headers.get(key) == value, key
+    if "content-type" not in case["headers"]:
+        assert "content-type" not in r.headers
+
+
+def test_continuous_usage_counts_each_choice_of_a_sampled_n2_stream(polar_base_url):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3,
+            "n": 2, "seed": 1, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", polar_base_url + "/v1/chat/completions", json=body, timeout=120) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    seen = {0: 0, 1: 0}
+    for c in chunks[:-1]:
+        (ch,) = c["choices"]
+        assert c["usage"]["completion_tokens"] == seen[ch["index"]]
+        assert c["usage"]["completion_tokens_details"] is None
+        seen[ch["index"]] += 1
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_head_on_get_routes_is_405(polar_base_url):
+    for path in ("/health", "/v1/models", "/version", "/load", "/ping"):
+        r = httpx.head(polar_base_url + path, timeout=30)
+        assert r.status_code == 405, path
+        assert "GET" in r.headers["allow"]

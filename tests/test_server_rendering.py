@@ -1,0 +1,64 @@
+"""What chat completions accept and render, as vLLM 0.32 does: a message of a role the chat
+template does not know (``wizard``, ``function``) reaches the template, which drops it (even
+every message); assistant tool-call ``arguments`` that are no JSON render as ``{}``; ``arguments``
+given as an object are vLLM's pydantic 400.
+
+The reference answers in ``tests/data/vllm_wire/rendering.json`` are vLLM 0.32's (its CPU build on
+the tiny model, greedy, with ``return_token_ids``), recorded with these very requests: the
+``prompt_token_ids`` show what vLLM rendered.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_server_sampling import essentials, send
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "rendering.json").read_text())
+CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
+    case = RECORDED[name]
+    r = send(polar_base_url, case["request"])
+    assert r.status_code == case["status"], r.text
+    assert essentials(r.text) == essentials(case["body"])
+
+
+def _prompt_ids(base: str, messages: list) -> list[int]:
+    r = httpx.post(base + CHAT, timeout=120, json={
+        "model": "tiny", "messages": messages, "max_tokens": 1, "temperature": 0,
+        "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("role", ["wizard", "function"])
+def test_unknown_role_among_others_is_dropped(polar_base_url, role):
+    user = {"role": "user", "content": "yo"}
+    dropped = {"role": role, "name": "f", "content": "hi"}
+    assert _prompt_ids(polar_base_url, [dropped, user, dropped]) == _prompt_ids(polar_base_url, [user])
+
+
+def test_arguments_that_are_no_json_render_as_an_empty_object(polar_base_url):
+    body = RECORDED["chat_tool_args_nonjson"]["request"]["body"]
+    as_empty = json.loads(json.dumps(body["messages"]))
+    as_empty[1]["tool_calls"][0]["function"]["arguments"] = "{}"
+    assert _prompt_ids(polar_base_url, body["messages"][:2]) == _prompt_ids(polar_base_url, as_empty[:2])
+
+
+def test_object_arguments_of_a_later_tool_call_name_its_index(polar_base_url):
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    bad = {"id": "d", "type": "function", "function": {"name": "f", "arguments": {"a": 1, "b": 2}}}
+    r = httpx.post(polar_base_url + CHAT, timeout=120, json={"model": "tiny", "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call, bad]}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "body.1.ChatCompletionMessageFunctionToolCallParam.function"
+    assert err["message"].startswith("3 validation errors:\n") and "<dict of 2 items>" in err["message"]
