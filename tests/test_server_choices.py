@@ -11,15 +11,14 @@ answers are compared with the text masked; errors are compared whole.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.test_server_sampling import essentials, send
+from tests.support.vllm_recorded import assert_answers_as_vllm, essentials, recorded
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "choices.json").read_text())
+RECORDED = recorded("choices")
 USER = [{"role": "user", "content": "Hello"}]
 CHAT = "/v1/chat/completions"
 
@@ -38,10 +37,7 @@ def _mask(obj: Any) -> Any:
 
 @pytest.mark.parametrize("name", ["chat_n0", "chat_n2_t0"])
 def test_refusal_equals_vllms_recorded_answer(polar_base_url, name):
-    case = RECORDED[name]
-    r = send(polar_base_url, case["request"])
-    assert r.status_code == case["status"], r.text
-    assert essentials(r.text) == essentials(case["body"])
+    assert_answers_as_vllm(polar_base_url, RECORDED[name])
 
 
 def test_n2_answer_has_vllms_shape(polar_base_url):

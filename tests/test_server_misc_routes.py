@@ -10,30 +10,19 @@ of the headers ``allow``, ``content-type`` and ``content-length`` are compared (
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_server_sampling import essentials
+from tests.support.vllm_recorded import assert_answers_as_vllm, recorded
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "misc_routes.json").read_text())
-
-
-def _send(base: str, request: dict) -> httpx.Response:
-    if request["body"] is None:
-        return httpx.request(request["method"], base + request["path"], timeout=120)
-    return httpx.request(request["method"], base + request["path"], timeout=120,
-                         headers={"Content-Type": "application/json"},
-                         content=json.dumps(request["body"]))
+RECORDED = recorded("misc_routes")
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
     case = RECORDED[name]
-    r = _send(polar_base_url, case["request"])
-    assert r.status_code == case["status"], r.text
-    assert essentials(r.text) == essentials(case["body"])
+    r = assert_answers_as_vllm(polar_base_url, case)
     for key, value in case["headers"].items():
         if key == "content-type" and value.startswith("text/event-stream"):
             assert r.headers[key].startswith("text/event-stream")

@@ -11,23 +11,19 @@ the tiny model, greedy, with ``return_token_ids``), recorded with these very req
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_server_sampling import essentials, send
+from tests.support.vllm_recorded import assert_answers_as_vllm, recorded
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "rendering.json").read_text())
+RECORDED = recorded("rendering")
 CHAT = "/v1/chat/completions"
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
-    case = RECORDED[name]
-    r = send(polar_base_url, case["request"])
-    assert r.status_code == case["status"], r.text
-    assert essentials(r.text) == essentials(case["body"])
+    assert_answers_as_vllm(polar_base_url, RECORDED[name])
 
 
 def _prompt_ids(base: str, messages: list) -> list[int]:

@@ -10,52 +10,19 @@ the tiny model, greedy), recorded with these very requests; ids and timestamps a
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_wire" / "sampling.json").read_text())
-VOLATILE = {"id", "created", "created_at", "system_fingerprint", "item_id"}
+from tests.support.vllm_recorded import assert_answers_as_vllm, recorded
+
+RECORDED = recorded("sampling")
 USER = [{"role": "user", "content": "Hello"}]
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items() if k not in VOLATILE}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
-
-
-def essentials(text: str) -> Any:
-    """A JSON body, or an SSE stream as its list of (event, data), without ids and timestamps."""
-    if text.startswith(("data:", "event:")):
-        events, name = [], None
-        for line in text.splitlines():
-            if line.startswith("event: "):
-                name = line[len("event: "):]
-            elif line.startswith("data: "):
-                data = line[len("data: "):]
-                events.append((name, data if data == "[DONE]" else _strip(json.loads(data))))
-                name = None
-        return events
-    return _strip(json.loads(text)) if text else text
-
-
-def send(base: str, request: dict) -> httpx.Response:
-    headers = {"Content-Type": "application/json", **(request.get("headers") or {})}
-    return httpx.request(request["method"], base + request["path"], headers=headers,
-                         content=json.dumps(request["body"]), timeout=120)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_answer_equals_vllms_recorded_answer(polar_base_url, name):
-    case = RECORDED[name]
-    r = send(polar_base_url, case["request"])
-    assert r.status_code == case["status"], r.text
-    assert essentials(r.text) == essentials(case["body"])
+    assert_answers_as_vllm(polar_base_url, RECORDED[name])
 
 
 def _post(base: str, path: str, body: dict) -> httpx.Response:

@@ -87,12 +87,20 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if n > 1 and params.temperature < GREEDY_EPS:  # vLLM's _verify_greedy_sampling
         raise VllmError(f"n must be 1 when using greedy sampling, got {n}.")
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])
+    # vLLM's get_chat_request_role: without a generation prompt, the last message's role
+    role = "assistant" if add_generation_prompt else messages[-1].get("role", "assistant")
+    echo = flag(body, "echo")
+    if echo and stream and echoed_content(messages, role) is not None:
+        # vLLM 0.32 answers 200 here, then sends an error event mid-stream (its DeltaMessage
+        # refuses the echoed content): refused up front instead
+        raise VllmError("`echo` is not supported by polar-train serve when `stream=True` and the "
+                        "last message has the answer's role", param="echo")
     return {
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view, "n": n,
         "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
         "return_token_ids": flag(body, "return_token_ids"),
-        # vLLM's get_chat_request_role: without a generation prompt, the last message's role
-        "role": "assistant" if add_generation_prompt else messages[-1].get("role", "assistant"),
+        "tokens_as_ids": flag(body, "return_tokens_as_token_ids"),
+        "echo": echo and not stream, "messages": messages, "role": role,
         "stream": stream,
         "include_usage": flag(stream_options, "include_usage", field="stream_options.include_usage"),
         "continuous_usage": flag(stream_options, "continuous_usage_stats",
@@ -187,16 +195,41 @@ def check_tools(tools: list) -> None:
         raise PydanticError(errors)
 
 
-def logprob_entries(server, steps, top: int) -> list[dict[str, Any]]:
+def echoed_content(messages: list, role: str) -> str | None:
+    """What vLLM's ``echo`` puts before the answer: the last message's content when that message
+    has the answer's role (text parts joined by newlines), else nothing (``None``)."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or "content" not in last or last.get("role") != role:
+        return None
+    content = last["content"] or ""
+    if isinstance(content, list):
+        content = "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
+
+
+def logprob_entries(server, steps, top: int, as_ids: bool = False) -> list[dict[str, Any]]:
+    """Per-token logprobs. ``as_ids`` (``return_tokens_as_token_ids``): each token named
+    ``token_id:<id>`` as vLLM names it; the entry keeps the real token's bytes, while an
+    alternative's bytes are those of its ``token_id:<id>`` name (vLLM 0.32's answer)."""
+    engine = server.engine
+    name = (lambda i: f"token_id:{i}") if as_ids else engine.token_text
     out = []
     for s in steps:
-        tok = server.engine.token_text(s.token_id)
         out.append({
-            "token": tok, "logprob": s.logprob, "bytes": server.engine.token_bytes(s.token_id),
-            "top_logprobs": [{"token": server.engine.token_text(i), "logprob": lp,
-                              "bytes": server.engine.token_bytes(i)} for i, lp in s.top],
+            "token": name(s.token_id), "logprob": s.logprob, "bytes": engine.token_bytes(s.token_id),
+            "top_logprobs": [{"token": name(i), "logprob": lp,
+                              "bytes": list(name(i).encode("utf-8", errors="replace"))}
+                             for i, lp in s.top],
         })
     return out
+
+
+def prompt_logprobs(server, req: dict[str, Any]) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs`` as ``echo`` asks for them (``top_logprobs`` alternatives)."""
+    rows = server.engine.prompt_logprobs(req["prompt_ids"], req["params"].top_logprobs)
+    return [None if row is None else {
+        str(i): {"logprob": lp, "rank": rank, "decoded_token": server.engine.token_text(i)}
+        for i, (lp, rank) in row.items()} for row in rows]
 
 
 def usage(prompt_len: int, completion_len: int) -> dict[str, Any]:
@@ -239,9 +272,13 @@ def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> 
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in parsed.tool_calls]
     message["reasoning"] = parsed.reasoning
+    echoed = echoed_content(req["messages"], req["role"]) if req.get("echo") else None
+    if echoed is not None:  # vLLM: last message's content + the answer's (None read as "")
+        message["content"] = echoed + (message["content"] or "")
     return {
         "index": index, "message": message,
-        "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs)}
+        "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs,
+                                                req.get("tokens_as_ids", False))}
         if req["logprobs"] else None,
         "finish_reason": finish_reason(state),
         "stop_reason": state.finish.stop_reason if state.finish else None,
@@ -265,7 +302,8 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
         "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": {**usage(n_prompt, n_out), "prompt_tokens_details": None,
                   "completion_tokens_details": None},
-        "prompt_logprobs": None,
+        "prompt_logprobs": await asyncio.to_thread(prompt_logprobs, server, req)
+        if req.get("echo") else None,
         "prompt_token_ids": req["prompt_ids"] if req["return_token_ids"] else None,
         "prompt_text": None, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
     }
@@ -347,7 +385,8 @@ async def _choice_stream(server, req: dict[str, Any], index: int, params: Sampli
                     delta["tool_calls"].append({"index": i, "function": {"arguments": c.arguments}})
             choice: dict[str, Any] = {
                 "index": index, "delta": delta,
-                "logprobs": {"content": logprob_entries(server, pending, req["params"].top_logprobs)}
+                "logprobs": {"content": logprob_entries(server, pending, req["params"].top_logprobs,
+                                                        req.get("tokens_as_ids", False))}
                 if req["logprobs"] else None,
                 "finish_reason": finish_reason(state) if is_finish else None,
             }

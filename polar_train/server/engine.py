@@ -291,6 +291,27 @@ class Engine:
                     steps.append(TokenStep(tok, float(row[tok]), self._top(row, tok, top_logprobs)))
         return steps
 
+    def prompt_logprobs(self, prompt_ids: Sequence[int],
+                        k: int = 0) -> list[dict[int, tuple[float, int]] | None]:
+        """vLLM's ``prompt_logprobs`` (what chat ``echo`` returns): ``None`` for the first token,
+        then each prompt token's raw logprob and rank (the count of logprobs at least as high, as
+        vLLM counts it), followed by the ``k`` best (ranks 1..k), as ``{id: (logprob, rank)}``."""
+        out: list[dict[int, tuple[float, int]] | None] = [None]
+        if len(prompt_ids) < 2:
+            return out
+        with self._lock, torch.inference_mode():
+            hidden = self._hidden(prompt_ids, None, 0)[:-1]
+            for start in range(0, len(prompt_ids) - 1, SCORE_CHUNK):
+                chunk = torch.log_softmax(self._logits(hidden[start:start + SCORE_CHUNK]), -1)
+                for row, tok in zip(chunk, prompt_ids[start + 1:start + 1 + SCORE_CHUNK]):
+                    entry = {tok: (float(row[tok]), int((row >= row[tok]).sum()))}
+                    if k > 0:
+                        vals, idx = torch.topk(row, k)
+                        for rank, (v, i) in enumerate(zip(vals.tolist(), idx.tolist()), 1):
+                            entry.setdefault(i, (v, rank))
+                    out.append(entry)
+        return out
+
 
 class StopStrings:
     """Stop strings found in the decoded output as vLLM's detokenizer finds them: only in text
