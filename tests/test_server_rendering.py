@@ -41,11 +41,17 @@ def test_unknown_role_among_others_is_dropped(polar_base_url, role):
     assert _prompt_ids(polar_base_url, [dropped, user, dropped]) == _prompt_ids(polar_base_url, [user])
 
 
-def test_arguments_that_are_no_json_render_as_an_empty_object(polar_base_url):
+@pytest.mark.parametrize("args", [None, "[1, 2]", "42", "null", "true", '"s"'])
+def test_arguments_that_are_no_json_object_render_as_an_empty_object(polar_base_url, args):
+    """vLLM's _postprocess_messages keeps only a JSON object: text, a list, a number or a string
+    all render as {} (a list or a string used to render as itself)."""
     body = RECORDED["chat_tool_args_nonjson"]["request"]["body"]
+    given = json.loads(json.dumps(body["messages"]))
+    if args is not None:
+        given[1]["tool_calls"][0]["function"]["arguments"] = args
     as_empty = json.loads(json.dumps(body["messages"]))
     as_empty[1]["tool_calls"][0]["function"]["arguments"] = "{}"
-    assert _prompt_ids(polar_base_url, body["messages"][:2]) == _prompt_ids(polar_base_url, as_empty[:2])
+    assert _prompt_ids(polar_base_url, given[:2]) == _prompt_ids(polar_base_url, as_empty[:2])
 
 
 def test_object_arguments_of_a_later_tool_call_name_its_index(polar_base_url):

@@ -99,6 +99,42 @@ def test_sampling_fields_checked_or_refused_by_name(polar_base_url, extra, messa
     assert err["type"] == "BadRequestError" and err["message"] == message
 
 
+
+@pytest.mark.parametrize("extra, message", [
+    ({"n": 20000, "temperature": 1}, "n must be at most 16384, got 20000. To increase this limit, set the "
+                                     "VLLM_MAX_N_SEQUENCES environment variable."),
+    ({"truncate_prompt_tokens": 0}, "The decoder prompt cannot be empty"),
+    ({"truncate_prompt_tokens": 5000}, "truncate_prompt_tokens=5000 cannot be greater than max_model_len = "
+                                       "4096. Please request a smaller truncation size. "
+                                       "(parameter=truncate_prompt_tokens, value=5000)"),
+    ({"bad_words": [f"w{i}q" for i in range(130)]}, "Too many bad words after tokenization: 129. The max "
+                                                     "number is 128. (parameter=bad_words"),
+])
+def test_vllms_limits_are_checked(polar_base_url, extra, message):
+    """n without a cap started a thread per choice until the server ran out of memory; a prompt cut
+    to nothing was a 500; the other limits were not checked at all."""
+    r = _post(polar_base_url, "/v1/chat/completions",
+              {"model": "tiny", "messages": USER, "max_tokens": 2, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(message)
+
+
+def test_a_stop_string_may_start_in_the_first_min_tokens_text():
+    """vLLM searches each new token's text from len(stop) - 1 characters back, so a stop string
+    that starts inside the first min_tokens tokens and ends after them matches."""
+    from types import SimpleNamespace
+
+    from polar_train.server.engine import SamplingParams, StopStrings
+
+    pieces = {1: "krát", 2: " 공유", 3: " x"}
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(
+        decode=lambda ids, skip_special_tokens=False: "".join(pieces[i] for i in ids)))
+    stops = StopStrings(engine, SamplingParams(8, stop=["át 공"], min_tokens=1))
+    assert stops.extend([1], check=False) is None
+    finish = stops.extend([1, 2], check=True)
+    assert finish is not None and finish.stop_reason == "át 공" and finish.text_end == 2
+
+
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 MTOOLS = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
 RTOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]

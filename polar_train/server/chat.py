@@ -28,6 +28,10 @@ from .sse import sse_data
 SYSTEM_FINGERPRINT = "vllm-0.32.0-polar"
 #: vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 GREEDY_EPS = 1e-5
+#: vLLM's VLLM_MAX_N_SEQUENCES default
+MAX_N = 16384
+#: choices of one non-streamed request sampled at once (each on a thread of its own)
+PARALLEL_CHOICES = 4
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
@@ -62,6 +66,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
     n = integer(body, "n", 1)
     if n < 1:
         raise VllmError(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise VllmError(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
+                        "VLLM_MAX_N_SEQUENCES environment variable.")
     stream = flag(body, "stream")
     stream_options = obj(body, "stream_options", "StreamOptions")
     logprobs = flag(body, "logprobs")
@@ -293,7 +300,18 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
     if n == 1:
         states = [await _complete(server, req, 0)]
     else:
-        states = list(await asyncio.gather(*(_complete(server, req, i) for i in range(n))))
+        gate = asyncio.Semaphore(PARALLEL_CHOICES)  # n threads at once would swamp the CPU
+
+        async def gated(i: int) -> CompletionState:
+            async with gate:
+                return await _complete(server, req, i)
+
+        tasks = [asyncio.ensure_future(gated(i)) for i in range(n)]
+        try:
+            states = list(await asyncio.gather(*tasks))
+        finally:  # a client gone: the choices not started yet never start
+            for task in tasks:
+                task.cancel()
     n_prompt, n_out = len(req["prompt_ids"]), sum(len(s.steps) for s in states)
     return {
         "id": f"chatcmpl-{random_id()}", "object": "chat.completion", "created": int(time.time()),

@@ -321,7 +321,6 @@ class StopStrings:
     def __init__(self, engine: Engine, params: SamplingParams) -> None:
         self.engine, self.params = engine, params
         self.checked_from = 0  # text before this offset was searched already
-        self.floor = 0  # text of the first min_tokens tokens is never searched
 
     def extend(self, output: list[int], check: bool) -> Finish | None:
         p = self.params
@@ -329,11 +328,13 @@ class StopStrings:
             return None
         text = self.engine.tokenizer.decode(output, skip_special_tokens=False)
         if not check:
-            self.checked_from = self.floor = len(text)
+            self.checked_from = len(text)  # no match may end in the first min_tokens tokens' text
             return None
         best: tuple[int, int, str] | None = None
         for s in p.stop:
-            i = text.find(s, max(self.checked_from - len(s) + 1, self.floor))
+            # vLLM's check_stop_strings: a match may start in text searched before (even the first
+            # min_tokens tokens') as long as it ends in the new text
+            i = text.find(s, max(0, self.checked_from - len(s) + 1))
             if i >= 0 and (best is None or i + len(s) < best[0]):
                 best = (i + len(s), i, s)
         self.checked_from = len(text)

@@ -51,11 +51,15 @@ def _out_of_vocab(ids: list[int], vocab_size: int) -> list[int]:
     return [t for t in ids if not 0 <= t < vocab_size]
 
 
+#: vLLM's VLLM_MAX_NUM_BAD_WORDS default
+MAX_BAD_WORDS = 128
+
+
 def bad_words_ids(words: list[str], tokenizer) -> list[list[int]]:
     """vLLM's ``update_from_tokenizer``: each word as is and with a leading space (the second only
     when it is a different first token of the same length)."""
     out: list[list[int]] = []
-    for word in dict.fromkeys(words):
+    for word in words:  # repeats counted as vLLM counts them
         for prefix in ("", " "):
             ids = list(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
             if not ids:
@@ -65,6 +69,9 @@ def bad_words_ids(words: list[str], tokenizer) -> list[list[int]]:
                 continue
             if not prefix or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
                 out.append(ids)
+                if len(out) > MAX_BAD_WORDS:
+                    raise VllmError(f"Too many bad words after tokenization: {len(out)}. The max number "
+                                    f"is {MAX_BAD_WORDS}.", param="bad_words", value=words)
     return out
 
 
@@ -121,8 +128,9 @@ def chat_extras(body: dict, engine, max_tokens: int) -> dict[str, Any]:
 
 
 def truncate_prompt(body: dict, prompt_ids: list[int], max_model_len: int) -> list[int]:
-    """``truncate_prompt_tokens`` (-1: the context length) keeps the prompt's last N tokens, or its
-    first N with ``truncation_side: "right"``, as vLLM's renderer does."""
+    """``truncate_prompt_tokens`` (-1: the context length less one) keeps the prompt's last N tokens,
+    or its first N with ``truncation_side: "right"``, as vLLM's renderer does (an empty result and
+    N above the context length are its 400s)."""
     v = body.get("truncate_prompt_tokens")
     if v is None:
         return prompt_ids
@@ -130,9 +138,12 @@ def truncate_prompt(body: dict, prompt_ids: list[int], max_model_len: int) -> li
     if n < -1:
         raise validation_error("greater_than_equal", "truncate_prompt_tokens",
                                "Input should be greater than or equal to -1", v, {"ge": -1})
-    n = max_model_len if n == -1 else n
-    if len(prompt_ids) <= n:
-        return prompt_ids
-    if body.get("truncation_side") == "right":
-        return prompt_ids[:n]
-    return prompt_ids[len(prompt_ids) - n:] if n else []
+    if n > max_model_len:
+        raise VllmError(f"truncate_prompt_tokens={n} cannot be greater than max_model_len = {max_model_len}. "
+                        "Please request a smaller truncation size.", param="truncate_prompt_tokens", value=n)
+    n = max_model_len - 1 if n == -1 else n  # vLLM's max_truncation_tokens: a token left to generate
+    if len(prompt_ids) > n:
+        prompt_ids = prompt_ids[:n] if body.get("truncation_side") == "right" else prompt_ids[len(prompt_ids) - n:]
+    if not prompt_ids:
+        raise VllmError("The decoder prompt cannot be empty")
+    return prompt_ids

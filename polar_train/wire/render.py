@@ -3,7 +3,7 @@
 vLLM (and so our server) normalises a request before the chat template sees it: a tool becomes
 ``{"type": "function", "function": {"name", "description", "parameters"}}`` (missing fields as
 ``null``), and assistant ``tool_calls[*].function.arguments`` given as JSON text are parsed into
-objects (the template dumps them again; text that is no JSON becomes ``{}``). A message of a role
+objects (the template dumps them again; text that is no JSON object becomes ``{}``). A message of a role
 the template does not know (``wizard``, ``function``) reaches the template, which drops it. The
 text is then tokenised without extra special tokens.
 """
@@ -61,9 +61,11 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 args = fn.get("arguments")
                 if isinstance(args, str):
                     try:
-                        fn["arguments"] = json.loads(args) if args.strip() else {}
-                    except ValueError:  # vLLM renders arguments that are no JSON as {}
-                        fn["arguments"] = {}
+                        parsed = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        parsed = None
+                    # vLLM renders arguments that are no JSON object (text, a list, a number) as {}
+                    fn["arguments"] = parsed if isinstance(parsed, dict) else {}
     return out
 
 
