@@ -72,6 +72,14 @@ def each(tap, chunks) -> list[bytes]:
     return outs
 
 
+def _requested(addon, body: dict):
+    """A chat flow whose request went through the addon's request hooks (injected as it would be)."""
+    f = _chat_flow(body)
+    addon.requestheaders(f)
+    asyncio.run(addon.request(f))
+    return f
+
+
 def compress(obj, parts):
     return [obj.compress(p) + obj.flush(zlib.Z_SYNC_FLUSH) for p in parts] + [obj.flush()]
 
@@ -81,9 +89,7 @@ def test_content_length_goes_when_the_stream_may_change(tmp_path):
     from mitmproxy.http import Headers, Response
 
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
         f.response.headers["content-length"] = str(len(INJ))
         addon.responseheaders(f)
@@ -92,9 +98,7 @@ def test_content_length_goes_when_the_stream_may_change(tmp_path):
         assert len(out) < len(INJ) and not leaked(out)
         addon.done()
     with _configured_addon(tmp_path / "off", polar_strip=False) as addon:  # nothing changes: kept
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
         f.response.headers["content-length"] = str(len(INJ))
         addon.responseheaders(f)
@@ -249,9 +253,7 @@ def test_a_streamed_request_answered_with_unlabelled_sse_streams_stripped(tmp_pa
     from mitmproxy.http import Headers, Response
 
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(200, b"", Headers(**({"content_type": ctype} if ctype else {})))
         addon.responseheaders(f)
         assert callable(f.response.stream)
@@ -269,9 +271,7 @@ def test_a_json_body_labelled_event_stream_is_stripped_whole(tmp_path):
 
     body = WIRE["chat_inj"].encode()
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": []})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": []})
         f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
         addon.responseheaders(f)
         outs = each(f.response.stream, [body[:300], body[300:]])
@@ -300,9 +300,7 @@ def test_an_error_answer_to_a_streamed_request_keeps_its_content_length(tmp_path
 
     err = b'{"error": {"message": "slow down", "code": %d}}' % status
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(status, err, Headers(content_type="application/json"))
         addon.responseheaders(f)
         assert not f.response.stream and f.response.headers["content-length"] == str(len(err))
@@ -394,9 +392,7 @@ def test_a_stream_in_two_encodings_streams_decoded_and_stripped(tmp_path, fields
     once = compress(zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS), EVENTS)
     twice = compress(zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS), once)
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
         f.response.headers.fields = (*f.response.headers.fields, *fields)  # not through make(): it would encode
         addon.responseheaders(f)
@@ -412,9 +408,7 @@ def test_a_non_streamed_body_in_two_encodings_is_stripped(tmp_path):
 
     body = WIRE["chat_inj"].encode()
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": []})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": []})
         f.response = Response.make(200, b"", {"content-type": "application/json"})
         f.response.headers["content-encoding"] = "gzip, br"
         f.response.raw_content = brotli.compress(gzip.compress(body))
@@ -428,9 +422,7 @@ def test_an_encoding_it_cannot_decode_streams_through_with_a_row_error(tmp_path,
     from mitmproxy.http import Headers, Response
 
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": [], "stream": True})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": [], "stream": True})
         f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
         f.response.headers["content-encoding"] = "compress"
         with caplog.at_level(logging.WARNING, logger="polar_capture"):
@@ -460,9 +452,7 @@ def test_a_body_with_a_lone_surrogate_is_still_stripped(tmp_path):
 
     body = WIRE["chat_inj"].encode().replace(b'"content":" Cao', b'"content":"\\ud83d Cao', 1)
     with _configured_addon(tmp_path) as addon:
-        f = _chat_flow({"model": "m", "messages": []})
-        addon.requestheaders(f)
-        asyncio.run(addon.request(f))
+        f = _requested(addon, {"model": "m", "messages": []})
         f.response = Response.make(200, body, {"content-type": "application/json"})
         addon.responseheaders(f)
         asyncio.run(addon.response(f))
