@@ -510,20 +510,20 @@ _TEXT_COLUMNS = ("rollout_id", "task_id", "host", "path", "model", "error", "fin
 def fallback_row(state: CallState, exc: BaseException) -> dict[str, Any]:
     """The row of a call whose row could not be built (a bug of ours): a ``proxy_error`` with
     what the proxy knew of the call, never its texts or ids. A call never loses its row."""
+    from ..schema import CALL_LOG_SCHEMA  # pyarrow: in the row worker only, never in the proxy
+
     identity = state.identity or Identity(None, "none")
-    row = {
+    row: dict[str, Any] = dict.fromkeys(CALL_LOG_SCHEMA.names)  # every column; what is unknown stays null
+    row.update({
         "call_id": state.call_id, "rollout_id": identity.rollout_id, "rollout_source": identity.source,
         "task_id": identity.task_id, "api": state.api, "method": state.method, "host": state.host,
-        "path": scrub(state.path, state.secrets), "model": None, "attempt": state.attempt,
+        "path": scrub(state.path, state.secrets), "attempt": state.attempt,
         "request_hash": state.request_hash, "client_conn_id": state.client_conn_id,
         "started_at": state.started_at, "first_byte_at": state.first_byte_at,
         "finished_at": state.finished_at or utcnow(), "stream": state.stream, "http_status": state.http_status,
         "status": "proxy_error", "error": f"building the row failed: {exc!r}"[:ERROR_TEXT_LIMIT],
-        "request_json": None, "response_json": None, "usage_prompt_tokens": None,
-        "usage_completion_tokens": None, "finish_reason": None, "tool_call_count": 0, "temperature": None,
-        "top_p": None, "injected": state.injected, "prompt_prefix_call_id": None, "prompt_prefix_len": None,
-        **_WITHOUT_IDS, "server_tokenize_match": None,
-    }
+        "tool_call_count": 0, "injected": state.injected, **_WITHOUT_IDS,
+    })
     for key in _TEXT_COLUMNS:
         if isinstance(row[key], str):
             row[key] = escape_surrogates(row[key])
