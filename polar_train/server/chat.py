@@ -219,24 +219,28 @@ def logprob_entries(server, steps, top: int, as_ids: bool = False) -> list[dict[
     ``token_id:<id>`` as vLLM names it; the entry keeps the real token's bytes, while an
     alternative's bytes are those of its ``token_id:<id>`` name (vLLM 0.32's answer)."""
     engine = server.engine
-    name = (lambda i: f"token_id:{i}") if as_ids else engine.token_text
     out = []
     for s in steps:
+        text = engine.logprob_token(s.token_id, s.before)
+        names = [(i, f"token_id:{i}" if as_ids else engine.logprob_token(i, s.before)) for i, _ in s.top]
         out.append({
-            "token": name(s.token_id), "logprob": s.logprob, "bytes": engine.token_bytes(s.token_id),
-            "top_logprobs": [{"token": name(i), "logprob": lp,
-                              "bytes": list(name(i).encode("utf-8", errors="replace"))}
-                             for i, lp in s.top],
+            "token": f"token_id:{s.token_id}" if as_ids else text, "logprob": s.logprob,
+            "bytes": list(text.encode()),
+            "top_logprobs": [{"token": name, "logprob": lp, "bytes": list(name.encode())}
+                             for (_, name), (_, lp) in zip(names, s.top)],
         })
     return out
 
 
 def prompt_logprobs(server, req: dict[str, Any]) -> list[dict[str, Any] | None]:
-    """vLLM's ``prompt_logprobs`` as ``echo`` asks for them (``top_logprobs`` alternatives)."""
-    rows = server.engine.prompt_logprobs(req["prompt_ids"], req["params"].top_logprobs)
+    """vLLM's ``prompt_logprobs`` as ``echo`` asks for them (``top_logprobs`` alternatives); a
+    token is named in the context of the prompt tokens before it (vLLM leaves out the first)."""
+    engine, ids = server.engine, req["prompt_ids"]
+    rows = engine.prompt_logprobs(ids, req["params"].top_logprobs)
     return [None if row is None else {
-        str(i): {"logprob": lp, "rank": rank, "decoded_token": server.engine.token_text(i)}
-        for i, (lp, rank) in row.items()} for row in rows]
+        str(i): {"logprob": lp, "rank": rank,
+                 "decoded_token": engine.logprob_token(i, ids[max(1, p - 4):p])}
+        for i, (lp, rank) in row.items()} for p, row in enumerate(rows)]
 
 
 def usage(prompt_len: int, completion_len: int) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class CompletionState:
 
     def push(self, step: TokenStep) -> Delta:
         """Add one token; returns what it adds (everything left when it is the last one)."""
+        step.before = tuple(s.token_id for s in self.steps[-4:])
         self.steps.append(step)
         if step.finish is not None:
             self.finish = step.finish

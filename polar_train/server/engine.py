@@ -85,6 +85,9 @@ class TokenStep:
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
     finish: Finish | None = None
+    #: the (up to 4) tokens sampled before this one: vLLM names a token that ends in half a
+    #: UTF-8 character by what it completes in this context (see Engine.logprob_token)
+    before: tuple[int, ...] = ()
 
 
 class Engine:
@@ -118,8 +121,39 @@ class Engine:
         """The token as vLLM names it in logprobs (``decode([id])``, specials included)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def token_bytes(self, token_id: int) -> list[int]:
-        return list(self.token_text(token_id).encode("utf-8", errors="replace"))
+    def logprob_token(self, token_id: int, before: Sequence[int] = ()) -> str:
+        """The token's name in logprobs as vLLM 0.32 gives it: ``decode([id])``, except that a
+        token whose text ends in U+FFFD (half a UTF-8 character) is named by the text it
+        completes after the up to 4 tokens sampled before it, or ``""`` when it completes
+        nothing (vLLM's LogprobsProcessor._correct_decoded_token)."""
+        text = self.token_text(token_id)
+        if not text.endswith("\ufffd"):
+            return text
+        return self._completed_text(token_id, tuple(before[-4:]))
+
+    @lru_cache(maxsize=65536)  # noqa: B019 - one engine per process
+    def _completed_text(self, token_id: int, context: tuple[int, ...]) -> str:
+        def decode(ids: Sequence[int]) -> str:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+        for n in range(1, len(context) + 1):
+            ctx = context[-n:]
+            full = decode([*ctx, token_id])
+            if full.endswith("\ufffd"):
+                continue
+            clean_end = len(ctx)  # context tokens that were half characters themselves
+            while clean_end > 0 and self.token_text(ctx[clean_end - 1]).endswith("\ufffd"):
+                clean_end -= 1
+            prefix = decode(ctx[:clean_end]) if clean_end else ""
+            if full.startswith(prefix):
+                return full[len(prefix):]
+            common = 0
+            for a, b in zip(prefix, full):
+                if a != b:
+                    break
+                common += 1
+            return full[common:]
+        return ""
 
     # -- model ------------------------------------------------------------------------------
 

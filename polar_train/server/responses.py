@@ -162,15 +162,20 @@ def usage(prompt_len: int, out_len: int) -> dict[str, Any]:
 
 def logprobs_full(server, steps) -> list[dict[str, Any]]:
     e = server.engine
-    return [{"token": e.token_text(s.token_id), "bytes": e.token_bytes(s.token_id), "logprob": s.logprob,
-             "top_logprobs": [{"token": e.token_text(i), "bytes": e.token_bytes(i), "logprob": lp}
-                              for i, lp in s.top]} for s in steps]
+    out = []
+    for s in steps:
+        text = e.logprob_token(s.token_id, s.before)
+        tops = [(e.logprob_token(i, s.before), lp) for i, lp in s.top]
+        out.append({"token": text, "bytes": list(text.encode()), "logprob": s.logprob,
+                    "top_logprobs": [{"token": t, "bytes": list(t.encode()), "logprob": lp}
+                                     for t, lp in tops]})
+    return out
 
 
 def logprobs_delta(server, steps) -> list[dict[str, Any]]:
     e = server.engine
-    return [{"token": e.token_text(s.token_id), "logprob": s.logprob,
-             "top_logprobs": [{"token": e.token_text(i), "logprob": lp} for i, lp in s.top]}
+    return [{"token": e.logprob_token(s.token_id, s.before), "logprob": s.logprob,
+             "top_logprobs": [{"token": e.logprob_token(i, s.before), "logprob": lp} for i, lp in s.top]}
             for s in steps]
 
 
