@@ -109,7 +109,15 @@ class CompletionState:
         return ids
 
     def _decode(self) -> str:
-        text = self.engine.tokenizer.decode(self._text_ids(), skip_special_tokens=False)
+        ids = self._text_ids()
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=False)
+        if self.finish is not None:
+            # vLLM's detokenizer (tokenizers' DecodeStream) sends text only when it does not end
+            # in half a character, and never flushes: the tokens after the last such point are
+            # left out of the final text, their whole text (" \xf0\x9f" drops its space too)
+            while ids and text.endswith("\ufffd"):
+                ids = ids[:-1]
+                text = self.engine.tokenizer.decode(ids, skip_special_tokens=False)
         if self.finish is not None and self.finish.text_end is not None:
             return text[:self.finish.text_end]
         if self.finish is not None and isinstance(self.finish.stop_reason, str):
