@@ -50,7 +50,10 @@ def test_stream_deltas_add_up_to_the_final_parse(ids, tools_enabled, stop):
     final = parse_turn("".join(vocab[i] for i in ids if i != len(vocab) - 1), tools_enabled)
     assert state.final() is not None
     assert reasoning == (final.reasoning or "")
-    assert content == (final.content or "")
+    want = final.content or ""
+    if tools_enabled and not final.tool_calls and "<tool_call>" in want:
+        want = want[:want.find("<tool_call>")].rstrip("\n")  # a call cut short is not streamed (vLLM)
+    assert content == want
     assert [(c.name, json.loads(c.arguments)) for c in calls] == \
         [(c.name, json.loads(c.arguments)) for c in final.tool_calls]
     assert [c.id for c in calls] == [c.id for c in state.final().tool_calls]

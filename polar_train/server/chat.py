@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from . import constraints
-from .common import check_model, check_top_logprobs, integer, refuse_images, require_list, sampling
+from .common import (check_model, check_top_logprobs, integer, keep_specials, refuse_images,
+                     require_list, sampling)
 from .completion import CompletionState
 from .engine import SamplingParams
 from .errors import PydanticError, VllmError, field_error, missing
@@ -91,6 +92,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     prompt_ids = truncate_prompt(body, encode_prompt(server.engine, text), server.engine.max_model_len)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),
                       top_logprobs=top, clamp=server.script is not None, extras=True)
+    keep_specials(params, bool(tools) and tool_choice != "none")
     if n > 1 and params.temperature < GREEDY_EPS:  # vLLM's _verify_greedy_sampling
         raise VllmError(f"n must be 1 when using greedy sampling, got {n}.")
     view = RequestView("openai.chat", messages, [t["function"]["name"] for t in tools])

@@ -93,6 +93,13 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
     )
 
 
+def keep_specials(params: SamplingParams, tools_enabled: bool) -> None:
+    """vLLM's hermes tool parser (``adjust_request``) keeps special tokens in the text whenever
+    tools may be called, so a ``<tool_call>`` marked special still reaches the parser."""
+    if tools_enabled:
+        params.skip_special_tokens = False
+
+
 def max_tokens_of(body: dict, keys: tuple[str, ...], max_model_len: int, clamp: bool,
                   budget_name: str | None = None) -> int | None:
     """The first budget field given (vLLM: ``max_completion_tokens`` before ``max_tokens``); above

@@ -87,6 +87,7 @@ class CompletionState:
         self.tools_enabled = tools_enabled
         #: text a stream holds back because it may be the start of a stop string (vLLM's)
         self.holdback = params.stream_holdback if params is not None else 0
+        self.skip_special = params.skip_special_tokens if params is not None else True
         self.steps: list[TokenStep] = []
         self.finish: Finish | None = None
         self.sent_reasoning = ""
@@ -110,14 +111,14 @@ class CompletionState:
 
     def _decode(self) -> str:
         ids = self._text_ids()
-        text = self.engine.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
         if self.finish is not None:
             # vLLM's detokenizer (tokenizers' DecodeStream) sends text only when it does not end
             # in half a character, and never flushes: the tokens after the last such point are
             # left out of the final text, their whole text (" \xf0\x9f" drops its space too)
             while ids and text.endswith("\ufffd"):
                 ids = ids[:-1]
-                text = self.engine.tokenizer.decode(ids, skip_special_tokens=False)
+                text = self.engine.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
         if self.finish is not None and self.finish.text_end is not None:
             return text[:self.finish.text_end]
         if self.finish is not None and isinstance(self.finish.stop_reason, str):
@@ -191,8 +192,12 @@ class CompletionState:
     def _final_delta(self) -> Delta:
         self.text = self._decode()
         self.parsed = parse_turn(self.text, self.tools_enabled)
-        return self._diff(self.parsed.reasoning or "", self.parsed.content or "",
-                          self.parsed.tool_calls)
+        content = self.parsed.content or ""
+        if self.tools_enabled and not self.parsed.tool_calls and TOOL_CALL_START in content:
+            # a tool call cut short: vLLM's hermes parser streams none of it (the whole answer
+            # keeps it as content)
+            content = content[: content.find(TOOL_CALL_START)].rstrip("\n")
+        return self._diff(self.parsed.reasoning or "", content, self.parsed.tool_calls)
 
     def final(self):
         """The complete parse (after the Finish was pushed); tool-call ids equal the streamed ones."""

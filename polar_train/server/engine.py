@@ -47,6 +47,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     allowed_token_ids: list[int] | None = None
     bad_words_ids: list[list[int]] = field(default_factory=list)
+    #: special tokens left out of the text (vLLM's default; off when tools are parsed: its hermes
+    #: tool parser's ``adjust_request``); stop strings are searched in that text
+    skip_special_tokens: bool = True
 
     @property
     def stream_holdback(self) -> int:
@@ -303,7 +306,9 @@ class Engine:
             return None
         keep = p.include_stop_str_in_output
         if tok in self.stop_token_ids and not p.ignore_eos:
-            return Finish("stop", None, drop_last=not keep)
+            # vLLM names a generation-config eos other than the tokenizer's in stop_reason
+            named = None if tok == self.tokenizer.eos_token_id else tok
+            return Finish("stop", named, drop_last=not keep)
         if tok in p.stop_token_ids:
             return Finish("stop", tok, drop_last=not keep)
         return stops.extend(output, check=len(output) > p.min_tokens)
@@ -360,7 +365,7 @@ class StopStrings:
         p = self.params
         if not p.stop:
             return None
-        text = self.engine.tokenizer.decode(output, skip_special_tokens=False)
+        text = self.engine.tokenizer.decode(output, skip_special_tokens=p.skip_special_tokens)
         if not check:
             self.checked_from = len(text)  # no match may end in the first min_tokens tokens' text
             return None

@@ -124,6 +124,7 @@ def chat_extras(body: dict, engine, max_tokens: int) -> dict[str, Any]:
         "frequency_penalty": _number(body, "frequency_penalty", 0.0),
         "allowed_token_ids": allowed,
         "bad_words_ids": bad_words_ids(words, engine.tokenizer),
+        "skip_special_tokens": flag(body, "skip_special_tokens", True),
     }
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import check_model, integer, refuse_images, sampling
+from .common import check_model, integer, keep_specials, refuse_images, sampling
 from .completion import CompletionState
 from .errors import PydanticError, field_error, missing, validation_error, value_error
 from .fields import flag, strings
@@ -140,6 +140,7 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
         "stream": flag(body, "stream"),
         "id": f"chatcmpl-{random_id()}",
     })
+    keep_specials(req["params"], req["tools_enabled"])
     return req
 
 

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import check_model, integer, max_logprobs, number, refuse_images, sampling
+from .common import (check_model, integer, keep_specials, max_logprobs, number, refuse_images,
+                     sampling)
 from .completion import CompletionState
 from .errors import ResponseNotFound, VllmError
 from .fields import flag, list_of, required, str_or_list
@@ -109,6 +110,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     prompt_ids = encode_prompt(server.engine, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
                       top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None)
+    keep_specials(params, bool(ctools) and tool_choice != "none")
     view = RequestView("openai.responses", messages, [t["function"]["name"] for t in ctools])
     return {
         "model": model, "body": body, "prompt_ids": prompt_ids, "prompt_text": text, "params": params,
