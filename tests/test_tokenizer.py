@@ -41,6 +41,18 @@ def test_special_tokens_have_fixed_ids(fast):
     assert len(fast) == SPECIAL_START_ID + 33
 
 
+def test_markup_the_model_writes_is_not_special(fast):
+    """As Qwen3's tokenizer files flag them: vLLM's default ``skip_special_tokens`` keeps the
+    think and tool-call markup in the text and drops the chat markup."""
+    flags = {t.content: t.special for t in fast.added_tokens_decoder.values()}
+    assert not flags["<think>"] and not flags["</tool_call>"] and not flags["<|file_sep|>"]
+    assert flags["<|im_end|>"] and flags["<|endoftext|>"] and flags["<|vision_pad|>"]
+    text = "<think>\nhm\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>"
+    ids = fast.encode(text, add_special_tokens=False)
+    assert ids == tiktoken_encode(text)
+    assert fast.decode(ids, skip_special_tokens=True) == text.removesuffix("<|im_end|>")
+
+
 def test_decode_roundtrips_nfc_text(fast):
     import unicodedata
 
