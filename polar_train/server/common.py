@@ -49,7 +49,7 @@ def check_model(body: dict, served_name: str, required_: bool = False) -> str:
 def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
              top_logprobs: int = 0, stop_key: str = "stop", clamp: bool = False,
              budget_name: str | None = None, bias: bool = True,
-             extras: bool = False) -> SamplingParams:
+             extras: bool | frozenset[str] = False) -> SamplingParams:
     """Sampling parameters; the token budget defaults to what is left of the context, and one
     beyond it is cut to fit (vLLM's ``get_max_tokens``).
 
@@ -58,7 +58,7 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
     name vLLM's message gives the budget when it is not the request's own field (the Messages API
     says ``max_completion_tokens``). ``bias``: whether the API has ``logit_bias`` (vLLM's Messages
     request has none, so it is ignored there). ``extras``: read vLLM's sampling extensions of the
-    chat request (:mod:`.extras`)."""
+    chat request (:mod:`.extras`), or only the named ones (the Responses request has a few)."""
     room = engine.max_model_len - prompt_len
     if room <= 0:
         # vLLM's _token_len_check: its tokenizer stops at max_model_len + 1 tokens, so a longer
@@ -89,7 +89,8 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
         top_logprobs=top_logprobs,
         stop=list(stop),
         logit_bias=biases,
-        **(chat_extras(body, engine, max_tokens) if extras else {}),
+        **(chat_extras(body if extras is True else {k: body[k] for k in extras if k in body},
+                       engine, max_tokens) if extras else {}),
     )
 
 

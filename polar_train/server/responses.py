@@ -28,6 +28,11 @@ from .sse import sse_event
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: vLLM's sampling extensions its Responses request has (its ``to_sampling_params``); the chat
+#: request's others (``min_tokens``, ``allowed_token_ids``, ``bad_words`` ...) it ignores
+EXTRAS = frozenset({"stop_token_ids", "ignore_eos", "min_p", "repetition_penalty",
+                    "presence_penalty", "frequency_penalty", "skip_special_tokens",
+                    "include_stop_str_in_output"})
 def _uuid() -> str:
     return random_id(16)
 
@@ -109,7 +114,8 @@ def prepare(server, body: dict) -> dict[str, Any]:
     text = render(server.tokenizer, messages, ctools or None)
     prompt_ids = encode_prompt(server.engine, text)
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
-                      top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None)
+                      top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None,
+                      extras=EXTRAS)
     keep_specials(params, bool(ctools) and tool_choice != "none")
     view = RequestView("openai.responses", messages, [t["function"]["name"] for t in ctools])
     return {
