@@ -11,23 +11,16 @@ from hypothesis import strategies as st
 from polar_train.server.completion import CompletionState
 from polar_train.server.engine import Finish, TokenStep
 from polar_train.server.parse import parse_turn
+from tests.support.piece_tokenizer import piece_tokenizer
 
 PIECES = ["<think>", "</think>", "\n", "\n\n", "Let", " me", " look", ".", "<tool_call>", "</tool_call>",
           '{"name": "f", "arguments": {"a": 1}}', '{"name": "g", "arguments": {}}', "{bad", "<", "tool",
           "_call>", "é", "日本", " "]
 
 
-class FakeTokenizer:
-    def __init__(self, vocab: list[str]) -> None:
-        self.vocab = vocab
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(self.vocab[i] for i in ids)
-
-
 class FakeEngine:
     def __init__(self, vocab: list[str]) -> None:
-        self.tokenizer = FakeTokenizer(vocab)
+        self.tokenizer = piece_tokenizer(vocab, special=("<|im_end|>",))
         self.stop_token_ids = frozenset({len(vocab) - 1})
 
 

@@ -126,9 +126,9 @@ def test_a_stop_string_may_start_in_the_first_min_tokens_text():
 
     from polar_train.server.engine import SamplingParams, StopStrings
 
-    pieces = {1: "krát", 2: " 공유", 3: " x"}
-    engine = SimpleNamespace(tokenizer=SimpleNamespace(
-        decode=lambda ids, skip_special_tokens=False: "".join(pieces[i] for i in ids)))
+    from tests.support.piece_tokenizer import piece_tokenizer
+
+    engine = SimpleNamespace(tokenizer=piece_tokenizer(["?", "krát", " 공유", " x"]))
     stops = StopStrings(engine, SamplingParams(8, stop=["át 공"], min_tokens=1))
     assert stops.extend([1], check=False) is None
     finish = stops.extend([1, 2], check=True)

@@ -12,6 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from .detokenizer import Detokenizer
 from .engine import Engine, Finish, SamplingParams, TokenStep  # noqa: F401 - Finish re-exported
 from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_tool_calls,
                     parse_turn, split_reasoning)
@@ -87,7 +88,8 @@ class CompletionState:
         self.tools_enabled = tools_enabled
         #: text a stream holds back because it may be the start of a stop string (vLLM's)
         self.holdback = params.stream_holdback if params is not None else 0
-        self.skip_special = params.skip_special_tokens if params is not None else True
+        self.detokenizer = Detokenizer(engine.tokenizer,
+                                       params.skip_special_tokens if params is not None else True)
         self.steps: list[TokenStep] = []
         self.finish: Finish | None = None
         self.sent_reasoning = ""
@@ -110,15 +112,9 @@ class CompletionState:
         return ids
 
     def _decode(self) -> str:
-        ids = self._text_ids()
-        text = self.engine.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
-        if self.finish is not None:
-            # vLLM's detokenizer (tokenizers' DecodeStream) sends text only when it does not end
-            # in half a character, and never flushes: the tokens after the last such point are
-            # left out of the final text, their whole text (" \xf0\x9f" drops its space too)
-            while ids and text.endswith("\ufffd"):
-                ids = ids[:-1]
-                text = self.engine.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+        # vLLM's incremental text: it never ends in half a character, and tokens that never
+        # complete one are left out (" \xf0\x9f" at the end drops its space too)
+        text = self.detokenizer.feed(self._text_ids())
         if self.finish is not None and self.finish.text_end is not None:
             return text[:self.finish.text_end]
         if self.finish is not None and isinstance(self.finish.stop_reason, str):
@@ -161,8 +157,6 @@ class CompletionState:
             self.finish = step.finish
             return self._final_delta()
         text = self._decode()
-        if text.endswith("\ufffd"):
-            return Delta()  # an incomplete UTF-8 sequence: wait for the next token
         if self.holdback:
             text = text[:max(0, len(text) - self.holdback)]
         reasoning, content, calls = self._streamable(text)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..tokenizer import ENDOFTEXT, IM_END, load_tokenizer
+from .detokenizer import Detokenizer
 
 #: Positions per ``lm_head`` chunk when scoring a long completion (bounds the logits' memory).
 SCORE_CHUNK = 256
@@ -359,13 +360,14 @@ class StopStrings:
 
     def __init__(self, engine: Engine, params: SamplingParams) -> None:
         self.engine, self.params = engine, params
+        self.detokenizer = Detokenizer(engine.tokenizer, params.skip_special_tokens)
         self.checked_from = 0  # text before this offset was searched already
 
     def extend(self, output: list[int], check: bool) -> Finish | None:
         p = self.params
         if not p.stop:
             return None
-        text = self.engine.tokenizer.decode(output, skip_special_tokens=p.skip_special_tokens)
+        text = self.detokenizer.feed(output)
         if not check:
             self.checked_from = len(text)  # no match may end in the first min_tokens tokens' text
             return None
