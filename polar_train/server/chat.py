@@ -224,13 +224,12 @@ def logprob_entries(server, steps, top: int, as_ids: bool = False) -> list[dict[
     out = []
     for s in steps:
         text = engine.logprob_token(s.token_id, s.before)
-        names = [(i, f"token_id:{i}" if as_ids else engine.logprob_token(i, s.before)) for i, _ in s.top]
-        out.append({
-            "token": f"token_id:{s.token_id}" if as_ids else text, "logprob": s.logprob,
-            "bytes": list(text.encode()),
-            "top_logprobs": [{"token": name, "logprob": lp, "bytes": list(name.encode())}
-                             for (_, name), (_, lp) in zip(names, s.top)],
-        })
+        alternatives = []
+        for i, lp in s.top:
+            name = f"token_id:{i}" if as_ids else engine.logprob_token(i, s.before)
+            alternatives.append({"token": name, "logprob": lp, "bytes": list(name.encode())})
+        out.append({"token": f"token_id:{s.token_id}" if as_ids else text, "logprob": s.logprob,
+                    "bytes": list(text.encode()), "top_logprobs": alternatives})
     return out
 
 

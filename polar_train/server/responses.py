@@ -33,6 +33,8 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 EXTRAS = frozenset({"stop_token_ids", "ignore_eos", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "skip_special_tokens",
                     "include_stop_str_in_output"})
+
+
 def _uuid() -> str:
     return random_id(16)
 
