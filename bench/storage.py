@@ -1,14 +1,15 @@
-"""Benchmark: bytes on disk per captured token for a 50-turn agent session, full vs compact prompts.
+"""Benchmark: bytes on disk per captured token for a 50-turn agent session, full vs compact storage.
 
 Run: ``.venv/bin/python bench/storage.py [--turns 50] [--sessions 4]``
 
 Each session has the shape of a real agent log: a system prompt + task (``--system`` tokens), then
 per turn a completion (``--completion`` tokens, ending the turn) and a tool output (``--tool``
 tokens); the prompt of call k+1 is the prompt of call k + its completion + the tool output. Rows
-are real call-log rows (``CALL_LOG_SCHEMA``, request JSON included, Parquet + zstd like the
-writer), written once with full prompts and once through
-:class:`polar_train.capture.prompt_delta.PromptDeltaEncoder`; both are read back with
-:func:`polar_train.calllog.read_calls`, which must yield identical full ids (checked).
+are real call-log rows (``CALL_LOG_SCHEMA``, optionally the request JSON: the conversation as
+text, then tool definitions, as harnesses send it), Parquet + zstd like the writer, written once
+in full and once through :class:`polar_train.capture.prompt_delta.PromptDeltaEncoder` (prompt ids
+and request text as deltas); both are read back with :func:`polar_train.calllog.read_calls`,
+which must yield identical full ids and request texts (checked).
 
 "captured token" = a token of the session's final context (the trajectory): what the log has to
 hold at least once. "stored id" = every prompt/completion id as written.
@@ -36,6 +37,10 @@ from polar_train.capture.prompt_delta import PromptDeltaEncoder  # noqa: E402
 from polar_train.schema import CALL_LOG_SCHEMA  # noqa: E402
 
 WORDS = "def test read file patch the error value return import path line self assert".split()
+#: What a harness sends after the conversation in every call (Codex sends ~20 KiB of these).
+PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": f"tool_{k}", "description": " ".join(WORDS) * 8,
+                                           "parameters": PARAMETERS}} for k in range(8)]
 
 
 def text_of(ids: np.ndarray) -> str:
@@ -62,7 +67,7 @@ def session_rows(turns: int, system: int, completion: int, tool: int, rng: np.ra
                    token_source="server", usage_prompt_tokens=len(prompt), usage_completion_tokens=completion,
                    usage_match=True, finish_reason="tool_calls", tool_call_count=1, injected=True)
         if with_json:
-            row["request_json"] = json.dumps({"model": "tiny", "stream": True, "messages": messages})
+            row["request_json"] = json.dumps({"model": "tiny", "stream": True, "messages": messages, "tools": TOOLS})
             row["response_json"] = json.dumps({"choices": [{"message": {"content": text_of(comp)}}]})
         rows.append(row)
         messages = [*messages, {"role": "assistant", "content": text_of(comp)},
@@ -112,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"storage: {args.sessions} sessions x {args.turns} turns, system {args.system}, "
           f"completion {args.completion}, tool output {args.tool} tokens; Parquet zstd\n")
-    cols = ("rows/part", "request JSON", "storage", "MB on disk", "stored ids", "bytes/stored id", "bytes/captured token",
-            "write s", "read s", "full/compact")
+    cols = ("rows/part", "request JSON", "storage", "MB on disk", "stored ids", "JSON MB stored", "bytes/stored id",
+            "bytes/captured token", "write s", "read s", "full/compact")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
     for rows_per_part, with_json in [(n, j) for n in args.rows_per_part for j in (False, True)]:
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     for _ in range(args.sessions)]
         full_rows = [r for rows, _ in sessions for r in rows]
         captured = sum(n for _, n in sessions)
-        expected = {r["call_id"]: list(r["prompt_token_ids"]) for r in full_rows}
+        expected = {r["call_id"]: (list(r["prompt_token_ids"]), r["request_json"]) for r in full_rows}
         sizes = {}
         with tempfile.TemporaryDirectory() as tmp:
             for kind in ("full", "compact"):
@@ -134,18 +139,21 @@ def main(argv: list[str] | None = None) -> int:
                     enc = PromptDeltaEncoder()
                     rows = [enc.encode(r) for r in rows]
                 stored = sum(len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows)
+                json_mb = sum(len(r["request_json"] or "") for r in rows) / 1e6  # characters (ASCII here)
                 size = write(interleave(rows, args.sessions), folder, rows_per_part)
                 t1 = time.perf_counter()
                 table = read_calls(folder.parent)
                 t2 = time.perf_counter()
-                got = dict(zip(table.column("call_id").to_pylist(), table.column("prompt_token_ids").to_pylist()))
+                got = dict(zip(table.column("call_id").to_pylist(), zip(table.column("prompt_token_ids").to_pylist(),
+                                                                          table.column("request_json").to_pylist())))
                 if got != expected:
-                    raise SystemExit(f"{kind}: the reader did not give back the full prompts")
+                    raise SystemExit(f"{kind}: the reader did not give back the full prompts and requests")
                 sizes[kind] = size
                 ratio = f"{sizes['full'] / size:.1f}x" if kind == "compact" else ""
                 print(f"{rows_per_part} | {'yes' if with_json else 'no'} | {kind} | {size / 1e6:.2f} | {stored:,} | "
-                      f"{size / stored:.3f} | {size / captured:.2f} | {t1 - t0:.2f} | {t2 - t1:.2f} | {ratio}")
-    print("\nthe reader's full prompts equal the written ones in every configuration (checked)")
+                      f"{json_mb:.1f} | {size / stored:.3f} | {size / captured:.2f} | {t1 - t0:.2f} | {t2 - t1:.2f} | "
+                      f"{ratio}")
+    print("\nthe reader's full prompts and request texts equal the written ones in every configuration (checked)")
     return 0
 
 

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .schema import CALL_LOG_SCHEMA, missing_columns
+from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, missing_columns
 
 log = logging.getLogger(__name__)
 
 PART_SUFFIX = ".parquet"
+
+T = TypeVar("T")
 
 
 class CallLogError(ValueError):
@@ -32,22 +36,24 @@ class CallLogError(ValueError):
 
 @dataclass
 class PartProblem:
-    """A part that was skipped, or rows whose stored prompt could not be resolved.
+    """A part that was skipped, or a call whose stored prompt or request text could not be resolved.
 
     ``call_id`` is set for a call's problem (its ``path`` then reads ``call <id>``): a part's
-    path may start with "call " too."""
+    path may start with "call " too. ``column`` names what of the call was not rebuilt (read as
+    null): ``prompt_token_ids`` or ``request_json``."""
 
     path: str
     message: str
     call_id: str | None = None
+    column: str | None = None
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
 
 
-def call_problem(call_id: str, message: str) -> PartProblem:
-    """A problem of one call's rows (not of a part)."""
-    return PartProblem(f"call {call_id}", message, call_id=call_id)
+def call_problem(call_id: str, message: str, column: str = "prompt_token_ids") -> PartProblem:
+    """A problem of one call's rows (not of a part): its ``column`` could not be rebuilt."""
+    return PartProblem(f"call {call_id}", message, call_id=call_id, column=column)
 
 
 @dataclass
@@ -115,12 +121,13 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
 
 
 def _check_schema(path: Path) -> str | None:
-    """None when the part's footer has every call-log column with the right type."""
+    """None when the part's footer has every call-log column with the right type (a part written
+    before a column was added may lack it: it reads as null)."""
     try:
         schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
         return f"not a readable Parquet file ({_short(exc)})"
-    problems = missing_columns(schema, CALL_LOG_SCHEMA)
+    problems = missing_columns(schema, CALL_LOG_SCHEMA, optional=CALL_LOG_ADDED_COLUMNS)
     if problems and {"trajectory_id", "completion_ids"} <= set(schema.names):
         return "trajectories (what `polar-train build` writes), not a call log"
     if problems:
@@ -208,51 +215,39 @@ def _list_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nda
     return values, offsets, valid
 
 
-def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
-    """Expand compact prompts: prefix of (prompt + completion) of another call, then the suffix.
+class _BadReference(ValueError):
+    """A compact row's stored numbers do not fit the row it refers to (the message says how)."""
 
-    A row with ``prompt_prefix_call_id`` = R and ``prompt_prefix_len`` = n stores only the
-    suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. R may itself
-    be compact (chains resolve in order). Rows whose reference is unknown, circular or too
-    short keep a null prompt and are reported, never guessed.
-    """
-    problems: list[PartProblem] = []
-    if table.num_rows == 0:
-        return table, problems
-    ref_col = table.column("prompt_prefix_call_id")
-    if ref_col.null_count == table.num_rows:
-        return table, problems
-    call_ids = table.column("call_id").to_pylist()
-    refs = ref_col.to_pylist()
-    lens = table.column("prompt_prefix_len").to_pylist()
-    p_vals, p_offs, p_valid = _list_values(table.column("prompt_token_ids"))
-    c_vals, c_offs, c_valid = _list_values(table.column("completion_token_ids"))
+
+def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callable[[int], T | None],
+                    extend: Callable[[T, int, int], T], column: str, ref_column: str, what: str,
+                    problems: list[PartProblem]) -> list[T | None]:
+    """Every row's full value: a plain row's own (``stored``), a compact row's built by ``extend``
+    (the full value of the row it refers to, that row, itself; raises :class:`_BadReference`).
+    Chains resolve from their root down; a row whose reference is unknown, circular, itself
+    unresolved or does not fit gets None and a problem, never a guess."""
     index = {cid: i for i, cid in enumerate(call_ids)}
-    full: dict[int, np.ndarray | None] = {}
+    full: dict[int, T | None] = {}
 
-    def stored_prompt(i: int) -> np.ndarray:
-        return p_vals[p_offs[i]:p_offs[i + 1]]
+    def problem(i: int, message: str) -> None:
+        problems.append(call_problem(call_ids[i], message, column))
 
-    def completion(i: int) -> np.ndarray:
-        return c_vals[c_offs[i]:c_offs[i + 1]] if c_valid[i] else np.zeros(0, np.int32)
-
-    def resolve(start: int) -> np.ndarray | None:
+    def resolve(start: int) -> T | None:
         chain, seen, i = [], set(), start
         while i not in full:  # walk up to a resolved or plain row
             if i in seen:
-                problems.append(call_problem(call_ids[start], "circular prompt_prefix_call_id chain"))
+                problem(start, f"circular {ref_column} chain")
                 for j in chain:
                     full[j] = None
                 return None
             seen.add(i)
             if refs[i] is None:
-                full[i] = stored_prompt(i) if p_valid[i] else None
+                full[i] = stored(i)
                 break
             chain.append(i)
             ref = index.get(refs[i])
             if ref is None:
-                problems.append(call_problem(call_ids[i],
-                                            f"prompt prefix refers to unknown call {refs[i]}"))
+                problem(i, f"{what} refers to unknown call {refs[i]}")
                 full[i] = None
                 break
             i = ref
@@ -260,26 +255,65 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
             if j in full:
                 continue
             base = full.get(index[refs[j]])
-            n = lens[j]
             if base is None:
                 if index[refs[j]] not in chain or j != chain[-1]:
-                    problems.append(call_problem(call_ids[j],
-                                                f"prompt prefix call {refs[j]} is itself unresolved"))
+                    problem(j, f"{what} call {refs[j]} is itself unresolved")
                 full[j] = None
                 continue
-            source = np.concatenate([base, completion(index[refs[j]])])
-            if n is None or n < 0 or n > len(source):
-                problems.append(call_problem(
-                    call_ids[j],
-                    f"prompt_prefix_len {n} outside 0..{len(source)} of call {refs[j]}"))
+            try:
+                full[j] = extend(base, index[refs[j]], j)
+            except _BadReference as exc:
+                problem(j, str(exc))
                 full[j] = None
-                continue
-            full[j] = np.concatenate([source[:n], stored_prompt(j)])
         return full[start]
 
-    new_prompts: list[np.ndarray | None] = []
-    for i in range(table.num_rows):
-        new_prompts.append(resolve(i) if refs[i] is not None else (stored_prompt(i) if p_valid[i] else None))
+    return [resolve(i) if refs[i] is not None else stored(i) for i in range(len(call_ids))]
+
+
+def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
+    """Expand compact rows: prompts and request texts stored as deltas of another call's.
+
+    A row with ``prompt_prefix_call_id`` = R and ``prompt_prefix_len`` = n stores only the
+    suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. A row with
+    ``request_json_prefix_call_id`` = R stores the middle of its request text; the text is the
+    first ``request_json_prefix_len`` characters of R's, the middle, then the last
+    ``request_json_suffix_len`` of R's. R may itself be compact (chains resolve in order). Rows
+    whose reference is unknown, circular or too short keep a null prompt (or request) and are
+    reported, never guessed.
+    """
+    problems: list[PartProblem] = []
+    table = _resolve_prompts(table, problems)
+    table = _resolve_requests(table, problems)
+    return table, problems
+
+
+def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    ref_col = table.column("prompt_prefix_call_id")
+    if ref_col.null_count == table.num_rows:
+        return table
+    call_ids = table.column("call_id").to_pylist()
+    refs = ref_col.to_pylist()
+    lens = table.column("prompt_prefix_len").to_pylist()
+    p_vals, p_offs, p_valid = _list_values(table.column("prompt_token_ids"))
+    c_vals, c_offs, c_valid = _list_values(table.column("completion_token_ids"))
+
+    def stored_prompt(i: int) -> np.ndarray:
+        return p_vals[p_offs[i]:p_offs[i + 1]]
+
+    def completion(i: int) -> np.ndarray:
+        return c_vals[c_offs[i]:c_offs[i + 1]] if c_valid[i] else np.zeros(0, np.int32)
+
+    def extend(base: np.ndarray, ref: int, j: int) -> np.ndarray:
+        source = np.concatenate([base, completion(ref)])
+        n = lens[j]
+        if n is None or n < 0 or n > len(source):
+            raise _BadReference(f"prompt_prefix_len {n} outside 0..{len(source)} of call {refs[j]}")
+        return np.concatenate([source[:n], stored_prompt(j)])
+
+    new_prompts = _resolve_chains(call_ids, refs, lambda i: stored_prompt(i) if p_valid[i] else None, extend,
+                                  "prompt_token_ids", "prompt_prefix_call_id", "prompt prefix", problems)
     lengths = np.array([0 if p is None else len(p) for p in new_prompts], dtype=np.int64)
     if lengths.sum() >= 2**31:
         raise CallLogError("resolved prompts exceed 2**31 tokens in one table: read fewer parts at once")
@@ -289,12 +323,41 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
     mask = pa.array([p is None for p in new_prompts])
     prompts = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(np.int32)), mask=mask)
     prompts = prompts.cast(CALL_LOG_SCHEMA.field("prompt_token_ids").type)
-    out = table.set_column(table.schema.get_field_index("prompt_token_ids"),
-                           CALL_LOG_SCHEMA.field("prompt_token_ids"), prompts)
-    nulls_s = pa.nulls(table.num_rows, pa.string())
-    nulls_i = pa.nulls(table.num_rows, pa.int32())
-    out = out.set_column(out.schema.get_field_index("prompt_prefix_call_id"),
-                         CALL_LOG_SCHEMA.field("prompt_prefix_call_id"), nulls_s)
-    out = out.set_column(out.schema.get_field_index("prompt_prefix_len"),
-                         CALL_LOG_SCHEMA.field("prompt_prefix_len"), nulls_i)
-    return out, problems
+    return _replace(table, {"prompt_token_ids": prompts, "prompt_prefix_call_id": None, "prompt_prefix_len": None})
+
+
+def _resolve_requests(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    ref_col = table.column("request_json_prefix_call_id")
+    if ref_col.null_count == table.num_rows:
+        return table
+    call_ids = table.column("call_id").to_pylist()
+    refs = ref_col.to_pylist()
+    texts = table.column("request_json").to_pylist()
+    prefixes = table.column("request_json_prefix_len").to_pylist()
+    suffixes = table.column("request_json_suffix_len").to_pylist()
+
+    def extend(text: str, ref: int, j: int) -> str:
+        p, s = prefixes[j], suffixes[j]
+        if p is None or s is None or p < 0 or s < 0 or p + s > len(text):
+            raise _BadReference(f"request_json_prefix_len {p} and request_json_suffix_len {s} do not fit the "
+                                f"{len(text)} characters of call {refs[j]}")
+        if texts[j] is None:
+            raise _BadReference("request_json_prefix_call_id is set but request_json (the middle) is null")
+        return text[:p] + texts[j] + text[len(text) - s:]
+
+    full = _resolve_chains(call_ids, refs, texts.__getitem__, extend,
+                           "request_json", "request_json_prefix_call_id", "request_json prefix", problems)
+    requests = pa.array(full, type=pa.string())
+    return _replace(table, {"request_json": requests, "request_json_prefix_call_id": None,
+                            "request_json_prefix_len": None, "request_json_suffix_len": None})
+
+
+def _replace(table: pa.Table, columns: dict[str, pa.Array | pa.ChunkedArray | None]) -> pa.Table:
+    """``table`` with these columns replaced (None: all null)."""
+    for name, values in columns.items():
+        field = CALL_LOG_SCHEMA.field(name)
+        table = table.set_column(table.schema.get_field_index(name), field,
+                                 pa.nulls(table.num_rows, field.type) if values is None else values)
+    return table

@@ -10,13 +10,17 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the reader (pyarrow) is imported only when a command runs
+    from .calllog import PartProblem
 
 
 def load_calls(path: str | Path):
     """The call log under ``path`` (a capture folder, its ``calls/`` or one part), prompts resolved.
 
     Returns (table, parts, problems): the problems of parts (unreadable, foreign: skipped) and of
-    calls (a compact prompt that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
+    calls (a compact prompt or request text that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
     """
     from .calllog import CallLogError, read_call_log
     from .cli import UserError
@@ -133,16 +137,28 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     table, repeated = first_of_each_call(table)
     if repeated:
         lines.append(f"{repeated} rows repeat a call id already read (a part copied twice?): each call counted once")
-    unresolved = list({p.call_id: p for p in problems if p.call_id is not None}.values())  # a repeated row once
-    if unresolved:
-        lines.append(f"{len(unresolved)} calls whose compact prompt cannot be rebuilt (a part it refers to is "
-                     "missing): their prompt tokens are not counted, and `build` leaves them out")
-        lines += [f"  {printable(p)}" for p in unresolved[:_SHOWN_CALL_PROBLEMS]]
-        if len(unresolved) > _SHOWN_CALL_PROBLEMS:
-            lines.append(f"  ... and {len(unresolved) - _SHOWN_CALL_PROBLEMS} more")
+    unresolved = {p.call_id: p for p in problems if p.call_id is not None and p.column != "request_json"}
+    lines += _call_problems(unresolved, "compact prompt", "their prompt tokens are not counted, and `build` leaves "
+                            "them out")
+    requests = {p.call_id: p for p in problems
+                if p.call_id is not None and p.column == "request_json" and p.call_id not in unresolved}
+    lines += _call_problems(requests, "compact request text", "their request_json reads as null; their tokens "
+                            "are counted and `build` uses them")
     lines.append(summarize(table, top=args.top))
     print_out("\n".join(lines))  # `polar-train inspect DIR | head`: not an error
     return 0
+
+
+def _call_problems(by_call: dict[str, PartProblem], what: str, consequence: str) -> list[str]:
+    """Lines for calls whose ``what`` cannot be rebuilt (a repeated row counted once), a few by name."""
+    if not by_call:
+        return []
+    shown = list(by_call.values())
+    lines = [f"{len(shown)} calls whose {what} cannot be rebuilt (a part it refers to is missing): {consequence}"]
+    lines += [f"  {printable(p)}" for p in shown[:_SHOWN_CALL_PROBLEMS]]
+    if len(shown) > _SHOWN_CALL_PROBLEMS:
+        lines.append(f"  ... and {len(shown) - _SHOWN_CALL_PROBLEMS} more")
+    return lines
 
 
 def _rows(text: str) -> int:

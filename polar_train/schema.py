@@ -66,6 +66,13 @@ CALL_LOG_SCHEMA = pa.schema(
         # ``prompt_prefix_call_id``, concatenated with that call's completion. Readers resolve it.
         pa.field("prompt_prefix_call_id", pa.string()),
         pa.field("prompt_prefix_len", pa.int32()),
+        # The same option stores ``request_json`` compactly: it then holds only the middle of the
+        # text, which is the first ``request_json_prefix_len`` characters of call
+        # ``request_json_prefix_call_id``'s request, this middle, then its last
+        # ``request_json_suffix_len`` characters. Readers resolve it.
+        pa.field("request_json_prefix_call_id", pa.string()),
+        pa.field("request_json_prefix_len", pa.int32()),
+        pa.field("request_json_suffix_len", pa.int32()),
     ],
     metadata={"polar_train.table": "calls", "polar_train.version": CALL_LOG_VERSION},
 )
@@ -94,13 +101,21 @@ TRAJECTORY_SCHEMA = pa.schema(
 )
 
 
-def missing_columns(schema: pa.Schema, expected: pa.Schema) -> list[str]:
-    """Names of ``expected`` columns that ``schema`` lacks or types differently (for clear errors)."""
+#: Call-log columns added after version 1: parts written before them lack them, and readers take
+#: them as null - what such a writer meant (it never stored a request compactly).
+CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_prefix_call_id", "request_json_prefix_len",
+                                    "request_json_suffix_len"})
+
+
+def missing_columns(schema: pa.Schema, expected: pa.Schema, optional: frozenset[str] = frozenset()) -> list[str]:
+    """Names of ``expected`` columns that ``schema`` lacks or types differently (for clear errors);
+    a column named in ``optional`` may be absent, but not of another type."""
     problems = []
     for field in expected:
         idx = schema.get_field_index(field.name)
         if idx < 0:
-            problems.append(f"{field.name} (missing)")
+            if field.name not in optional:
+                problems.append(f"{field.name} (missing)")
         elif not schema.field(idx).type.equals(field.type):
             problems.append(f"{field.name} ({schema.field(idx).type}, expected {field.type})")
     return problems

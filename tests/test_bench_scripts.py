@@ -23,7 +23,8 @@ def test_storage_bench_reads_back_what_it_wrote() -> None:
     proc = bench("storage.py", "--turns", "3", "--sessions", "2", "--system", "80", "--completion", "10",
                  "--tool", "10", "--rows-per-part", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "the reader's full prompts equal the written ones in every configuration (checked)" in proc.stdout
+    assert ("the reader's full prompts and request texts equal the written ones in every configuration (checked)"
+            in proc.stdout)
     assert sum(line.startswith("2 | ") for line in proc.stdout.splitlines()) == 4  # {json, not} x {full, compact}
 
 

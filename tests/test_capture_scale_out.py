@@ -8,6 +8,7 @@ by its process, never overwritten), compact prompts resolve, and the builder see
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def test_two_proxies_share_one_capture_folder(polar_base_url: str, tmp_path: Pat
         assert len(r["prompt_token_ids"]) == r["usage_prompt_tokens"]
     stored = read_call_log(out, resolve_prompts=False).table
     assert stored.column("prompt_prefix_call_id").null_count < len(rows)  # some were stored as deltas
+    assert stored.column("request_json_prefix_call_id").null_count < len(rows)  # request texts too
+    for rollout in rollouts:  # each request text whole again: the conversation as the client sent it
+        calls = sorted((r for r in rows if r["rollout_id"] == rollout), key=lambda r: r["started_at"])
+        sent = [json.loads(r["request_json"])["messages"] for r in calls]
+        assert [len(m) for m in sent] == [2, 4, 6]
+        assert [m[-1]["content"] for m in sent[1:]] == ["Test output 0: 1 failed.", "Test output 1: 1 failed."]
 
     result = build_trajectories(out)
     assert result.report.calls_used == len(rows)

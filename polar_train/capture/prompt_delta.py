@@ -1,11 +1,14 @@
 """Compact prompt storage: a call's prompt as "the first n tokens of the previous call of its rollout
-(prompt + completion), then this suffix".
+(prompt + completion), then this suffix", and its request text as "the start and the end it shares
+with the previous request of its rollout, around this middle".
 
 Why: an agent's call k+1 resends everything of call k plus the new tool output, so full prompts
 grow quadratically with the turns of a session (a 50-turn session stores each early token ~50
-times). The call-log schema has the two columns for it (``prompt_prefix_call_id``,
-``prompt_prefix_len``) and :func:`polar_train.calllog.read_calls` expands them, so every reader
-still sees full ids. This module only decides what to store; it runs on the writer's thread.
+times), and so does the request's JSON (the same conversation as text, the tool definitions after
+it). The call-log schema has the columns for it (``prompt_prefix_call_id``, ``prompt_prefix_len``;
+``request_json_prefix_call_id``, ``request_json_prefix_len``, ``request_json_suffix_len``) and
+:func:`polar_train.calllog.read_calls` expands them, so every reader still sees full ids and
+texts. This module only decides what to store; it runs on the writer's thread.
 """
 
 from __future__ import annotations
@@ -31,6 +34,28 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def _code_points(text: str) -> np.ndarray:
+    """The characters of ``text`` as numbers (one byte each where it is ASCII, the common case)."""
+    if text.isascii():
+        return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    # surrogatepass: a lone surrogate is one character too (the row then fails to store, as before)
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def shared_ends(old: str, new: str) -> tuple[int, int]:
+    """(prefix, suffix): how many characters ``new`` shares with ``old`` at its start, then at its
+    end, the two never overlapping in either text (vectorised: requests are long)."""
+    a, b = _code_points(old), _code_points(new)
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    prefix = int(diff[0]) if diff.size else n
+    m = n - prefix  # what is left of the shorter text for the suffix
+    if m == 0:
+        return prefix, 0
+    diff = np.flatnonzero(a[len(a) - m:][::-1] != b[len(b) - m:][::-1])
+    return prefix, int(diff[0]) if diff.size else m
+
+
 @dataclass
 class _Last:
     call_id: str
@@ -40,20 +65,31 @@ class _Last:
 class PromptDeltaEncoder:
     """Rewrites rows in place: remembers the last stored call of each rollout (bounded LRU).
 
-    A row is made compact only when it shares at least ``min_prefix`` tokens with the previous
-    call of its rollout, and that call's row was stored before it (so a reader finds it). Rows
-    without a rollout id, without ids, or not ``ok`` are stored as they are.
+    A row's prompt is made compact only when it shares at least ``min_prefix`` tokens with the
+    previous ``ok`` call of its rollout, and that call's row was stored before it (so a reader
+    finds it). Rows without a rollout id, without ids, or not ``ok`` keep their prompt. A row's
+    request text is made compact when it shares at least ``min_shared_chars`` characters (start
+    and end together) with the previous request of its rollout, whatever either call's status.
     """
 
-    def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096) -> None:
+    def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256) -> None:
         self.min_prefix = min_prefix
         self.max_rollouts = max_rollouts
+        self.min_shared_chars = min_shared_chars
         self._last: OrderedDict[str, _Last] = OrderedDict()
+        self._last_request: OrderedDict[str, tuple[str, str]] = OrderedDict()  # rollout -> (call id, text)
 
     def encode(self, row: dict[str, Any]) -> dict[str, Any]:
-        rollout, prompt = row.get("rollout_id"), row.get("prompt_token_ids")
-        if not rollout or prompt is None or row.get("status") != "ok":
-            return row
+        rollout = row.get("rollout_id")
+        if rollout:
+            self._encode_prompt(rollout, row)
+            self._encode_request(rollout, row)
+        return row
+
+    def _encode_prompt(self, rollout: str, row: dict[str, Any]) -> None:
+        prompt = row.get("prompt_token_ids")
+        if prompt is None or row.get("status") != "ok":
+            return
         # lists, also where the row worker read the ids as arrays
         full_prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         completion = as_list(row.get("completion_token_ids")) or []
@@ -64,16 +100,32 @@ class PromptDeltaEncoder:
                 row["prompt_token_ids"] = full_prompt[n:]
                 row["prompt_prefix_call_id"] = last.call_id
                 row["prompt_prefix_len"] = n
-        self._last[rollout] = _Last(row["call_id"], full_prompt + list(completion))
-        self._last.move_to_end(rollout)
-        while len(self._last) > self.max_rollouts:
-            self._last.popitem(last=False)
-        return row
+        self._remember(self._last, rollout, _Last(row["call_id"], full_prompt + list(completion)))
 
-    def state(self) -> OrderedDict[str, _Last]:
+    def _encode_request(self, rollout: str, row: dict[str, Any]) -> None:
+        text = row.get("request_json")
+        if not isinstance(text, str):
+            return
+        last = self._last_request.get(rollout)
+        if last is not None:
+            prefix, suffix = shared_ends(last[1], text)
+            if prefix + suffix >= self.min_shared_chars:
+                row["request_json"] = text[prefix:len(text) - suffix]
+                row["request_json_prefix_call_id"] = last[0]
+                row["request_json_prefix_len"] = prefix
+                row["request_json_suffix_len"] = suffix
+        self._remember(self._last_request, rollout, (row["call_id"], text))
+
+    def _remember(self, last: OrderedDict, rollout: str, value: Any) -> None:
+        last[rollout] = value
+        last.move_to_end(rollout)
+        while len(last) > self.max_rollouts:
+            last.popitem(last=False)
+
+    def state(self) -> tuple[OrderedDict[str, _Last], OrderedDict[str, tuple[str, str]]]:
         """What :meth:`restore` returns to (the writer's part may yet fail to be written)."""
-        return OrderedDict(self._last)
+        return OrderedDict(self._last), OrderedDict(self._last_request)
 
-    def restore(self, state: OrderedDict[str, _Last]) -> None:
+    def restore(self, state: tuple[OrderedDict[str, _Last], OrderedDict[str, tuple[str, str]]]) -> None:
         """Back to ``state``: the rows encoded since were not stored, so nothing may refer to them."""
-        self._last = OrderedDict(state)
+        self._last, self._last_request = OrderedDict(state[0]), OrderedDict(state[1])

@@ -1,0 +1,234 @@
+"""Compact request text (``polar_prompt_delta``): each call's ``request_json`` stored as the middle
+between the start and the end it shares with the previous request of its rollout. What is written
+grows linearly with a session; what is read is the same text, whatever the session does."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polar_train.calllog import read_call_log
+from polar_train.capture.prompt_delta import PromptDeltaEncoder, shared_ends
+from polar_train.capture.writer import PartWriter
+from polar_train.schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA
+
+PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": f"tool_{k}", "description": "does a thing " * 20,
+                                           "parameters": PARAMETERS}} for k in range(6)]
+
+
+def row(rollout: str | None, request: str | None, status: str = "ok", prompt: list[int] | None = None) -> dict:
+    now = datetime.now(timezone.utc)
+    r = {name: None for name in CALL_LOG_SCHEMA.names}
+    r.update(call_id=uuid.uuid4().hex, rollout_id=rollout, api="openai.chat", status=status, started_at=now,
+             finished_at=now, request_json=request, prompt_token_ids=prompt,
+             completion_token_ids=[1, 2] if prompt is not None else None)
+    return r
+
+
+def write_rows(tmp: Path, rows: list[dict], flush_rows: int = 7, encoder: PromptDeltaEncoder | None = None) -> None:
+    w = PartWriter(tmp, flush_rows=flush_rows, flush_seconds=3600, prompt_delta=True)
+    if encoder is not None:
+        w._delta = encoder
+    w.start()
+    for r in rows:
+        assert w.submit(lambda r=dict(r): r)
+    w.close()
+
+
+def read_requests(tmp: Path) -> dict:
+    log = read_call_log(tmp)
+    assert not log.problems, log.problems
+    return dict(zip(log.table.column("call_id").to_pylist(), log.table.column("request_json").to_pylist()))
+
+
+@given(old=st.text(max_size=40), new=st.text(max_size=40))
+def test_shared_ends_are_shared_and_never_overlap(old: str, new: str) -> None:
+    prefix, suffix = shared_ends(old, new)
+    assert prefix + suffix <= min(len(old), len(new))
+    assert old[:prefix] == new[:prefix]
+    assert old[len(old) - suffix:] == new[len(new) - suffix:]
+    # as long as the text allows: one more character would not be shared (or would overlap)
+    if prefix + suffix < min(len(old), len(new)):
+        assert old[prefix] != new[prefix]
+        assert old[len(old) - suffix - 1] != new[len(new) - suffix - 1]
+
+
+def test_shared_ends_of_mixed_texts() -> None:
+    assert shared_ends("abcXdef", "abcYYdef") == (3, 3)
+    assert shared_ends("só 🙂 end", "só 🙃 end") == (3, 4)  # characters, not bytes
+    assert shared_ends("plain ascii", "plain äscii") == (6, 4)
+    assert shared_ends("", "x") == (0, 0)
+
+
+def session(api: str, turns: int) -> list[str]:
+    """The request texts of one agent session of ``api``'s shape: the conversation grows in the middle,
+    the tool definitions and options come after it, as harnesses write them."""
+    texts, items = [], [{"role": "user", "content": "fix the failing test in calc.py " * 10}]
+    for k in range(turns):
+        if api == "openai.chat":
+            body = {"model": "m", "messages": items, "tools": TOOLS, "stream": True}
+        elif api == "openai.responses":
+            body = {"model": "m", "instructions": "You are a coding agent. " * 40, "input": items, "tools": TOOLS,
+                    "stream": True, "store": False}
+        else:  # Claude Code moves its cache marker to the newest message each turn
+            marked = [dict(m) for m in items]
+            marked[-1]["cache_control"] = {"type": "ephemeral"}
+            body = {"model": "m", "system": "You are Claude Code. " * 40, "messages": marked, "tools": TOOLS,
+                    "max_tokens": 512, "stream": True}
+        texts.append(json.dumps(body))
+        items = [*items, {"role": "assistant", "content": f"I will run the tests ({k}) and look."},
+                 {"role": "tool", "content": f"FAILED test_add {k}: assert 3 == 4 " + "log line ü " * 30}]
+    return texts
+
+
+def test_fifty_turn_sessions_round_trip_and_store_linearly(tmp_path: Path) -> None:
+    """Three wire shapes side by side (rows interleaved, parts of 7): every text reads back exactly,
+    and what is stored is about the session's final text once, not 25 times it."""
+    sessions = {api: session(api, 50) for api in ("openai.chat", "openai.responses", "anthropic.messages")}
+    rows = [row(api, texts[k]) for k in range(50) for api, texts in sessions.items()]
+    write_rows(tmp_path, rows)
+    assert read_requests(tmp_path) == {r["call_id"]: r["request_json"] for r in rows}
+    raw = read_call_log(tmp_path, resolve_prompts=False).table
+    assert raw.column("request_json_prefix_call_id").null_count == 3  # each session's first call in full
+    for api, texts in sessions.items():
+        stored = sum(len(text) for text, rollout in zip(raw.column("request_json").to_pylist(),
+                                                        raw.column("rollout_id").to_pylist()) if rollout == api)
+        full = sum(len(t) for t in texts)
+        assert stored < 2 * len(texts[-1]) < full / 10, (api, stored, len(texts[-1]), full)
+
+
+edits = st.lists(st.tuples(
+    st.sampled_from(["a", "b", None]),                       # rollout (None: no identity, never compacted)
+    st.sampled_from(["append", "insert", "delete", "replace", "same", "none"]),
+    st.integers(0, 10_000),                                  # where (modulo the text's length)
+    st.text(alphabet=st.sampled_from("ab{}\"\\ é€🙂\n"), max_size=30),
+    st.sampled_from(["ok", "upstream_error", "client_disconnected"]),
+), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=edits, flush_rows=st.integers(1, 9), min_shared=st.integers(0, 40))
+def test_any_session_reads_back_exactly(tmp_path_factory, steps, flush_rows: int, min_shared: int) -> None:
+    """Any edit anywhere (also in the middle of a character run the previous text repeats), any status,
+    no request at all, rollouts interleaved, any part size: the reader gives back every text."""
+    tmp = tmp_path_factory.mktemp("rdelta")
+    texts: dict = {}
+    rows = []
+    for rollout, action, where, piece, status in steps:
+        text = texts.get(rollout, "{\"messages\": []}")
+        at = where % (len(text) + 1)
+        if action == "append":
+            text = text + piece
+        elif action == "insert":
+            text = text[:at] + piece + text[at:]
+        elif action == "delete":
+            text = text[:at] + text[at + len(piece):]
+        elif action == "replace":
+            text = text[:at] + piece + text[at + len(piece):]
+        rows.append(row(rollout, None if action == "none" else text, status))
+        if action != "none":
+            texts[rollout] = text
+    write_rows(tmp, rows, flush_rows, PromptDeltaEncoder(min_shared_chars=min_shared))
+    assert read_requests(tmp) == {r["call_id"]: r["request_json"] for r in rows}
+
+
+def test_prompts_and_requests_compact_together_and_apart(tmp_path: Path) -> None:
+    """The two deltas are independent: an error row (no ids) still shares its request; a request that
+    changed entirely is stored whole while its prompt is still a delta."""
+    base = list(range(100, 300))
+    texts = session("openai.chat", 4)
+    rows = [row("r", texts[0], prompt=base), row("r", texts[1], "upstream_error"),
+            row("r", texts[1], prompt=base + [1, 2, 7]), row("r", "{}" * 200, prompt=base + [1, 2, 7, 1, 2, 8])]
+    write_rows(tmp_path, rows, flush_rows=100)
+    raw = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    first, error, retry, other = (raw[r["call_id"]] for r in rows)
+    assert error["request_json_prefix_call_id"] == first["call_id"] and error["prompt_prefix_call_id"] is None
+    assert retry["request_json_prefix_call_id"] == error["call_id"] and retry["request_json"] == ""
+    assert retry["prompt_prefix_call_id"] == first["call_id"]  # prompts refer to ok calls only
+    assert other["request_json_prefix_call_id"] is None and other["prompt_prefix_call_id"] == retry["call_id"]
+    log = read_call_log(tmp_path)
+    assert not log.problems
+    got = {r["call_id"]: (r["request_json"], r["prompt_token_ids"]) for r in log.table.to_pylist()}
+    assert got == {r["call_id"]: (r["request_json"], r["prompt_token_ids"]) for r in rows}
+
+
+def test_parts_written_before_the_columns_were_added_still_read(tmp_path: Path) -> None:
+    """A capture made before this change has no request_json_* columns: it reads as before (the
+    columns null), while a part whose column has another type is still named and skipped."""
+    rows = [row("r", "{\"a\": 1}", prompt=[1, 2, 3])]
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    older = pa.schema([f for f in CALL_LOG_SCHEMA if f.name not in CALL_LOG_ADDED_COLUMNS])
+    pq.write_table(pa.Table.from_pylist(rows, schema=older), calls / "part-old.parquet")
+    wrong = pa.schema([pa.field("request_json_prefix_len", pa.string()) if f.name == "request_json_prefix_len" else f
+                       for f in CALL_LOG_SCHEMA])
+    pq.write_table(pa.Table.from_pylist([row("r", "{}")], schema=wrong), calls / "part-wrong.parquet")
+    log = read_call_log(tmp_path)
+    assert [p.name for p in log.parts] == ["part-old.parquet"]
+    assert len(log.problems) == 1 and "request_json_prefix_len (string, expected int32)" in log.problems[0].message
+    assert log.table.to_pylist()[0]["request_json"] == "{\"a\": 1}"
+    assert log.table.column("request_json_suffix_len").null_count == 1
+
+
+def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: Path, capsys) -> None:
+    """The part a compact request refers to is gone: its text reads as null and is named, its prompt
+    (stored in full) is kept, and inspect does not call it a lost prompt."""
+    from polar_train.cli import main
+
+    texts = session("openai.chat", 3)
+    rows = [row("r", t, prompt=[5, 6, 7]) for t in texts]
+    write_rows(tmp_path, rows[:1], flush_rows=1)
+    (part,) = (tmp_path / "calls").glob("part-*.parquet")
+    rows[1]["request_json_prefix_call_id"] = "gone"
+    rows[1]["request_json_prefix_len"], rows[1]["request_json_suffix_len"] = 10, 10
+    rows[1]["request_json"] = texts[1][10:-10]
+    pq.write_table(pa.Table.from_pylist(rows[1:], schema=CALL_LOG_SCHEMA), tmp_path / "calls" / "part-z.parquet")
+    part.unlink()
+    log = read_call_log(tmp_path)
+    by_id = {r["call_id"]: r for r in log.table.to_pylist()}
+    assert by_id[rows[1]["call_id"]]["request_json"] is None
+    assert by_id[rows[1]["call_id"]]["prompt_token_ids"] == [5, 6, 7]
+    assert by_id[rows[2]["call_id"]]["request_json"] == texts[2]  # stored in full: not part of the chain
+    assert [(p.call_id, p.column) for p in log.problems] == [(rows[1]["call_id"], "request_json")]
+    assert "request_json prefix refers to unknown call gone" in log.problems[0].message
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 calls whose compact request text cannot be rebuilt" in out
+    assert "compact prompt cannot" not in out
+
+
+def test_numbers_that_do_not_fit_are_named_not_guessed(tmp_path: Path) -> None:
+    texts = session("openai.chat", 2)
+    rows = [row("r", texts[0]), row("r", texts[1][5:])]
+    rows[1].update(request_json_prefix_call_id=rows[0]["call_id"], request_json_prefix_len=5,
+                   request_json_suffix_len=len(texts[0]))
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA), calls / "part-0.parquet")
+    log = read_call_log(tmp_path)
+    assert log.table.to_pylist()[1]["request_json"] is None
+    (problem,) = log.problems
+    assert "do not fit the" in problem.message and problem.column == "request_json"
+
+
+def test_a_row_stored_as_proxy_error_keeps_its_whole_request(tmp_path: Path) -> None:
+    """A row Arrow cannot store as built (a usage count past int32) is kept as a proxy_error with its
+    request text but without the reference columns: it must keep the whole text, not a middle that
+    refers to nothing, and the calls after it refer to the call before it."""
+    texts = session("openai.chat", 4)
+    rows = [row("r", t, prompt=[5, 6, 7]) for t in texts]
+    rows[1]["usage_prompt_tokens"] = 2**40
+    write_rows(tmp_path, rows, flush_rows=100)
+    assert read_requests(tmp_path) == {r["call_id"]: r["request_json"] for r in rows}
+    raw = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
+    bad, after = raw[rows[1]["call_id"]], raw[rows[2]["call_id"]]
+    assert bad["status"] == "proxy_error" and bad["request_json"] == texts[1]
+    assert after["request_json_prefix_call_id"] == rows[0]["call_id"]
