@@ -116,6 +116,14 @@ def summarize(table, top: int = 20) -> str:
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
                           [[s, k, e] for (s, e), k in errors.most_common(top)]))
+    # an ok call may still say why something is missing: no token ids (a prompt the template
+    # refuses, a credential in the prompt), a check that could not run
+    notes = Counter((col["error"][i] or "")[:80] for i in range(n) if col["status"][i] == "ok" and col["error"][i])
+    if notes and top:
+        out.append(_table(f"\nnotes on ok calls ({notes.total()})", ["count", "note"],
+                          [[k, e] for e, k in notes.most_common(top)]))
+    elif notes:
+        out.append(f"\n{notes.total()} ok calls carry a note")
     return "\n".join(out)
 
 

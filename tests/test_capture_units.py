@@ -1014,19 +1014,24 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     for i in range(5):
         w.submit(lambda i=i: {**_row(i), "rollout_id": f"r{i % 2}", "token_source": "server",
                               "prompt_token_ids": [1, 2], "completion_token_ids": [3]})
+    for i in (5, 6):  # ok, but without ids, and the row says why
+        w.submit(lambda i=i: {**_row(i), "rollout_id": "r0", "token_source": "none",
+                              "error": "token ids unavailable: the template refuses this prompt"})
     w.close()
     (tmp_path / "calls" / ".part-half-written.parquet.tmp").write_bytes(b"PAR1 garbage")
     calls = tmp_path / "calls"
-    assert ds.dataset(str(calls), format="parquet", exclude_invalid_files=False).count_rows() == 5
-    assert duckdb.sql(f"select count(*) from '{calls}/*.parquet'").fetchall()[0][0] == 5
+    assert ds.dataset(str(calls), format="parquet", exclude_invalid_files=False).count_rows() == 7
+    assert duckdb.sql(f"select count(*) from '{calls}/*.parquet'").fetchall()[0][0] == 7
     from datasets import load_dataset
 
     dset = load_dataset("parquet", data_files=str(calls / "*.parquet"), split="train",
                         cache_dir=str(tmp_path / "hf-cache"))
-    assert dset.num_rows == 5
+    assert dset.num_rows == 7
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "5 calls" in out and "openai.chat" in out and "r0" in out
+    assert "7 calls" in out and "openai.chat" in out and "r0" in out
+    # ok calls that say why their ids are missing were not shown at all (only errors were)
+    assert "notes on ok calls (2)" in out and "token ids unavailable: the template refuses this prompt" in out
     assert main(["inspect", str(tmp_path / "nope")]) == 2
     assert "nope not found" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2 with the usage and the reason
@@ -1035,6 +1040,7 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     assert main(["inspect", str(tmp_path), "--top", "0"]) == 0  # totals only: no table of rollouts
     out = capsys.readouterr().out
     assert "\n2 rollouts" in out and "per rollout" not in out and "more rollouts" not in out
+    assert "2 ok calls carry a note" in out
     # a folder whose only part is not Parquet: an error naming it, not an empty summary
     broken = tmp_path / "broken" / "calls"
     broken.mkdir(parents=True)
