@@ -150,9 +150,10 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
 
     Parts with another schema or unreadable data are skipped and named in ``problems``; the
     rest is still read. Raises :class:`CallLogError` when the folder is missing or holds no
-    parts at all. With ``resolve_prompts`` (the default) compactly stored prompts are expanded,
-    so ``prompt_token_ids`` always holds the full prompt and the ``prompt_prefix_*`` columns
-    are null. An empty path is a :class:`CallLogError` too (``"."`` names the current folder).
+    parts at all. With ``resolve_prompts`` (the default) compactly stored prompts and request
+    texts are expanded, so ``prompt_token_ids`` and ``request_json`` always hold the full prompt
+    and text, and the ``prompt_prefix_*`` and ``request_json_*`` columns are null. An empty path
+    is a :class:`CallLogError` too (``"."`` names the current folder).
     """
     root = _folder_path(folder)
     if not root.exists():
@@ -188,7 +189,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
     if resolve_prompts:
-        result.table, unresolved = resolve_prompt_prefixes(result.table)
+        result.table, unresolved = resolve_compact_rows(result.table)
         result.problems.extend(unresolved)
     return result
 
@@ -270,21 +271,30 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     return [resolve(i) if refs[i] is not None else stored(i) for i in range(len(call_ids))]
 
 
+def resolve_compact_rows(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
+    """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request texts stored as
+    deltas of another call's.
+
+    A row with ``request_json_prefix_call_id`` = R stores the middle of its request text; the text
+    is the first ``request_json_prefix_len`` characters of R's, the middle, then the last
+    ``request_json_suffix_len`` of R's. R may itself be compact. A row whose reference is unknown,
+    circular or too short keeps a null request text and is reported, never guessed.
+    """
+    table, problems = resolve_prompt_prefixes(table)
+    return _resolve_requests(table, problems), problems
+
+
 def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
-    """Expand compact rows: prompts and request texts stored as deltas of another call's.
+    """Expand compact prompts: prefix of (prompt + completion) of another call, then the suffix.
 
     A row with ``prompt_prefix_call_id`` = R and ``prompt_prefix_len`` = n stores only the
-    suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. A row with
-    ``request_json_prefix_call_id`` = R stores the middle of its request text; the text is the
-    first ``request_json_prefix_len`` characters of R's, the middle, then the last
-    ``request_json_suffix_len`` of R's. R may itself be compact (chains resolve in order). Rows
-    whose reference is unknown, circular or too short keep a null prompt (or request) and are
-    reported, never guessed.
+    suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. R may itself
+    be compact (chains resolve in order). Rows whose reference is unknown, circular or too
+    short keep a null prompt and are reported, never guessed. (The builder needs no more than
+    this: it never reads request texts.)
     """
     problems: list[PartProblem] = []
-    table = _resolve_prompts(table, problems)
-    table = _resolve_requests(table, problems)
-    return table, problems
+    return _resolve_prompts(table, problems), problems
 
 
 def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
