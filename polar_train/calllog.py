@@ -145,7 +145,11 @@ def _short(exc: BaseException) -> str:
 _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapter")
 
 
-def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLog:
+#: Columns that depend on ``request_json``: left unread with it.
+_REQUEST_DELTA_COLUMNS = frozenset({"request_json_prefix_call_id", "request_json_prefix_len", "request_json_suffix_len"})
+
+
+def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset()) -> CallLog:
     """Read every finished part under ``folder`` into one table with the full call-log schema.
 
     Parts with another schema or unreadable data are skipped and named in ``problems``; the
@@ -154,7 +158,16 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
     texts are expanded, so ``prompt_token_ids`` and ``request_json`` always hold the full prompt
     and text, and the ``prompt_prefix_*`` and ``request_json_*`` columns are null. An empty path
     is a :class:`CallLogError` too (``"."`` names the current folder).
+
+    Columns named in ``skip`` are not read at all - they come back null: the builder never needs
+    the request and response texts, which are most of a long session's bytes.
     """
+    unknown = sorted(set(skip) - set(CALL_LOG_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"skip: not call-log columns: {', '.join(unknown)}")
+    if "request_json" in skip:
+        skip = frozenset(skip) | _REQUEST_DELTA_COLUMNS
+    columns = [name for name in CALL_LOG_SCHEMA.names if name not in skip]
     root = _folder_path(folder)
     if not root.exists():
         raise CallLogError(f"call-log folder not found: {root}")
@@ -181,7 +194,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
         dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
         for fragment in dataset.get_fragments():
             try:
-                tables.append(fragment.to_table(schema=CALL_LOG_SCHEMA))
+                tables.append(_full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns)))
                 result.parts.append(Path(fragment.path))
             except Exception as exc:  # corrupt pages behind a valid footer
                 result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
@@ -192,6 +205,14 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True) -> CallLo
         result.table, unresolved = resolve_compact_rows(result.table)
         result.problems.extend(unresolved)
     return result
+
+
+def _full_schema(table: pa.Table) -> pa.Table:
+    """``table`` with every call-log column, in order: those not read are null."""
+    if table.num_columns == len(CALL_LOG_SCHEMA):
+        return table
+    return pa.table([table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                     for f in CALL_LOG_SCHEMA], schema=CALL_LOG_SCHEMA)
 
 
 def read_calls(folder: str | Path) -> pa.Table:

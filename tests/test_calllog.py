@@ -315,3 +315,40 @@ def test_a_part_folder_named_like_a_call_counts_as_a_skipped_part(tmp_path, sess
     write_parts(tmp_path / "call data", session_rows)
     (tmp_path / "call data" / "calls" / "zero.parquet").write_bytes(b"")
     assert build_trajectories(tmp_path / "call data").report.parts_skipped == 1
+
+
+def test_skipped_columns_are_not_read_and_come_back_null(tmp_path, session_rows, monkeypatch):
+    """The builder never needs the request and response texts (most of a long session's bytes): it
+    reads without them. They come back null in a table of the full schema; the ids are all there."""
+    import types
+
+    import pyarrow.dataset as ds
+
+    from polar_train import calllog
+
+    write_parts(tmp_path, compact(session_rows))
+    asked = []
+
+    class Fragment:  # what the reader asks pyarrow for
+        def __init__(self, fragment):
+            self.fragment, self.path = fragment, fragment.path
+
+        def to_table(self, **kwargs):
+            asked.append(kwargs.get("columns"))
+            return self.fragment.to_table(**kwargs)
+
+    def dataset(*args, **kwargs):
+        real = ds.dataset(*args, **kwargs)
+        return types.SimpleNamespace(get_fragments=lambda: [Fragment(f) for f in real.get_fragments()])
+
+    monkeypatch.setattr(calllog, "ds", types.SimpleNamespace(dataset=dataset, ParquetFileFormat=ds.ParquetFileFormat,
+                                                            ParquetFragmentScanOptions=ds.ParquetFragmentScanOptions))
+    log = read_call_log(tmp_path, skip=frozenset({"request_json", "response_json"}))
+    assert asked and all("request_json" not in c and "response_json" not in c and "request_json_prefix_len" not in c
+                         for c in asked)
+    assert log.table.schema.equals(CALL_LOG_SCHEMA, check_metadata=False) and not log.problems
+    assert log.table.column("request_json").null_count == len(session_rows)
+    by_id = {r["call_id"]: r for r in log.table.to_pylist()}
+    assert all(by_id[r["call_id"]]["prompt_token_ids"] == r["prompt_token_ids"] for r in session_rows)
+    with pytest.raises(ValueError, match="skip: not call-log columns: request_text"):
+        read_call_log(tmp_path, skip=frozenset({"request_text"}))

@@ -262,7 +262,8 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
             if p is not None:
                 check_file(p)  # fail before the (possibly long) read
     token_bytes_factory = _token_bytes_factory(options.tokenizer)
-    log = read_call_log(folder, resolve_prompts=False)  # the stitcher resolves compact prompts
+    # the stitcher resolves compact prompts; the texts are not needed (most of a long session's bytes)
+    log = read_call_log(folder, resolve_prompts=False, skip=frozenset({"request_json", "response_json"}))
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
