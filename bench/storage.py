@@ -6,7 +6,8 @@ Each session has the shape of a real agent log: a system prompt + task (``--syst
 per turn a completion (``--completion`` tokens, ending the turn) and a tool output (``--tool``
 tokens); the prompt of call k+1 is the prompt of call k + its completion + the tool output. Rows
 are real call-log rows (``CALL_LOG_SCHEMA``, optionally the request JSON: the conversation as
-text, then tool definitions, as harnesses send it), Parquet + zstd like the writer, written once
+text, then tool definitions and per-call metadata in another key order each call, as Codex sends
+it), Parquet + zstd like the writer, written once
 in full and once through :class:`polar_train.capture.prompt_delta.PromptDeltaEncoder` (prompt ids
 and request text as deltas); both are read back with :func:`polar_train.calllog.read_calls`,
 which must yield identical full ids and request texts (checked).
@@ -41,6 +42,8 @@ WORDS = "def test read file patch the error value return import path line self a
 PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": f"tool_{k}", "description": " ".join(WORDS) * 8,
                                            "parameters": PARAMETERS}} for k in range(8)]
+METADATA = {"session_id": uuid.uuid4().hex, "thread_id": uuid.uuid4().hex, "window_id": uuid.uuid4().hex,
+            "installation_id": uuid.uuid4().hex, "sandbox": "none", "model": "tiny"}
 
 
 def text_of(ids: np.ndarray) -> str:
@@ -67,7 +70,10 @@ def session_rows(turns: int, system: int, completion: int, tool: int, rng: np.ra
                    token_source="server", usage_prompt_tokens=len(prompt), usage_completion_tokens=completion,
                    usage_match=True, finish_reason="tool_calls", tool_call_count=1, injected=True)
         if with_json:
-            row["request_json"] = json.dumps({"model": "tiny", "stream": True, "messages": messages, "tools": TOOLS})
+            # after the tools, per-call metadata in another key order each call, as Codex sends it
+            meta = dict(list(METADATA.items())[i] for i in rng.permutation(len(METADATA)))
+            row["request_json"] = json.dumps({"model": "tiny", "stream": True, "messages": messages, "tools": TOOLS,
+                                              "client_metadata": {**meta, "turn_id": uuid.uuid4().hex}})
             row["response_json"] = json.dumps({"choices": [{"message": {"content": text_of(comp)}}]})
         rows.append(row)
         messages = [*messages, {"role": "assistant", "content": text_of(comp)},

@@ -22,6 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, missing_columns
+from .text_delta import BadDelta, apply_text_delta
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapte
 
 
 #: Columns that depend on ``request_json``: left unread with it.
-_REQUEST_DELTA_COLUMNS = frozenset({"request_json_prefix_call_id", "request_json_prefix_len", "request_json_suffix_len"})
+_REQUEST_DELTA_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta"})
 
 
 def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset()) -> CallLog:
@@ -296,9 +297,9 @@ def resolve_compact_rows(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
     """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request texts stored as
     deltas of another call's.
 
-    A row with ``request_json_prefix_call_id`` = R stores the middle of its request text; the text
-    is the first ``request_json_prefix_len`` characters of R's, the middle, then the last
-    ``request_json_suffix_len`` of R's. R may itself be compact. A row whose reference is unknown,
+    A row with ``request_json_base_call_id`` = R stores only the new text of its request; the
+    text is that interleaved with copies of blocks of R's, as ``request_json_delta`` says
+    (:mod:`polar_train.text_delta`). R may itself be compact. A row whose reference is unknown,
     circular or too short keeps a null request text and is reported, never guessed.
     """
     table, problems = resolve_prompt_prefixes(table)
@@ -360,29 +361,27 @@ def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
 def _resolve_requests(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
     if table.num_rows == 0:
         return table
-    ref_col = table.column("request_json_prefix_call_id")
+    ref_col = table.column("request_json_base_call_id")
     if ref_col.null_count == table.num_rows:
         return table
     call_ids = table.column("call_id").to_pylist()
     refs = ref_col.to_pylist()
     texts = table.column("request_json").to_pylist()
-    prefixes = table.column("request_json_prefix_len").to_pylist()
-    suffixes = table.column("request_json_suffix_len").to_pylist()
+    deltas = table.column("request_json_delta").to_pylist()
 
-    def extend(text: str, ref: int, j: int) -> str:
-        p, s = prefixes[j], suffixes[j]
-        if p is None or s is None or p < 0 or s < 0 or p + s > len(text):
-            raise _BadReference(f"request_json_prefix_len {p} and request_json_suffix_len {s} do not fit the "
-                                f"{len(text)} characters of call {refs[j]}")
-        if texts[j] is None:
-            raise _BadReference("request_json_prefix_call_id is set but request_json (the middle) is null")
-        return text[:p] + texts[j] + text[len(text) - s:]
+    def extend(base: str, ref: int, j: int) -> str:
+        if texts[j] is None or deltas[j] is None:
+            raise _BadReference("request_json_base_call_id is set but request_json (the new text) or "
+                                "request_json_delta is null")
+        try:
+            return apply_text_delta(base, deltas[j], texts[j])
+        except BadDelta as exc:
+            raise _BadReference(f"request_json_delta of call {refs[j]}'s text: {exc}") from None
 
     full = _resolve_chains(call_ids, refs, texts.__getitem__, extend,
-                           "request_json", "request_json_prefix_call_id", "request_json prefix", problems)
+                           "request_json", "request_json_base_call_id", "request_json base", problems)
     requests = pa.array(full, type=pa.string())
-    return _replace(table, {"request_json": requests, "request_json_prefix_call_id": None,
-                            "request_json_prefix_len": None, "request_json_suffix_len": None})
+    return _replace(table, {"request_json": requests, "request_json_base_call_id": None, "request_json_delta": None})
 
 
 def _replace(table: pa.Table, columns: dict[str, pa.Array | pa.ChunkedArray | None]) -> pa.Table:

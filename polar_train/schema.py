@@ -66,13 +66,12 @@ CALL_LOG_SCHEMA = pa.schema(
         # ``prompt_prefix_call_id``, concatenated with that call's completion. Readers resolve it.
         pa.field("prompt_prefix_call_id", pa.string()),
         pa.field("prompt_prefix_len", pa.int32()),
-        # The same option stores ``request_json`` compactly: it then holds only the middle of the
-        # text, which is the first ``request_json_prefix_len`` characters of call
-        # ``request_json_prefix_call_id``'s request, this middle, then its last
-        # ``request_json_suffix_len`` characters. Readers resolve it.
-        pa.field("request_json_prefix_call_id", pa.string()),
-        pa.field("request_json_prefix_len", pa.int32()),
-        pa.field("request_json_suffix_len", pa.int32()),
+        # The same option stores ``request_json`` compactly: it then holds only the new text, and
+        # ``request_json_delta`` says how it interleaves with copies of blocks of the request of
+        # call ``request_json_base_call_id`` (triples: copy start, copy length, new characters;
+        # see polar_train.text_delta). Readers resolve it.
+        pa.field("request_json_base_call_id", pa.string()),
+        pa.field("request_json_delta", pa.list_(pa.int32())),
     ],
     metadata={"polar_train.table": "calls", "polar_train.version": CALL_LOG_VERSION},
 )
@@ -103,8 +102,7 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 #: Call-log columns added after version 1: parts written before them lack them, and readers take
 #: them as null - what such a writer meant (it never stored a request compactly).
-CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_prefix_call_id", "request_json_prefix_len",
-                                    "request_json_suffix_len"})
+CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta"})
 
 
 def missing_columns(schema: pa.Schema, expected: pa.Schema, optional: frozenset[str] = frozenset()) -> list[str]:

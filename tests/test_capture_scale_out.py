@@ -63,7 +63,7 @@ def test_two_proxies_share_one_capture_folder(polar_base_url: str, tmp_path: Pat
         assert len(r["prompt_token_ids"]) == r["usage_prompt_tokens"]
     stored = read_call_log(out, resolve_prompts=False).table
     assert stored.column("prompt_prefix_call_id").null_count < len(rows)  # some were stored as deltas
-    assert stored.column("request_json_prefix_call_id").null_count < len(rows)  # request texts too
+    assert stored.column("request_json_base_call_id").null_count < len(rows)  # request texts too
     for rollout in rollouts:  # each request text whole again: the conversation as the client sent it
         calls = sorted((r for r in rows if r["rollout_id"] == rollout), key=lambda r: r["started_at"])
         sent = [json.loads(r["request_json"])["messages"] for r in calls]

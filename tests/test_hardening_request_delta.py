@@ -1,23 +1,26 @@
-"""Compact request text (``polar_prompt_delta``): each call's ``request_json`` stored as the middle
-between the start and the end it shares with the previous request of its rollout. What is written
-grows linearly with a session; what is read is the same text, whatever the session does."""
+"""Compact request text (``polar_prompt_delta``): each call's ``request_json`` stored as the new text
+between copies of blocks of the previous request of its rollout. What is written grows linearly
+with a session; what is read is the same text, whatever the session does."""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_train.calllog import read_call_log
-from polar_train.capture.prompt_delta import PromptDeltaEncoder, shared_ends
+from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.capture.writer import PartWriter
 from polar_train.schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA
+from polar_train.text_delta import BadDelta, apply_text_delta, text_delta
 
 PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": f"tool_{k}", "description": "does a thing " * 20,
@@ -49,23 +52,50 @@ def read_requests(tmp: Path) -> dict:
     return dict(zip(log.table.column("call_id").to_pylist(), log.table.column("request_json").to_pylist()))
 
 
-@given(old=st.text(max_size=40), new=st.text(max_size=40))
-def test_shared_ends_are_shared_and_never_overlap(old: str, new: str) -> None:
-    prefix, suffix = shared_ends(old, new)
-    assert prefix + suffix <= min(len(old), len(new))
-    assert old[:prefix] == new[:prefix]
-    assert old[len(old) - suffix:] == new[len(new) - suffix:]
-    # as long as the text allows: one more character would not be shared (or would overlap)
-    if prefix + suffix < min(len(old), len(new)):
-        assert old[prefix] != new[prefix]
-        assert old[len(old) - suffix - 1] != new[len(new) - suffix - 1]
+texts = st.text(alphabet=st.sampled_from("ab{}\"\\ é€🙂\n"), max_size=400)
 
 
-def test_shared_ends_of_mixed_texts() -> None:
-    assert shared_ends("abcXdef", "abcYYdef") == (3, 3)
-    assert shared_ends("só 🙂 end", "só 🙃 end") == (3, 4)  # characters, not bytes
-    assert shared_ends("plain ascii", "plain äscii") == (6, 4)
-    assert shared_ends("", "x") == (0, 0)
+@given(old=texts, edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 50), texts), max_size=6),
+       move=st.booleans())
+def test_a_delta_rebuilds_the_text(old: str, edits: list, move: bool) -> None:
+    """Any edits of any text (insertions, deletions, replacements, a block moved): the plan and the
+    new characters rebuild the new text exactly, and only copies are not new characters."""
+    new = old
+    for where, cut, piece in edits:
+        at = where % (len(new) + 1)
+        new = new[:at] + piece + new[at + cut:]
+    if move and len(new) > 10:
+        new = new[len(new) // 2:] + new[:len(new) // 2]
+    plan, literals, copied = text_delta(old, new)
+    assert apply_text_delta(old, plan, literals) == new
+    assert copied + len(literals) == len(new)
+
+
+def test_a_delta_copies_the_long_blocks_a_harness_resends() -> None:
+    """Codex's shape: the history grows in the middle, 18 KB of tools follow, and the per-call
+    metadata at the end comes in another key order each call. A prefix and suffix alone stored the
+    tools again every call; the delta copies them."""
+    tools = json.dumps(TOOLS) * 3
+    old = '{"input":[{"a":1}],"tools":' + tools + ',"meta":{"x":"1","y":"2","z":"3"}}'
+    new = '{"input":[{"a":1},{"b":2}],"tools":' + tools + ',"meta":{"z":"3","x":"1","y":"2"}}'
+    plan, literals, copied = text_delta(old, new)
+    assert apply_text_delta(old, plan, literals) == new
+    assert len(literals) < 64 and copied > len(tools)
+    assert text_delta("", "new") == ([0, 0, 3], "new", 0)
+    assert text_delta("same text", "same text") == ([0, 9, 0], "", 9)
+
+
+@pytest.mark.parametrize("plan,literals,message", [
+    ([0, 5], "", "not a list of (start, length, new) triples"),
+    ([0, None, 0], "", "(nulls: 1) is not a list"),
+    ([3, 10, 0], "", "does not fit the 10 characters"),
+    ([0, 2, 5], "abc", "does not fit"),
+    ([0, 2, 1], "abc", "uses 1 of 3 new characters"),
+    ([-1, 2, 0], "", "does not fit"),
+])
+def test_a_delta_that_does_not_fit_is_refused(plan, literals, message) -> None:
+    with pytest.raises(BadDelta, match=re.escape(message)):
+        apply_text_delta("0123456789", plan, literals)
 
 
 def session(api: str, turns: int) -> list[str]:
@@ -97,7 +127,7 @@ def test_fifty_turn_sessions_round_trip_and_store_linearly(tmp_path: Path) -> No
     write_rows(tmp_path, rows)
     assert read_requests(tmp_path) == {r["call_id"]: r["request_json"] for r in rows}
     raw = read_call_log(tmp_path, resolve_prompts=False).table
-    assert raw.column("request_json_prefix_call_id").null_count == 3  # each session's first call in full
+    assert raw.column("request_json_base_call_id").null_count == 3  # each session's first call in full
     for api, texts in sessions.items():
         stored = sum(len(text) for text, rollout in zip(raw.column("request_json").to_pylist(),
                                                         raw.column("rollout_id").to_pylist()) if rollout == api)
@@ -150,10 +180,10 @@ def test_prompts_and_requests_compact_together_and_apart(tmp_path: Path) -> None
     write_rows(tmp_path, rows, flush_rows=100)
     raw = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
     first, error, retry, other = (raw[r["call_id"]] for r in rows)
-    assert error["request_json_prefix_call_id"] == first["call_id"] and error["prompt_prefix_call_id"] is None
-    assert retry["request_json_prefix_call_id"] == error["call_id"] and retry["request_json"] == ""
+    assert error["request_json_base_call_id"] == first["call_id"] and error["prompt_prefix_call_id"] is None
+    assert retry["request_json_base_call_id"] == error["call_id"] and retry["request_json"] == ""
     assert retry["prompt_prefix_call_id"] == first["call_id"]  # prompts refer to ok calls only
-    assert other["request_json_prefix_call_id"] is None and other["prompt_prefix_call_id"] == retry["call_id"]
+    assert other["request_json_base_call_id"] is None and other["prompt_prefix_call_id"] == retry["call_id"]
     log = read_call_log(tmp_path)
     assert not log.problems
     got = {r["call_id"]: (r["request_json"], r["prompt_token_ids"]) for r in log.table.to_pylist()}
@@ -168,14 +198,14 @@ def test_parts_written_before_the_columns_were_added_still_read(tmp_path: Path) 
     calls.mkdir()
     older = pa.schema([f for f in CALL_LOG_SCHEMA if f.name not in CALL_LOG_ADDED_COLUMNS])
     pq.write_table(pa.Table.from_pylist(rows, schema=older), calls / "part-old.parquet")
-    wrong = pa.schema([pa.field("request_json_prefix_len", pa.string()) if f.name == "request_json_prefix_len" else f
+    wrong = pa.schema([pa.field("request_json_delta", pa.string()) if f.name == "request_json_delta" else f
                        for f in CALL_LOG_SCHEMA])
     pq.write_table(pa.Table.from_pylist([row("r", "{}")], schema=wrong), calls / "part-wrong.parquet")
     log = read_call_log(tmp_path)
     assert [p.name for p in log.parts] == ["part-old.parquet"]
-    assert len(log.problems) == 1 and "request_json_prefix_len (string, expected int32)" in log.problems[0].message
+    assert len(log.problems) == 1 and "request_json_delta (string, expected list<item: int32>)" in log.problems[0].message
     assert log.table.to_pylist()[0]["request_json"] == "{\"a\": 1}"
-    assert log.table.column("request_json_suffix_len").null_count == 1
+    assert log.table.column("request_json_delta").null_count == 1
 
 
 def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: Path, capsys) -> None:
@@ -187,9 +217,9 @@ def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: 
     rows = [row("r", t, prompt=[5, 6, 7]) for t in texts]
     write_rows(tmp_path, rows[:1], flush_rows=1)
     (part,) = (tmp_path / "calls").glob("part-*.parquet")
-    rows[1]["request_json_prefix_call_id"] = "gone"
-    rows[1]["request_json_prefix_len"], rows[1]["request_json_suffix_len"] = 10, 10
-    rows[1]["request_json"] = texts[1][10:-10]
+    rows[1]["request_json_base_call_id"] = "gone"
+    rows[1]["request_json_delta"] = [0, 10, len(texts[1]) - 10]
+    rows[1]["request_json"] = texts[1][10:]
     pq.write_table(pa.Table.from_pylist(rows[1:], schema=CALL_LOG_SCHEMA), tmp_path / "calls" / "part-z.parquet")
     part.unlink()
     log = read_call_log(tmp_path)
@@ -198,7 +228,7 @@ def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: 
     assert by_id[rows[1]["call_id"]]["prompt_token_ids"] == [5, 6, 7]
     assert by_id[rows[2]["call_id"]]["request_json"] == texts[2]  # stored in full: not part of the chain
     assert [(p.call_id, p.column) for p in log.problems] == [(rows[1]["call_id"], "request_json")]
-    assert "request_json prefix refers to unknown call gone" in log.problems[0].message
+    assert "request_json base refers to unknown call gone" in log.problems[0].message
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 calls whose compact request text cannot be rebuilt" in out
@@ -208,15 +238,14 @@ def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: 
 def test_numbers_that_do_not_fit_are_named_not_guessed(tmp_path: Path) -> None:
     texts = session("openai.chat", 2)
     rows = [row("r", texts[0]), row("r", texts[1][5:])]
-    rows[1].update(request_json_prefix_call_id=rows[0]["call_id"], request_json_prefix_len=5,
-                   request_json_suffix_len=len(texts[0]))
+    rows[1].update(request_json_base_call_id=rows[0]["call_id"], request_json_delta=[0, len(texts[0]) + 1, 0])
     calls = tmp_path / "calls"
     calls.mkdir()
     pq.write_table(pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA), calls / "part-0.parquet")
     log = read_call_log(tmp_path)
     assert log.table.to_pylist()[1]["request_json"] is None
     (problem,) = log.problems
-    assert "do not fit the" in problem.message and problem.column == "request_json"
+    assert "does not fit the" in problem.message and problem.column == "request_json"
 
 
 def test_a_row_stored_as_proxy_error_keeps_its_whole_request(tmp_path: Path) -> None:
@@ -231,4 +260,4 @@ def test_a_row_stored_as_proxy_error_keeps_its_whole_request(tmp_path: Path) -> 
     raw = {r["call_id"]: r for r in pq.read_table(tmp_path / "calls").to_pylist()}
     bad, after = raw[rows[1]["call_id"]], raw[rows[2]["call_id"]]
     assert bad["status"] == "proxy_error" and bad["request_json"] == texts[1]
-    assert after["request_json_prefix_call_id"] == rows[0]["call_id"]
+    assert after["request_json_base_call_id"] == rows[0]["call_id"]

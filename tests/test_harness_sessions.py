@@ -40,6 +40,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {"codex": ("codex", {}), "codex-apply-pa
 API = {"codex": "openai.responses", "codex-apply-patch": "openai.responses", "claude-code": "anthropic.messages",
        "pi": "openai.chat"}
 SCRIPTED_TURNS = 5
+#: Variants whose proxy stores prompts and request texts compactly (``polar_prompt_delta``): every
+#: check below then reads them back through the resolver - Codex's instructions + tools + history,
+#: and Claude Code's cache marker that moves to the newest message each turn.
+COMPACT = {"codex-apply-patch", "claude-code"}
 REASONING = ("The test fails, so add() is probably wrong. I will read the code and the test first.",
              "add() returns a - b but must return a + b.")
 
@@ -95,7 +99,8 @@ def proxied(request, scripted_server: str, tiny_model_dir: Path, tmp_path_factor
     require_harnesses(VARIANTS[name][0])
     work = tmp_path_factory.mktemp(f"{name}-proxied")
     rollout = f"{name}-{uuid.uuid4().hex[:8]}"
-    with capture_proxy(work, tiny_model_dir) as px:
+    options = {"polar_prompt_delta": "true"} if name in COMPACT else None
+    with capture_proxy(work, tiny_model_dir, options=options) as px:
         run, repo = run_session(name, scripted_server, work, Proxy(px.port, rollout, px.ca_cert))
     return Session(name, rollout, run, repo, call_rows(px.out), px.witnessed_model_flows(), captures=px.out)
 
@@ -287,6 +292,26 @@ def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server
 #: Edit call with ``"replace_all": false`` inserted, so the prompt after that turn no longer starts
 #: with the sampled call: a ``history_rewrite`` fork. The others only append.
 EXPECTED_TRAJECTORIES = {"claude-code": (2, {"history_rewrite": 1})}
+
+
+def test_compact_storage_holds_each_request_once(proxied: Session) -> None:
+    """With ``polar_prompt_delta`` every call after the first stores its prompt and request text as a
+    delta of the call before it, and the texts read back whole (the checks above parse them)."""
+    from polar_train.calllog import read_call_log
+
+    stored = sorted(read_call_log(proxied.captures, resolve_prompts=False).table.to_pylist(),
+                    key=lambda r: r["started_at"])
+    if proxied.harness not in COMPACT:
+        assert all(r["request_json_base_call_id"] is None and r["prompt_prefix_call_id"] is None for r in stored)
+        return
+    assert [r["request_json_base_call_id"] for r in stored] == [None] + [r["call_id"] for r in stored[:-1]]
+    assert [r["prompt_prefix_call_id"] for r in stored] == [None] + [r["call_id"] for r in stored[:-1]]
+    whole = [r["request_json"] for r in proxied.rows]
+    assert all(json.loads(text) for text in whole)
+    # the session's requests resend instructions, tools and history: stored once, they are a
+    # fraction of what every call sent
+    middles = sum(len(r["request_json"]) for r in stored[1:])
+    assert middles < sum(len(text) for text in whole[1:]) / 4, (middles, [len(t) for t in whole])
 
 
 def test_builder_stitches_the_session(proxied: Session) -> None:

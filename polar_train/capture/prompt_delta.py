@@ -1,14 +1,14 @@
-"""Compact prompt storage: a call's prompt as "the first n tokens of the previous call of its rollout
-(prompt + completion), then this suffix", and its request text as "the start and the end it shares
-with the previous request of its rollout, around this middle".
+"""Compact storage of a rollout's calls: a call's prompt as "the first n tokens of the previous call
+of its rollout (prompt + completion), then this suffix", and its request text as copies of blocks
+of the previous request of its rollout with the new text between (:mod:`polar_train.text_delta`).
 
 Why: an agent's call k+1 resends everything of call k plus the new tool output, so full prompts
 grow quadratically with the turns of a session (a 50-turn session stores each early token ~50
 times), and so does the request's JSON (the same conversation as text, the tool definitions after
 it). The call-log schema has the columns for it (``prompt_prefix_call_id``, ``prompt_prefix_len``;
-``request_json_prefix_call_id``, ``request_json_prefix_len``, ``request_json_suffix_len``) and
-:func:`polar_train.calllog.read_calls` expands them, so every reader still sees full ids and
-texts. This module only decides what to store; it runs on the writer's thread.
+``request_json_base_call_id``, ``request_json_delta``) and :func:`polar_train.calllog.read_calls`
+expands them, so every reader still sees full ids and texts. This module only decides what to
+store; it runs on the writer's thread.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .id_arrays import as_list
+from ..text_delta import text_delta
+
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,32 +35,19 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _code_points(text: str) -> np.ndarray:
-    """The characters of ``text`` as numbers (one byte each where it is ASCII, the common case)."""
-    if text.isascii():
-        return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
-    # surrogatepass: a lone surrogate is one character too (the row then fails to store, as before)
-    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-
-
-def shared_ends(old: str, new: str) -> tuple[int, int]:
-    """(prefix, suffix): how many characters ``new`` shares with ``old`` at its start, then at its
-    end, the two never overlapping in either text (vectorised: requests are long)."""
-    a, b = _code_points(old), _code_points(new)
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    prefix = int(diff[0]) if diff.size else n
-    m = n - prefix  # what is left of the shorter text for the suffix
-    if m == 0:
-        return prefix, 0
-    diff = np.flatnonzero(a[len(a) - m:][::-1] != b[len(b) - m:][::-1])
-    return prefix, int(diff[0]) if diff.size else m
+def _id_array(ids: Any) -> np.ndarray:
+    """``ids`` (a list, or an array where the row worker read them so) as int64 numbers: kept per
+    rollout, a long session's context takes 8 bytes an id instead of a Python int's ~36, and is
+    compared without converting it again. An id past int64 raises (the row is stored in full)."""
+    if isinstance(ids, np.ndarray):
+        return ids.astype(np.int64, copy=False)
+    return np.asarray(ids if ids is not None else [], dtype=np.int64)
 
 
 @dataclass
 class _Last:
     call_id: str
-    context: list[int]  # the call's full prompt + its completion
+    context: np.ndarray  # the call's full prompt + its completion
 
 
 class PromptDeltaEncoder:
@@ -68,8 +56,8 @@ class PromptDeltaEncoder:
     A row's prompt is made compact only when it shares at least ``min_prefix`` tokens with the
     previous ``ok`` call of its rollout, and that call's row was stored before it (so a reader
     finds it). Rows without a rollout id, without ids, or not ``ok`` keep their prompt. A row's
-    request text is made compact when it shares at least ``min_shared_chars`` characters (start
-    and end together) with the previous request of its rollout, whatever either call's status.
+    request text is made compact when at least ``min_shared_chars`` of its characters are copies of
+    the previous request of its rollout, whatever either call's status.
     """
 
     def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256) -> None:
@@ -90,17 +78,16 @@ class PromptDeltaEncoder:
         prompt = row.get("prompt_token_ids")
         if prompt is None or row.get("status") != "ok":
             return
-        # lists, also where the row worker read the ids as arrays
-        full_prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-        completion = as_list(row.get("completion_token_ids")) or []
+        full_prompt = _id_array(prompt)
+        context = np.concatenate([full_prompt, _id_array(row.get("completion_token_ids"))])
         last = self._last.get(rollout)
         if last is not None:
             n = common_prefix_len(last.context, full_prompt)
             if n >= self.min_prefix:
-                row["prompt_token_ids"] = full_prompt[n:]
+                row["prompt_token_ids"] = prompt[n:]  # the suffix, a list or an array as it came
                 row["prompt_prefix_call_id"] = last.call_id
                 row["prompt_prefix_len"] = n
-        self._remember(self._last, rollout, _Last(row["call_id"], full_prompt + list(completion)))
+        self._remember(self._last, rollout, _Last(row["call_id"], context))
 
     def _encode_request(self, rollout: str, row: dict[str, Any]) -> None:
         text = row.get("request_json")
@@ -108,12 +95,11 @@ class PromptDeltaEncoder:
             return
         last = self._last_request.get(rollout)
         if last is not None:
-            prefix, suffix = shared_ends(last[1], text)
-            if prefix + suffix >= self.min_shared_chars:
-                row["request_json"] = text[prefix:len(text) - suffix]
-                row["request_json_prefix_call_id"] = last[0]
-                row["request_json_prefix_len"] = prefix
-                row["request_json_suffix_len"] = suffix
+            plan, literals, copied = text_delta(last[1], text)
+            if copied >= self.min_shared_chars:
+                row["request_json"] = literals
+                row["request_json_base_call_id"] = last[0]
+                row["request_json_delta"] = plan
         self._remember(self._last_request, rollout, (row["call_id"], text))
 
     def _remember(self, last: OrderedDict, rollout: str, value: Any) -> None:

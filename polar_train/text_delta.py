@@ -1,0 +1,137 @@
+"""A text as a delta of an earlier one: copies of the earlier text's blocks, with new text between.
+
+Why: an agent's request k+1 resends request k's conversation plus the new turn, the tool
+definitions and the options after it, and some harnesses rewrite a little everywhere (Codex writes
+its per-call metadata at the end in another key order each call; Claude Code moves a cache marker
+to the newest message). A common prefix and suffix alone then miss the tool definitions (~18 KB a
+Codex call); copies of long blocks catch them. The compact call log stores a request text this way
+(``request_json`` holds the new text, ``request_json_delta`` the plan), and the reader rebuilds it.
+
+A plan is a flat list of triples ``(copy_start, copy_len, literal_len)``: the text is, triple after
+triple, ``old[copy_start:copy_start + copy_len]`` followed by the next ``literal_len`` characters
+of the literals. Positions count characters (Python's ``str`` indices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Characters of the earlier text looked up in the new one to find a block both hold.
+ANCHOR = 32
+#: A block shorter than this is not worth a triple (12 bytes and a lookup).
+MIN_BLOCK = 64
+#: Anchors tried per region: the longest block any of them extends to is taken.
+ANCHORS_PER_REGION = 16
+#: At most this many blocks per text (a text that shares little is mostly new text anyway).
+MAX_BLOCKS = 64
+
+
+class BadDelta(ValueError):
+    """A plan that does not fit its earlier text or its literals (the message says how)."""
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The characters of ``text`` as numbers (one byte each where it is ASCII, the common case)."""
+    if text.isascii():
+        return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    # surrogatepass: a lone surrogate is one character too
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+#: Characters the anchor lookups of one text may scan, per character of the two texts: a bound
+#: for texts that share many short pieces and no long one (a plan is then mostly new text anyway).
+SCAN_BUDGET = 64
+
+
+def _equal_run(x: np.ndarray, y: np.ndarray) -> int:
+    """How many leading elements of two equally long arrays are equal (compared in growing slices:
+    the cost follows the run, not the arrays' length)."""
+    start, step = 0, 256
+    while start < len(x):
+        end = min(len(x), start + step)
+        diff = np.flatnonzero(x[start:end] != y[start:end])
+        if diff.size:
+            return start + int(diff[0])
+        start, step = end, step * 4
+    return len(x)
+
+
+class _Blocks:
+    """Blocks (new_start, old_start, length) that ``new`` and ``old`` both hold, found greedily."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+        self.a, self.b = _code_points(old), _code_points(new)
+
+    def run_forward(self, o: int, n: int, old_end: int, new_end: int) -> int:
+        m = min(old_end - o, new_end - n)
+        return _equal_run(self.a[o:o + m], self.b[n:n + m]) if m > 0 else 0
+
+    def run_back(self, o: int, n: int, old_start: int, new_start: int) -> int:
+        m = min(o - old_start, n - new_start)
+        return _equal_run(self.a[o - m:o][::-1], self.b[n - m:n][::-1]) if m > 0 else 0
+
+    def find(self) -> list[tuple[int, int, int]]:
+        old, new = self.old, self.new
+        prefix = self.run_forward(0, 0, len(old), len(new))
+        suffix = self.run_back(len(old), len(new), prefix, prefix)
+        blocks = [(0, 0, prefix)] if prefix else []
+        if suffix:
+            blocks.append((len(new) - suffix, len(old) - suffix, suffix))
+        regions = [(prefix, len(old) - suffix, prefix, len(new) - suffix)]
+        budget = SCAN_BUDGET * (len(old) + len(new))
+        while regions and len(blocks) < MAX_BLOCKS and budget > 0:
+            o_lo, o_hi, n_lo, n_hi = regions.pop()
+            if o_hi - o_lo < MIN_BLOCK or n_hi - n_lo < MIN_BLOCK:
+                continue
+            best = (0, 0, 0)
+            step = max(ANCHOR, (o_hi - o_lo - ANCHOR) // ANCHORS_PER_REGION)
+            for o in range(o_lo, o_hi - ANCHOR + 1, step):
+                budget -= n_hi - n_lo  # what a lookup may scan
+                n = new.find(old[o:o + ANCHOR], n_lo, n_hi)
+                if n < 0:
+                    continue
+                back = self.run_back(o, n, o_lo, n_lo)
+                length = back + self.run_forward(o, n, o_hi, n_hi)
+                if length > best[2]:
+                    best = (n - back, o - back, length)
+            n, o, length = best
+            if length < MIN_BLOCK:
+                continue
+            blocks.append(best)
+            regions += [(o_lo, o, n_lo, n), (o + length, o_hi, n + length, n_hi)]  # left and right of it
+        return sorted(blocks)
+
+
+def text_delta(old: str, new: str) -> tuple[list[int], str, int]:
+    """(plan, literals, copied): ``new`` as copies of ``old``'s blocks and new text, and how many of
+    its characters are copies. Blocks are in order in both texts (what moved is new text)."""
+    plan, literals, pos, copied = [0, 0, 0], [], 0, 0
+    for n, o, length in _Blocks(old, new).find():
+        plan[-1] = n - pos  # the new text before this block follows the previous copy
+        literals.append(new[pos:n])
+        plan += [o, length, 0]
+        pos, copied = n + length, copied + length
+    plan[-1] = len(new) - pos
+    literals.append(new[pos:])
+    if plan[:3] == [0, 0, 0]:  # the text starts with a copy
+        plan = plan[3:]
+    return plan, "".join(literals), copied
+
+
+def apply_text_delta(old: str, plan: list[int], literals: str) -> str:
+    """The text ``plan`` and ``literals`` describe over ``old``; :class:`BadDelta` if they do not fit."""
+    if len(plan) % 3 or any(v is None for v in plan):
+        raise BadDelta(f"a delta of {len(plan)} numbers (nulls: {sum(v is None for v in plan)}) is not a list "
+                       "of (start, length, new) triples")
+    pieces, used = [], 0
+    for i in range(0, len(plan), 3):
+        start, length, fresh = plan[i:i + 3]
+        if start < 0 or length < 0 or fresh < 0 or start + length > len(old) or used + fresh > len(literals):
+            raise BadDelta(f"triple {i // 3} ({start}, {length}, {fresh}) does not fit the {len(old)} characters "
+                           f"it copies from and the {len(literals)} new ones")
+        pieces += [old[start:start + length], literals[used:used + fresh]]
+        used += fresh
+    if used != len(literals):
+        raise BadDelta(f"the delta uses {used} of {len(literals)} new characters")
+    return "".join(pieces)
