@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, missing_columns
+from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, COMPACT_TEXT_COLUMNS, missing_columns
 from .text_delta import BadDelta, apply_text_delta
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class PartProblem:
 
     ``call_id`` is set for a call's problem (its ``path`` then reads ``call <id>``): a part's
     path may start with "call " too. ``column`` names what of the call was not rebuilt (read as
-    null): ``prompt_token_ids`` or ``request_json``."""
+    null): ``prompt_token_ids``, ``request_json`` or ``response_json``."""
 
     path: str
     message: str
@@ -146,8 +146,6 @@ def _short(exc: BaseException) -> str:
 _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapter")
 
 
-#: Columns that depend on ``request_json``: left unread with it.
-_REQUEST_DELTA_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta"})
 
 
 def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset()) -> CallLog:
@@ -156,8 +154,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     Parts with another schema or unreadable data are skipped and named in ``problems``; the
     rest is still read. Raises :class:`CallLogError` when the folder is missing or holds no
     parts at all. With ``resolve_prompts`` (the default) compactly stored prompts and request
-    texts are expanded, so ``prompt_token_ids`` and ``request_json`` always hold the full prompt
-    and text, and the ``prompt_prefix_*`` and ``request_json_*`` columns are null. An empty path
+    and response texts are expanded, so ``prompt_token_ids``, ``request_json`` and ``response_json``
+    always hold the full prompt and texts, and the ``prompt_prefix_*``, ``*_base_call_id`` and
+    ``*_delta`` columns are null. An empty path
     is a :class:`CallLogError` too (``"."`` names the current folder).
 
     Columns named in ``skip`` are not read at all - they come back null: the builder never needs
@@ -166,8 +165,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     unknown = sorted(set(skip) - set(CALL_LOG_SCHEMA.names))
     if unknown:
         raise ValueError(f"skip: not call-log columns: {', '.join(unknown)}")
-    if "request_json" in skip:
-        skip = frozenset(skip) | _REQUEST_DELTA_COLUMNS
+    # a text's delta columns mean nothing without it: left unread with it
+    skip = frozenset(skip) | {f"{c}_{part}" for c in COMPACT_TEXT_COLUMNS if c in skip
+                              for part in ("base_call_id", "delta")}
     columns = [name for name in CALL_LOG_SCHEMA.names if name not in skip]
     root = _folder_path(folder)
     if not root.exists():
@@ -294,16 +294,19 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
 
 
 def resolve_compact_rows(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
-    """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request texts stored as
-    deltas of another call's.
+    """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request and response texts
+    stored as deltas of another call's.
 
     A row with ``request_json_base_call_id`` = R stores only the new text of its request; the
     text is that interleaved with copies of blocks of R's, as ``request_json_delta`` says
-    (:mod:`polar_train.text_delta`). R may itself be compact. A row whose reference is unknown,
-    circular or too short keeps a null request text and is reported, never guessed.
+    (:mod:`polar_train.text_delta`); ``response_json`` likewise. R may itself be compact. A row
+    whose reference is unknown, circular or does not fit keeps a null text and is reported,
+    never guessed.
     """
     table, problems = resolve_prompt_prefixes(table)
-    return _resolve_requests(table, problems), problems
+    for column in COMPACT_TEXT_COLUMNS:
+        table = _resolve_texts(table, column, problems)
+    return table, problems
 
 
 def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
@@ -358,30 +361,29 @@ def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
     return _replace(table, {"prompt_token_ids": prompts, "prompt_prefix_call_id": None, "prompt_prefix_len": None})
 
 
-def _resolve_requests(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
+def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem]) -> pa.Table:
+    """``column`` (a text) whole again where rows store it as a delta of another call's."""
+    base_column, delta_column = f"{column}_base_call_id", f"{column}_delta"
     if table.num_rows == 0:
         return table
-    ref_col = table.column("request_json_base_call_id")
+    ref_col = table.column(base_column)
     if ref_col.null_count == table.num_rows:
         return table
     call_ids = table.column("call_id").to_pylist()
     refs = ref_col.to_pylist()
-    texts = table.column("request_json").to_pylist()
-    deltas = table.column("request_json_delta").to_pylist()
+    texts = table.column(column).to_pylist()
+    deltas = table.column(delta_column).to_pylist()
 
     def extend(base: str, ref: int, j: int) -> str:
         if texts[j] is None or deltas[j] is None:
-            raise _BadReference("request_json_base_call_id is set but request_json (the new text) or "
-                                "request_json_delta is null")
+            raise _BadReference(f"{base_column} is set but {column} (the new text) or {delta_column} is null")
         try:
             return apply_text_delta(base, deltas[j], texts[j])
         except BadDelta as exc:
-            raise _BadReference(f"request_json_delta of call {refs[j]}'s text: {exc}") from None
+            raise _BadReference(f"{delta_column} over call {refs[j]}'s text: {exc}") from None
 
-    full = _resolve_chains(call_ids, refs, texts.__getitem__, extend,
-                           "request_json", "request_json_base_call_id", "request_json base", problems)
-    requests = pa.array(full, type=pa.string())
-    return _replace(table, {"request_json": requests, "request_json_base_call_id": None, "request_json_delta": None})
+    full = _resolve_chains(call_ids, refs, texts.__getitem__, extend, column, base_column, f"{column} base", problems)
+    return _replace(table, {column: pa.array(full, type=pa.string()), base_column: None, delta_column: None})
 
 
 def _replace(table: pa.Table, columns: dict[str, pa.Array | pa.ChunkedArray | None]) -> pa.Table:

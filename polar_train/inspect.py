@@ -145,12 +145,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     table, repeated = first_of_each_call(table)
     if repeated:
         lines.append(f"{repeated} rows repeat a call id already read (a part copied twice?): each call counted once")
-    unresolved = {p.call_id: p for p in problems if p.call_id is not None and p.column != "request_json"}
+    unresolved = {p.call_id: p for p in problems if p.call_id is not None and p.column == "prompt_token_ids"}
     lines += _call_problems(unresolved, "compact prompt", "their prompt tokens are not counted, and `build` leaves "
                             "them out")
-    requests = {p.call_id: p for p in problems
-                if p.call_id is not None and p.column == "request_json" and p.call_id not in unresolved}
-    lines += _call_problems(requests, "compact request text", "their request_json reads as null; their tokens "
+    texts = {p.call_id: p for p in problems
+             if p.call_id is not None and p.column != "prompt_token_ids" and p.call_id not in unresolved}
+    lines += _call_problems(texts, "compact request or response text", "that text reads as null; their tokens "
                             "are counted and `build` uses them")
     lines.append(summarize(table, top=args.top))
     print_out("\n".join(lines))  # `polar-train inspect DIR | head`: not an error

@@ -72,6 +72,9 @@ CALL_LOG_SCHEMA = pa.schema(
         # see polar_train.text_delta). Readers resolve it.
         pa.field("request_json_base_call_id", pa.string()),
         pa.field("request_json_delta", pa.list_(pa.int32())),
+        # ``response_json`` the same way (a Responses reply echoes the instructions and tools)
+        pa.field("response_json_base_call_id", pa.string()),
+        pa.field("response_json_delta", pa.list_(pa.int32())),
     ],
     metadata={"polar_train.table": "calls", "polar_train.version": CALL_LOG_VERSION},
 )
@@ -100,9 +103,14 @@ TRAJECTORY_SCHEMA = pa.schema(
 )
 
 
+#: Text columns that compact storage (``polar_prompt_delta``) may store as a delta of another call's
+#: text: each has ``<column>_base_call_id`` and ``<column>_delta`` beside it.
+COMPACT_TEXT_COLUMNS = ("request_json", "response_json")
+
 #: Call-log columns added after version 1: parts written before them lack them, and readers take
 #: them as null - what such a writer meant (it never stored a request compactly).
-CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta"})
+CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta", "response_json_base_call_id",
+                                    "response_json_delta"})
 
 
 def missing_columns(schema: pa.Schema, expected: pa.Schema, optional: frozenset[str] = frozenset()) -> list[str]:

@@ -170,6 +170,27 @@ def test_any_session_reads_back_exactly(tmp_path_factory, steps, flush_rows: int
     assert read_requests(tmp) == {r["call_id"]: r["request_json"] for r in rows}
 
 
+def test_replies_that_echo_the_tools_store_them_once(tmp_path: Path) -> None:
+    """A Responses reply echoes the request's instructions and tools (~18 KB a Codex call): the reply
+    text is a delta of the previous reply of the rollout too, and reads back whole."""
+    rows = []
+    for k, text in enumerate(session("openai.responses", 20)):
+        r = row("r", text)
+        r["response_json"] = json.dumps({"id": f"resp_{k}", "instructions": "You are a coding agent. " * 40,
+                                         "output": [{"type": "message", "content": f"answer {k} " * 5}],
+                                         "tools": TOOLS, "usage": {"input_tokens": 100 + k}})
+        rows.append(r)
+    write_rows(tmp_path, rows)
+    log = read_call_log(tmp_path)
+    assert not log.problems
+    got = {r["call_id"]: (r["request_json"], r["response_json"]) for r in log.table.to_pylist()}
+    assert got == {r["call_id"]: (r["request_json"], r["response_json"]) for r in rows}
+    raw = pq.read_table(tmp_path / "calls").to_pylist()
+    assert sum(r["response_json_base_call_id"] is not None for r in raw) == 19
+    stored = sum(len(r["response_json"]) for r in raw)
+    assert stored < 2 * len(rows[0]["response_json"]), stored
+
+
 def test_prompts_and_requests_compact_together_and_apart(tmp_path: Path) -> None:
     """The two deltas are independent: an error row (no ids) still shares its request; a request that
     changed entirely is stored whole while its prompt is still a delta."""
@@ -203,7 +224,8 @@ def test_parts_written_before_the_columns_were_added_still_read(tmp_path: Path) 
     pq.write_table(pa.Table.from_pylist([row("r", "{}")], schema=wrong), calls / "part-wrong.parquet")
     log = read_call_log(tmp_path)
     assert [p.name for p in log.parts] == ["part-old.parquet"]
-    assert len(log.problems) == 1 and "request_json_delta (string, expected list<item: int32>)" in log.problems[0].message
+    (problem,) = log.problems
+    assert "request_json_delta (string, expected list<item: int32>)" in problem.message
     assert log.table.to_pylist()[0]["request_json"] == "{\"a\": 1}"
     assert log.table.column("request_json_delta").null_count == 1
 
@@ -231,7 +253,7 @@ def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: 
     assert "request_json base refers to unknown call gone" in log.problems[0].message
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "1 calls whose compact request text cannot be rebuilt" in out
+    assert "1 calls whose compact request or response text cannot be rebuilt" in out
     assert "compact prompt cannot" not in out
 
 

@@ -295,23 +295,29 @@ EXPECTED_TRAJECTORIES = {"claude-code": (2, {"history_rewrite": 1})}
 
 
 def test_compact_storage_holds_each_request_once(proxied: Session) -> None:
-    """With ``polar_prompt_delta`` every call after the first stores its prompt and request text as a
-    delta of the call before it, and the texts read back whole (the checks above parse them)."""
+    """With ``polar_prompt_delta`` every call after the first stores its prompt and its request and
+    response texts as deltas of the call before it, and the texts read back whole (the checks
+    above parse them)."""
     from polar_train.calllog import read_call_log
 
     stored = sorted(read_call_log(proxied.captures, resolve_prompts=False).table.to_pylist(),
                     key=lambda r: r["started_at"])
+    columns = ("prompt_prefix_call_id", "request_json_base_call_id", "response_json_base_call_id")
     if proxied.harness not in COMPACT:
-        assert all(r["request_json_base_call_id"] is None and r["prompt_prefix_call_id"] is None for r in stored)
+        assert all(r[c] is None for r in stored for c in columns)
         return
-    assert [r["request_json_base_call_id"] for r in stored] == [None] + [r["call_id"] for r in stored[:-1]]
-    assert [r["prompt_prefix_call_id"] for r in stored] == [None] + [r["call_id"] for r in stored[:-1]]
-    whole = [r["request_json"] for r in proxied.rows]
-    assert all(json.loads(text) for text in whole)
-    # the session's requests resend instructions, tools and history: stored once, they are a
-    # fraction of what every call sent
-    middles = sum(len(r["request_json"]) for r in stored[1:])
-    assert middles < sum(len(text) for text in whole[1:]) / 4, (middles, [len(t) for t in whole])
+    # requests resend instructions, tools and history, and Codex's replies (Responses) echo the
+    # instructions and tools: stored once, they are a fraction of what every call sent. (Claude
+    # Code's replies share less than a delta is worth: stored whole.)
+    compact = [*columns[:2], *(columns[2:] if API[proxied.harness] == "openai.responses" else ())]
+    for column in compact:
+        assert [r[column] for r in stored] == [None] + [r["call_id"] for r in stored[:-1]], column
+    for column in ("request_json", "response_json"):
+        whole = [r[column] for r in proxied.rows]
+        assert all(json.loads(text) for text in whole)
+        if f"{column}_base_call_id" in compact:
+            new = sum(len(r[column]) for r in stored[1:])
+            assert new < sum(len(text) for text in whole[1:]) / 4, (column, new, [len(t) for t in whole])
 
 
 def test_builder_stitches_the_session(proxied: Session) -> None:

@@ -49,11 +49,11 @@ OPTION_SPECS: list[tuple[str, type, Any, str]] = [
      "Request bodies larger than this (MiB) are forwarded untouched and recorded without parsing."),
     ("polar_prompt_delta", bool, False,
      "Store each prompt as a reference to the previous call of its rollout + the new suffix "
-     "(prompt_prefix_call_id/len), and each request text as its new characters between copies of the "
-     "previous request's (request_json_base_call_id/delta); polar_train.calllog.read_calls expands "
-     "both. ~9x fewer bytes for token ids and ~8x with request texts in long sessions "
-     "(bench/storage.py); off by default because tools that read the Parquet parts directly (DuckDB, "
-     "pyarrow) then see suffixes and new text only."),
+     "(prompt_prefix_call_id/len), and each request and response text as its new characters between "
+     "copies of the previous call's (request_json_/response_json_base_call_id/delta); "
+     "polar_train.calllog.read_calls expands them. ~9x fewer bytes for token ids and ~8x with texts "
+     "in long sessions (bench/storage.py); off by default because tools that read the Parquet parts "
+     "directly (DuckDB, pyarrow) then see suffixes and new text only."),
 ]
 
 

@@ -1,14 +1,15 @@
 """Compact storage of a rollout's calls: a call's prompt as "the first n tokens of the previous call
-of its rollout (prompt + completion), then this suffix", and its request text as copies of blocks
-of the previous request of its rollout with the new text between (:mod:`polar_train.text_delta`).
+of its rollout (prompt + completion), then this suffix", and its request and response texts as
+copies of blocks of the previous call's, the new text between (:mod:`polar_train.text_delta`).
 
 Why: an agent's call k+1 resends everything of call k plus the new tool output, so full prompts
 grow quadratically with the turns of a session (a 50-turn session stores each early token ~50
 times), and so does the request's JSON (the same conversation as text, the tool definitions after
-it). The call-log schema has the columns for it (``prompt_prefix_call_id``, ``prompt_prefix_len``;
-``request_json_base_call_id``, ``request_json_delta``) and :func:`polar_train.calllog.read_calls`
-expands them, so every reader still sees full ids and texts. This module only decides what to
-store; it runs on the writer's thread.
+it); a Responses reply echoes the instructions and tools every call. The call-log schema has the
+columns for it (``prompt_prefix_call_id``, ``prompt_prefix_len``; ``request_json_base_call_id``,
+``request_json_delta``, the same two for ``response_json``) and
+:func:`polar_train.calllog.read_calls` expands them, so every reader still sees full ids and
+texts. This module only decides what to store; it runs on the writer's thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import COMPACT_TEXT_COLUMNS
 from ..text_delta import text_delta
 
 
@@ -56,8 +58,9 @@ class PromptDeltaEncoder:
     A row's prompt is made compact only when it shares at least ``min_prefix`` tokens with the
     previous ``ok`` call of its rollout, and that call's row was stored before it (so a reader
     finds it). Rows without a rollout id, without ids, or not ``ok`` keep their prompt. A row's
-    request text is made compact when at least ``min_shared_chars`` of its characters are copies of
-    the previous request of its rollout, whatever either call's status.
+    request (or response) text is made compact when at least ``min_shared_chars`` of its
+    characters are copies of the previous request (response) of its rollout, whatever either
+    call's status.
     """
 
     def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256) -> None:
@@ -65,13 +68,16 @@ class PromptDeltaEncoder:
         self.max_rollouts = max_rollouts
         self.min_shared_chars = min_shared_chars
         self._last: OrderedDict[str, _Last] = OrderedDict()
-        self._last_request: OrderedDict[str, tuple[str, str]] = OrderedDict()  # rollout -> (call id, text)
+        #: per text column: rollout -> (call id, text)
+        self._last_text: dict[str, OrderedDict[str, tuple[str, str]]] = {
+            c: OrderedDict() for c in COMPACT_TEXT_COLUMNS}
 
     def encode(self, row: dict[str, Any]) -> dict[str, Any]:
         rollout = row.get("rollout_id")
         if rollout:
             self._encode_prompt(rollout, row)
-            self._encode_request(rollout, row)
+            for column in COMPACT_TEXT_COLUMNS:
+                self._encode_text(rollout, row, column)
         return row
 
     def _encode_prompt(self, rollout: str, row: dict[str, Any]) -> None:
@@ -89,18 +95,18 @@ class PromptDeltaEncoder:
                 row["prompt_prefix_len"] = n
         self._remember(self._last, rollout, _Last(row["call_id"], context))
 
-    def _encode_request(self, rollout: str, row: dict[str, Any]) -> None:
-        text = row.get("request_json")
+    def _encode_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
+        text = row.get(column)
         if not isinstance(text, str):
             return
-        last = self._last_request.get(rollout)
+        last = self._last_text[column].get(rollout)
         if last is not None:
             plan, literals, copied = text_delta(last[1], text)
             if copied >= self.min_shared_chars:
-                row["request_json"] = literals
-                row["request_json_base_call_id"] = last[0]
-                row["request_json_delta"] = plan
-        self._remember(self._last_request, rollout, (row["call_id"], text))
+                row[column] = literals
+                row[f"{column}_base_call_id"] = last[0]
+                row[f"{column}_delta"] = plan
+        self._remember(self._last_text[column], rollout, (row["call_id"], text))
 
     def _remember(self, last: OrderedDict, rollout: str, value: Any) -> None:
         last[rollout] = value
@@ -108,10 +114,11 @@ class PromptDeltaEncoder:
         while len(last) > self.max_rollouts:
             last.popitem(last=False)
 
-    def state(self) -> tuple[OrderedDict[str, _Last], OrderedDict[str, tuple[str, str]]]:
+    def state(self) -> tuple[OrderedDict[str, _Last], dict[str, OrderedDict[str, tuple[str, str]]]]:
         """What :meth:`restore` returns to (the writer's part may yet fail to be written)."""
-        return OrderedDict(self._last), OrderedDict(self._last_request)
+        return OrderedDict(self._last), {c: OrderedDict(last) for c, last in self._last_text.items()}
 
-    def restore(self, state: tuple[OrderedDict[str, _Last], OrderedDict[str, tuple[str, str]]]) -> None:
+    def restore(self, state: tuple[OrderedDict[str, _Last], dict[str, OrderedDict[str, tuple[str, str]]]]) -> None:
         """Back to ``state``: the rows encoded since were not stored, so nothing may refer to them."""
-        self._last, self._last_request = OrderedDict(state[0]), OrderedDict(state[1])
+        self._last = OrderedDict(state[0])
+        self._last_text = {c: OrderedDict(last) for c, last in state[1].items()}
