@@ -37,7 +37,7 @@ class CallLogError(ValueError):
 
 @dataclass
 class PartProblem:
-    """A part that was skipped, or a call whose stored prompt or request text could not be resolved.
+    """A part that was skipped, or a call whose stored prompt or text could not be resolved.
 
     ``call_id`` is set for a call's problem (its ``path`` then reads ``call <id>``): a part's
     path may start with "call " too. ``column`` names what of the call was not rebuilt (read as
@@ -156,8 +156,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     parts at all. With ``resolve_prompts`` (the default) compactly stored prompts and request
     and response texts are expanded, so ``prompt_token_ids``, ``request_json`` and ``response_json``
     always hold the full prompt and texts, and the ``prompt_prefix_*``, ``*_base_call_id`` and
-    ``*_delta`` columns are null. An empty path
-    is a :class:`CallLogError` too (``"."`` names the current folder).
+    ``*_delta`` columns are null. An empty path is a :class:`CallLogError` too (``"."`` names
+    the current folder).
 
     Columns named in ``skip`` are not read at all - they come back null: the builder never needs
     the request and response texts, which are most of a long session's bytes.
@@ -316,7 +316,7 @@ def resolve_prompt_prefixes(table: pa.Table) -> tuple[pa.Table, list[PartProblem
     suffix; its full prompt is ``(full_prompt(R) + completion(R))[:n] + suffix``. R may itself
     be compact (chains resolve in order). Rows whose reference is unknown, circular or too
     short keep a null prompt and are reported, never guessed. (The builder needs no more than
-    this: it never reads request texts.)
+    this: it never reads the texts.)
     """
     problems: list[PartProblem] = []
     return _resolve_prompts(table, problems), problems

@@ -20,7 +20,7 @@ def load_calls(path: str | Path):
     """The call log under ``path`` (a capture folder, its ``calls/`` or one part), prompts resolved.
 
     Returns (table, parts, problems): the problems of parts (unreadable, foreign: skipped) and of
-    calls (a compact prompt or request text that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
+    calls (a compact prompt or text that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
     """
     from .calllog import CallLogError, read_call_log
     from .cli import UserError
