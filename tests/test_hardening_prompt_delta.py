@@ -183,3 +183,24 @@ def test_rows_kept_while_parts_cannot_be_written_never_refer_to_dropped_ones(tmp
     stored = {r["call_id"]: r for r in real_read(tmp_path / "calls").to_pylist()}
     assert stored[rows[5]["call_id"]]["prompt_prefix_call_id"] == rows[1]["call_id"]
     assert stored[rows[9]["call_id"]]["prompt_prefix_call_id"] == rows[8]["call_id"]
+
+
+def test_the_encoder_keeps_a_bounded_amount_of_rollouts_and_bytes() -> None:
+    """A long run's finished rollouts kept their contexts until 4,096 newer rollouts pushed them out
+    (gigabytes with long sessions); the memory is now bounded in bytes too. A rollout whose context
+    was dropped has its next call stored in full, and nothing refers to what was dropped."""
+    enc = PromptDeltaEncoder(max_rollouts=3, max_mb=2)  # 1 MiB of contexts: 131,072 int64 ids
+    base = list(range(1000, 1100))
+
+    def call(rollout: str, extra: int) -> dict:
+        return enc.encode(row(rollout, base + [7] * extra, [1, 2]))
+
+    assert call("a", 0)["prompt_prefix_call_id"] is None
+    assert call("a", 10)["prompt_prefix_call_id"] is not None  # remembered: a delta
+    for name in "bcd":  # three newer rollouts push "a" out (at most three kept)
+        call(name, 0)
+    assert call("a", 20)["prompt_prefix_call_id"] is None
+    call("big", 140_000)  # a context past the byte bound: not kept, and it drops the others
+    assert call("big", 140_010)["prompt_prefix_call_id"] is None
+    assert call("b", 10)["prompt_prefix_call_id"] is None
+    assert call("b", 30)["prompt_prefix_call_id"] is not None

@@ -14,6 +14,7 @@ texts. This module only decides what to store; it runs on the writer's thread.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,8 +53,39 @@ class _Last:
     context: np.ndarray  # the call's full prompt + its completion
 
 
+class _Recent:
+    """The last value of each rollout; the least recently used go first past ``max_items`` or
+    ``max_bytes`` (a long run's finished rollouts would otherwise keep their contexts and texts -
+    megabytes each - until thousands of newer ones pushed them out). A rollout whose value was
+    dropped has its next call stored in full."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, rollout: str) -> Any:
+        entry = self.items.get(rollout)
+        return None if entry is None else entry[0]
+
+    def put(self, rollout: str, value: Any, nbytes: int) -> None:
+        old = self.items.pop(rollout, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        self.items[rollout] = (value, nbytes)
+        self.nbytes += nbytes
+        while self.items and (len(self.items) > self.max_items or self.nbytes > self.max_bytes):
+            self.nbytes -= self.items.popitem(last=False)[1][1]
+
+    def copy(self) -> _Recent:
+        other = _Recent(self.max_items, self.max_bytes)
+        other.items, other.nbytes = OrderedDict(self.items), self.nbytes
+        return other
+
+
 class PromptDeltaEncoder:
-    """Rewrites rows in place: remembers the last stored call of each rollout (bounded LRU).
+    """Rewrites rows in place: remembers the last stored call of each rollout (bounded LRU: at most
+    ``max_rollouts`` rollouts and ``max_mb`` of contexts and texts, half for the token ids).
 
     A row's prompt is made compact only when it shares at least ``min_prefix`` tokens with the
     previous ``ok`` call of its rollout, and that call's row was stored before it (so a reader
@@ -63,14 +95,15 @@ class PromptDeltaEncoder:
     call's status.
     """
 
-    def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256) -> None:
+    def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256,
+                 max_mb: int = 1024) -> None:
         self.min_prefix = min_prefix
-        self.max_rollouts = max_rollouts
         self.min_shared_chars = min_shared_chars
-        self._last: OrderedDict[str, _Last] = OrderedDict()
+        budget = max_mb << 20
+        self._last = _Recent(max_rollouts, budget // 2)
         #: per text column: rollout -> (call id, text)
-        self._last_text: dict[str, OrderedDict[str, tuple[str, str]]] = {
-            c: OrderedDict() for c in COMPACT_TEXT_COLUMNS}
+        self._last_text = {c: _Recent(max_rollouts, budget // (2 * len(COMPACT_TEXT_COLUMNS)))
+                           for c in COMPACT_TEXT_COLUMNS}
 
     def encode(self, row: dict[str, Any]) -> dict[str, Any]:
         rollout = row.get("rollout_id")
@@ -93,7 +126,7 @@ class PromptDeltaEncoder:
                 row["prompt_token_ids"] = prompt[n:]  # the suffix, a list or an array as it came
                 row["prompt_prefix_call_id"] = last.call_id
                 row["prompt_prefix_len"] = n
-        self._remember(self._last, rollout, _Last(row["call_id"], context))
+        self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
 
     def _encode_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
         text = row.get(column)
@@ -106,19 +139,13 @@ class PromptDeltaEncoder:
                 row[column] = literals
                 row[f"{column}_base_call_id"] = last[0]
                 row[f"{column}_delta"] = plan
-        self._remember(self._last_text[column], rollout, (row["call_id"], text))
+        self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
 
-    def _remember(self, last: OrderedDict, rollout: str, value: Any) -> None:
-        last[rollout] = value
-        last.move_to_end(rollout)
-        while len(last) > self.max_rollouts:
-            last.popitem(last=False)
-
-    def state(self) -> tuple[OrderedDict[str, _Last], dict[str, OrderedDict[str, tuple[str, str]]]]:
+    def state(self) -> tuple[_Recent, dict[str, _Recent]]:
         """What :meth:`restore` returns to (the writer's part may yet fail to be written)."""
-        return OrderedDict(self._last), {c: OrderedDict(last) for c, last in self._last_text.items()}
+        return self._last.copy(), {c: last.copy() for c, last in self._last_text.items()}
 
-    def restore(self, state: tuple[OrderedDict[str, _Last], dict[str, OrderedDict[str, tuple[str, str]]]]) -> None:
+    def restore(self, state: tuple[_Recent, dict[str, _Recent]]) -> None:
         """Back to ``state``: the rows encoded since were not stored, so nothing may refer to them."""
-        self._last = OrderedDict(state[0])
-        self._last_text = {c: OrderedDict(last) for c, last in state[1].items()}
+        self._last = state[0].copy()
+        self._last_text = {c: last.copy() for c, last in state[1].items()}
