@@ -64,6 +64,8 @@ class CallLog:
     table: pa.Table
     parts: list[Path] = field(default_factory=list)
     problems: list[PartProblem] = field(default_factory=list)
+    #: rows stored as a delta of an earlier call (compact storage), counted before they were resolved
+    compact_rows: int = 0
 
 
 def _folder_path(folder: str | Path) -> Path:
@@ -202,10 +204,22 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
+    result.compact_rows = _compact_rows(result.table)
     if resolve_prompts:
         result.table, unresolved = resolve_compact_rows(result.table)
         result.problems.extend(unresolved)
     return result
+
+
+def _compact_rows(table: pa.Table) -> int:
+    """Rows with a reference to another call's prompt or text."""
+    refs = ["prompt_prefix_call_id", *(f"{c}_base_call_id" for c in COMPACT_TEXT_COLUMNS)]
+    if table.num_rows == 0 or all(table.column(c).null_count == table.num_rows for c in refs):
+        return 0
+    valid = np.zeros(table.num_rows, dtype=bool)
+    for c in refs:
+        valid |= np.asarray(table.column(c).is_valid())
+    return int(valid.sum())
 
 
 def _full_schema(table: pa.Table) -> pa.Table:

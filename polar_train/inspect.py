@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # the reader (pyarrow) is imported only when a command runs
 def load_calls(path: str | Path):
     """The call log under ``path`` (a capture folder, its ``calls/`` or one part), prompts resolved.
 
-    Returns (table, parts, problems): the problems of parts (unreadable, foreign: skipped) and of
-    calls (a compact prompt or text that cannot be rebuilt), as :class:`~polar_train.calllog.PartProblem`.
+    Returns the :class:`~polar_train.calllog.CallLog`: its table, parts, the problems of parts
+    (unreadable, foreign: skipped) and of calls (a compact prompt or text that cannot be rebuilt),
+    and how many rows were stored compactly.
     """
     from .calllog import CallLogError, read_call_log
     from .cli import UserError
@@ -29,10 +30,9 @@ def load_calls(path: str | Path):
     if not root.exists():
         raise UserError(f"{root} not found" if not root.is_symlink() else f"{root} is a broken link")
     try:
-        log = read_call_log(root)
+        return read_call_log(root)
     except CallLogError as exc:
         raise UserError(str(exc)) from None
-    return log.table, log.parts, log.problems
 
 
 def printable(text: object) -> str:
@@ -134,14 +134,21 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .cli import UserError, print_out
 
-    table, files, problems = load_calls(args.dir)
+    log = load_calls(args.dir)
+    table, files, problems = log.table, log.parts, log.problems
     skipped = [p for p in problems if p.call_id is None]
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         raise UserError(f"no readable call-log part in {args.dir}; skipped {printable(skipped[0])}{more}")
     folders = sorted({str(Path(f).parent) for f in files})
     where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
-    lines = [printable(f"{args.dir}: {len(files)} part(s){where}"), *(f"skipped: {printable(p)}" for p in skipped)]
+    size = sum(f.stat().st_size for f in files if f.exists())
+    shown = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
+    lines = [printable(f"{args.dir}: {len(files)} part(s), {shown}{where}"),
+             *(f"skipped: {printable(p)}" for p in skipped)]
+    if log.compact_rows:
+        lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "
+                     "a delta of an earlier call (expanded here)")
     table, repeated = first_of_each_call(table)
     if repeated:
         lines.append(f"{repeated} rows repeat a call id already read (a part copied twice?): each call counted once")

@@ -208,11 +208,12 @@ def test_inspect_of_a_parent_folder_names_the_captures_it_merged(tmp_path, sessi
     write_parts(tmp_path / "monday", session_rows[:2])
     write_parts(tmp_path / "tuesday", session_rows[2:])
     assert main(["inspect", str(tmp_path)]) == 0
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*.parquet"))
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == (f"{tmp_path}: 2 part(s) from 2 folders: {tmp_path / 'monday' / 'calls'}, "
+    assert first == (f"{tmp_path}: 2 part(s), {size / 1e3:.0f} kB from 2 folders: {tmp_path / 'monday' / 'calls'}, "
                      f"{tmp_path / 'tuesday' / 'calls'}")
     assert main(["inspect", str(tmp_path / "monday")]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == f"{tmp_path / 'monday'}: 1 part(s)"
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"{tmp_path / 'monday'}: 1 part(s), ")
 
 
 def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, session_rows, monkeypatch):
