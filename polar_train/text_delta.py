@@ -22,8 +22,8 @@ ANCHOR = 32
 MIN_BLOCK = 64
 #: Anchors tried per region: the longest block any of them extends to is taken.
 ANCHORS_PER_REGION = 16
-#: At most this many blocks per text (a text that shares little is mostly new text anyway).
-MAX_BLOCKS = 64
+#: At most this many blocks per text (12 bytes each in the plan).
+MAX_BLOCKS = 4096
 
 
 class BadDelta(ValueError):
@@ -84,23 +84,46 @@ class _Blocks:
             o_lo, o_hi, n_lo, n_hi = regions.pop()
             if o_hi - o_lo < MIN_BLOCK or n_hi - n_lo < MIN_BLOCK:
                 continue
-            best = (0, 0, 0)
-            step = max(ANCHOR, (o_hi - o_lo - ANCHOR) // ANCHORS_PER_REGION)
-            for o in range(o_lo, o_hi - ANCHOR + 1, step):
-                budget -= n_hi - n_lo  # what a lookup may scan
-                n = new.find(old[o:o + ANCHOR], n_lo, n_hi)
-                if n < 0:
-                    continue
-                back = self.run_back(o, n, o_lo, n_lo)
-                length = back + self.run_forward(o, n, o_hi, n_hi)
-                if length > best[2]:
-                    best = (n - back, o - back, length)
-            n, o, length = best
-            if length < MIN_BLOCK:
+            found, scanned = self.region_blocks(o_lo, o_hi, n_lo, n_hi)
+            budget -= scanned
+            if not found:
                 continue
-            blocks.append(best)
-            regions += [(o_lo, o, n_lo, n), (o + length, o_hi, n + length, n_hi)]  # left and right of it
+            blocks += found
+            # the gaps between the blocks found are regions of their own
+            ends = [(o_lo, n_lo), *((o + length, n + length) for n, o, length in found)]
+            starts = [*((o, n) for n, o, _ in found), (o_hi, n_hi)]
+            regions += [(o_end, o_start, n_end, n_start) for (o_end, n_end), (o_start, n_start) in zip(ends, starts)]
         return sorted(blocks)
+
+    def region_blocks(self, o_lo: int, o_hi: int, n_lo: int, n_hi: int) -> tuple[list[tuple[int, int, int]], int]:
+        """Blocks found from anchors spread over the old region, the longest first as long as they
+        keep their order in both texts; and how many characters the lookups scanned."""
+        old, new = self.old, self.new
+        hits: list[tuple[int, int, int]] = []
+        scanned = 0
+        shift = n_lo - o_lo  # where the old text's blocks are in the new one, as far as known
+        step = max(ANCHOR, (o_hi - o_lo - ANCHOR) // ANCHORS_PER_REGION)
+        for o in range(o_lo, o_hi - ANCHOR + 1, step):
+            if hits and hits[-1][1] <= o and o + ANCHOR <= hits[-1][1] + hits[-1][2]:
+                continue  # inside the block the previous anchor found
+            anchor, n = old[o:o + ANCHOR], o + shift
+            # first where the text would be if nothing moved: a repeated phrase ("You are ... "
+            # x 40) is found at its first occurrence otherwise, a block out of step with the rest
+            if not (n_lo <= n <= n_hi - ANCHOR and new.startswith(anchor, n)):
+                n = new.find(anchor, n_lo, n_hi)
+                scanned += n - n_lo + ANCHOR if n >= 0 else n_hi - n_lo
+            if n < 0:
+                continue
+            shift = n - o
+            back = self.run_back(o, n, o_lo, n_lo)
+            hits.append((n - back, o - back, back + self.run_forward(o, n, o_hi, n_hi)))
+        chosen: list[tuple[int, int, int]] = []
+        for n, o, length in sorted(hits, key=lambda hit: -hit[2]):
+            if length < MIN_BLOCK:
+                break
+            if all(n + length <= cn and o + length <= co or cn + cl <= n and co + cl <= o for cn, co, cl in chosen):
+                chosen.append((n, o, length))
+        return sorted(chosen), scanned
 
 
 def text_delta(old: str, new: str) -> tuple[list[int], str, int]:

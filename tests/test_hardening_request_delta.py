@@ -85,6 +85,39 @@ def test_a_delta_copies_the_long_blocks_a_harness_resends() -> None:
     assert text_delta("same text", "same text") == ([0, 9, 0], "", 9)
 
 
+def test_a_delta_copies_around_many_small_edits_and_searches_each_region_once(monkeypatch) -> None:
+    """A text edited every 2,000 characters: only 12 blocks of 400 were copied (one block per region
+    searched, and at most 64); a region whose anchors found nothing was searched again and again
+    until the scan budget ran out (~100 ms for 2 MB). Now every anchor's block counts, and each
+    region is searched once."""
+    import random
+
+    from polar_train import text_delta as module
+
+    rng = random.Random(5)
+    old = "".join(rng.choices("abcdefghij", k=800_000))
+    new = "".join("X" if i % 2000 == 0 else c for i, c in enumerate(old))
+    searched = []
+    region_blocks = module._Blocks.region_blocks
+
+    def spy(self, *region):
+        searched.append(region)
+        return region_blocks(self, *region)
+
+    monkeypatch.setattr(module._Blocks, "region_blocks", spy)
+    plan, literals, copied = text_delta(old, new)
+    assert apply_text_delta(old, plan, literals) == new
+    assert len(literals) == 400 and copied == len(new) - 400
+    # unrelated new text around shared blocks: regions without a hit are not searched twice (a
+    # shared block much shorter than its region may go unfound: 16 anchors a region, a bound on time)
+    unrelated = "".join(rng.choices("klmnopqrst", k=50_000))
+    mixed = unrelated + old[100_000:300_000] + unrelated + old[500_000:700_000] + unrelated
+    searched.clear()
+    plan, literals, copied = text_delta(old, mixed)
+    assert apply_text_delta(old, plan, literals) == mixed
+    assert copied == 400_000 and len(searched) == len(set(searched)), searched
+
+
 @pytest.mark.parametrize("plan,literals,message", [
     ([0, 5], "", "not a list of (start, length, new) triples"),
     ([0, None, 0], "", "(nulls: 1) is not a list"),
