@@ -162,12 +162,20 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     the current folder).
 
     Columns named in ``skip`` are not read at all - they come back null: the builder never needs
-    the request and response texts, which are most of a long session's bytes.
+    the request and response texts, which are most of a long session's bytes. Columns that compact
+    rows are rebuilt from (ids, call ids, references) cannot be skipped (``ValueError``).
     """
     unknown = sorted(set(skip) - set(CALL_LOG_SCHEMA.names))
     if unknown:
         raise ValueError(f"skip: not call-log columns: {', '.join(unknown)}")
-    # a text's delta columns mean nothing without it: left unread with it
+    # what compact rows are rebuilt from is always read: without it a stored suffix would pass
+    # for a whole prompt (a text's own delta columns mean nothing without it: left unread with it)
+    needed = {"call_id", "prompt_token_ids", "completion_token_ids", "prompt_prefix_call_id", "prompt_prefix_len",
+              *(f"{c}_{part}" for c in COMPACT_TEXT_COLUMNS if c not in skip for part in ("base_call_id", "delta"))}
+    refused = sorted(set(skip) & needed)
+    if refused:
+        raise ValueError(f"skip: {', '.join(refused)} cannot be left unread: compact rows are rebuilt from "
+                         f"{'it' if len(refused) == 1 else 'them'}")
     skip = frozenset(skip) | {f"{c}_{part}" for c in COMPACT_TEXT_COLUMNS if c in skip
                               for part in ("base_call_id", "delta")}
     columns = [name for name in CALL_LOG_SCHEMA.names if name not in skip]
@@ -263,7 +271,9 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     (the full value of the row it refers to, that row, itself; raises :class:`_BadReference`).
     Chains resolve from their root down; a row whose reference is unknown, circular, itself
     unresolved or does not fit gets None and a problem, never a guess."""
-    index = {cid: i for i, cid in enumerate(call_ids)}
+    index: dict[str, int] = {}
+    for i, cid in enumerate(call_ids):
+        index.setdefault(cid, i)  # a call id stored twice: its first row, as inspect and build count it
     full: dict[int, T | None] = {}
 
     def problem(i: int, message: str) -> None:

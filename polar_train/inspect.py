@@ -169,7 +169,8 @@ def _call_problems(by_call: dict[str, PartProblem], what: str, consequence: str)
     if not by_call:
         return []
     shown = list(by_call.values())
-    lines = [f"{len(shown)} calls whose {what} cannot be rebuilt (a part it refers to is missing): {consequence}"]
+    lines = [f"{len(shown)} calls whose {what} cannot be rebuilt (the call it refers to is in a part that is missing "
+             f"or unreadable, or does not fit it): {consequence}"]
     lines += [f"  {printable(p)}" for p in shown[:_SHOWN_CALL_PROBLEMS]]
     if len(shown) > _SHOWN_CALL_PROBLEMS:
         lines.append(f"  ... and {len(shown) - _SHOWN_CALL_PROBLEMS} more")

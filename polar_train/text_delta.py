@@ -88,6 +88,7 @@ class _Blocks:
             budget -= scanned
             if not found:
                 continue
+            found = found[:MAX_BLOCKS - len(blocks)]  # in order: the gaps below stay right
             blocks += found
             # the gaps between the blocks found are regions of their own
             ends = [(o_lo, n_lo), *((o + length, n + length) for n, o, length in found)]

@@ -353,3 +353,19 @@ def test_skipped_columns_are_not_read_and_come_back_null(tmp_path, session_rows,
     assert all(by_id[r["call_id"]]["prompt_token_ids"] == r["prompt_token_ids"] for r in session_rows)
     with pytest.raises(ValueError, match="skip: not call-log columns: request_text"):
         read_call_log(tmp_path, skip=frozenset({"request_text"}))
+    # what compact rows are rebuilt from: skipped, a stored suffix came back as the whole prompt
+    # (or a prompt came back null, "outside 0..105"), without a word (found by a probe)
+    for column in ("prompt_prefix_call_id", "completion_token_ids", "call_id", "request_json_base_call_id",
+                   "response_json_delta"):
+        with pytest.raises(ValueError, match=f"skip: {column} cannot be left unread: compact rows are rebuilt"):
+            read_call_log(tmp_path, skip=frozenset({column}))
+
+
+def test_a_call_id_stored_twice_resolves_from_the_row_inspect_and_build_count(tmp_path, session_rows):
+    """Two rows with one call id (a hand-made part): inspect and build keep the first, while the
+    compact rows that refer to it were rebuilt from the last (found by a probe)."""
+    rows = compact([dict(r) for r in session_rows])
+    impostor = dict(rows[0], prompt_token_ids=[9] * len(rows[0]["prompt_token_ids"]))
+    write_parts(tmp_path, [*rows, impostor])
+    by_row = read_call_log(tmp_path).table.to_pylist()
+    assert [r["prompt_token_ids"] for r in by_row[:len(rows)]] == [r["prompt_token_ids"] for r in session_rows]
