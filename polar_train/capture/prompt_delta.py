@@ -26,7 +26,6 @@ from ..schema import COMPACT_TEXT_COLUMNS
 from ..text_delta import text_delta
 
 
-
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences (vectorised: sessions are long)."""
     n = min(len(a), len(b))
