@@ -18,11 +18,12 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, COMPACT_TEXT_COLUMNS, missing_columns
-from .text_delta import BadDelta, apply_text_delta
+from .text_delta import BadDelta, apply_text_delta, delta_length
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class CallLog:
     problems: list[PartProblem] = field(default_factory=list)
     #: rows stored as a delta of an earlier call (compact storage), counted before they were resolved
     compact_rows: int = 0
+    #: every row's full prompt length (None: no prompt), where the prompts were checked, not rebuilt
+    prompt_lengths: list[int | None] | None = None
 
 
 def _folder_path(folder: str | Path) -> Path:
@@ -150,7 +153,8 @@ _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapte
 
 
 
-def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset()) -> CallLog:
+def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset(),
+                  rebuild: bool = True) -> CallLog:
     """Read every finished part under ``folder`` into one table with the full call-log schema.
 
     Parts with another schema or unreadable data are skipped and named in ``problems``; the
@@ -164,6 +168,11 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     Columns named in ``skip`` are not read at all - they come back null: the builder never needs
     the request and response texts, which are most of a long session's bytes. Columns that compact
     rows are rebuilt from (ids, call ids, references) cannot be skipped (``ValueError``).
+
+    Without ``rebuild`` compact rows are checked (what cannot be rebuilt is a problem, as with
+    it) but nothing is rebuilt: ``prompt_token_ids`` and the texts come back null, and
+    ``CallLog.prompt_lengths`` holds every prompt's full length. ``inspect`` needs no more, and
+    a long session's rebuilt prompts and texts take gigabytes where the capture takes megabytes.
     """
     unknown = sorted(set(skip) - set(CALL_LOG_SCHEMA.names))
     if unknown:
@@ -214,7 +223,11 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         result.table = table
     result.compact_rows = _compact_rows(result.table)
     if resolve_prompts:
-        result.table, unresolved = resolve_compact_rows(result.table)
+        if not rebuild:
+            result.prompt_lengths = _prompt_lengths(result.table, result.problems)
+            result.table = _replace(result.table, {"prompt_token_ids": None, "prompt_prefix_call_id": None,
+                                                   "prompt_prefix_len": None})
+        result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild)
         result.problems.extend(unresolved)
     return result
 
@@ -317,7 +330,7 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     return [resolve(i) if refs[i] is not None else stored(i) for i in range(len(call_ids))]
 
 
-def resolve_compact_rows(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
+def resolve_compact_rows(table: pa.Table, rebuild: bool = True) -> tuple[pa.Table, list[PartProblem]]:
     """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request and response texts
     stored as deltas of another call's.
 
@@ -325,11 +338,11 @@ def resolve_compact_rows(table: pa.Table) -> tuple[pa.Table, list[PartProblem]]:
     text is that interleaved with copies of blocks of R's, as ``request_json_delta`` says
     (:mod:`polar_train.text_delta`); ``response_json`` likewise. R may itself be compact. A row
     whose reference is unknown, circular or does not fit keeps a null text and is reported,
-    never guessed.
+    never guessed. Without ``rebuild`` the texts are checked, not rebuilt, and come back null.
     """
     table, problems = resolve_prompt_prefixes(table)
     for column in COMPACT_TEXT_COLUMNS:
-        table = _resolve_texts(table, column, problems)
+        table = _resolve_texts(table, column, problems, rebuild=rebuild)
     return table, problems
 
 
@@ -385,29 +398,61 @@ def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
     return _replace(table, {"prompt_token_ids": prompts, "prompt_prefix_call_id": None, "prompt_prefix_len": None})
 
 
-def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem]) -> pa.Table:
-    """``column`` (a text) whole again where rows store it as a delta of another call's."""
-    base_column, delta_column = f"{column}_base_call_id", f"{column}_delta"
-    if table.num_rows == 0:
-        return table
-    ref_col = table.column(base_column)
-    if ref_col.null_count == table.num_rows:
-        return table
-    call_ids = table.column("call_id").to_pylist()
-    refs = ref_col.to_pylist()
-    texts = table.column(column).to_pylist()
-    deltas = table.column(delta_column).to_pylist()
+def _prompt_lengths(table: pa.Table, problems: list[PartProblem]) -> list[int | None]:
+    """Every row's full prompt length, compact rows checked against the rows they refer to as
+    :func:`resolve_prompt_prefixes` checks them (the same problems), without rebuilding a prompt."""
+    stored = pc.list_value_length(table.column("prompt_token_ids")).to_pylist()
+    if table.num_rows == 0 or table.column("prompt_prefix_call_id").null_count == table.num_rows:
+        return stored
+    refs = table.column("prompt_prefix_call_id").to_pylist()
+    lens = table.column("prompt_prefix_len").to_pylist()
+    completion = pc.fill_null(pc.list_value_length(table.column("completion_token_ids")), 0).to_pylist()
 
-    def extend(base: str, ref: int, j: int) -> str:
+    def extend(base: int, ref: int, j: int) -> int:
+        n, source = lens[j], base + completion[ref]
+        if n is None or n < 0 or n > source:
+            raise _BadReference(f"prompt_prefix_len {n} outside 0..{source} of call {refs[j]}")
+        return n + (stored[j] or 0)
+
+    return _resolve_chains(table.column("call_id").to_pylist(), refs, stored.__getitem__, extend,
+                           "prompt_token_ids", "prompt_prefix_call_id", "prompt prefix", problems)
+
+
+def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], rebuild: bool = True) -> pa.Table:
+    """``column`` (a text) whole again where rows store it as a delta of another call's. Without
+    ``rebuild`` the deltas are only checked (problems reported) and the texts come back null: what
+    is rebuilt grows with the square of a session's length, the check only with what is stored."""
+    base_column, delta_column = f"{column}_base_call_id", f"{column}_delta"
+    columns: dict[str, pa.Array | None] = {base_column: None, delta_column: None}
+    if not rebuild:
+        columns[column] = None
+    if table.num_rows == 0 or table.column(base_column).null_count == table.num_rows:
+        return _replace(table, columns)
+    call_ids = table.column("call_id").to_pylist()
+    refs = table.column(base_column).to_pylist()
+    deltas = table.column(delta_column).to_pylist()
+    if rebuild:
+        texts = table.column(column).to_pylist()
+    else:  # lengths stand in for the texts
+        texts = pc.utf8_length(table.column(column)).to_pylist()
+
+    def size(value: str | int | None) -> int:
+        return value if isinstance(value, int) else len(value)
+
+    def extend(base: str | int, ref: int, j: int) -> str | int:
         if texts[j] is None or deltas[j] is None:
             raise _BadReference(f"{base_column} is set but {column} (the new text) or {delta_column} is null")
         try:
-            return apply_text_delta(base, deltas[j], texts[j])
+            if rebuild:
+                return apply_text_delta(base, deltas[j], texts[j])
+            return delta_length(size(base), deltas[j], texts[j])
         except BadDelta as exc:
             raise _BadReference(f"{delta_column} over call {refs[j]}'s text: {exc}") from None
 
     full = _resolve_chains(call_ids, refs, texts.__getitem__, extend, column, base_column, f"{column} base", problems)
-    return _replace(table, {column: pa.array(full, type=pa.string()), base_column: None, delta_column: None})
+    if rebuild:
+        columns[column] = pa.array(full, type=pa.string())
+    return _replace(table, columns)
 
 
 def _replace(table: pa.Table, columns: dict[str, pa.Array | pa.ChunkedArray | None]) -> pa.Table:

@@ -30,7 +30,7 @@ def load_calls(path: str | Path):
     if not root.exists():
         raise UserError(f"{root} not found" if not root.is_symlink() else f"{root} is a broken link")
     try:
-        return read_call_log(root)
+        return read_call_log(root, rebuild=False)  # lengths and counts only: checked, not rebuilt
     except CallLogError as exc:
         raise UserError(str(exc)) from None
 
@@ -75,7 +75,9 @@ def summarize(table, top: int = 20) -> str:
     n = table.num_rows
     col = {name: table.column(name).to_pylist()
            for name in ("api", "status", "token_source", "usage_match", "rollout_id", "attempt", "error")}
-    prompt, completion = _lengths(table, "prompt_token_ids"), _lengths(table, "completion_token_ids")
+    prompt = (table.column("prompt_length").fill_null(0).to_pylist() if "prompt_length" in table.column_names
+              else _lengths(table, "prompt_token_ids"))
+    completion = _lengths(table, "completion_token_ids")
     out = [f"{n} calls"]
     by_api: dict[str, Counter] = {}
     for i in range(n):
@@ -132,10 +134,14 @@ _SHOWN_CALL_PROBLEMS = 5
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
     from .cli import UserError, print_out
 
     log = load_calls(args.dir)
     table, files, problems = log.table, log.parts, log.problems
+    if log.prompt_lengths is not None:  # the prompts were checked, not rebuilt: their lengths ride along
+        table = table.append_column("prompt_length", pa.array(log.prompt_lengths, pa.int64()))
     skipped = [p for p in problems if p.call_id is None]
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
@@ -148,7 +154,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
              *(f"skipped: {printable(p)}" for p in skipped)]
     if log.compact_rows:
         lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "
-                     "a delta of an earlier call (expanded here)")
+                     "a delta of an earlier call (checked here; `read_calls` rebuilds them)")
     table, repeated = first_of_each_call(table)
     if repeated:
         lines.append(f"{repeated} rows repeat a call id already read (a part copied twice?): each call counted once")

@@ -143,19 +143,31 @@ def text_delta(old: str, new: str) -> tuple[list[int], str, int]:
     return plan, "".join(literals), copied
 
 
-def apply_text_delta(old: str, plan: list[int], literals: str) -> str:
-    """The text ``plan`` and ``literals`` describe over ``old``; :class:`BadDelta` if they do not fit."""
+def delta_length(old_length: int, plan: list[int], literal_length: int) -> int:
+    """How long the text a plan describes is, the plan checked against an earlier text of
+    ``old_length`` and ``literal_length`` new characters (:class:`BadDelta` if it does not fit):
+    a reader can tell that a text can be rebuilt without building it."""
     if len(plan) % 3 or any(v is None for v in plan):
         raise BadDelta(f"a delta of {len(plan)} numbers (nulls: {sum(v is None for v in plan)}) is not a list "
                        "of (start, length, new) triples")
+    used = copied = 0
+    for i in range(0, len(plan), 3):
+        start, length, fresh = plan[i:i + 3]
+        if start < 0 or length < 0 or fresh < 0 or start + length > old_length or used + fresh > literal_length:
+            raise BadDelta(f"triple {i // 3} ({start}, {length}, {fresh}) does not fit the {old_length} characters "
+                           f"it copies from and the {literal_length} new ones")
+        used, copied = used + fresh, copied + length
+    if used != literal_length:
+        raise BadDelta(f"the delta uses {used} of {literal_length} new characters")
+    return copied + used
+
+
+def apply_text_delta(old: str, plan: list[int], literals: str) -> str:
+    """The text ``plan`` and ``literals`` describe over ``old``; :class:`BadDelta` if they do not fit."""
+    delta_length(len(old), plan, len(literals))
     pieces, used = [], 0
     for i in range(0, len(plan), 3):
         start, length, fresh = plan[i:i + 3]
-        if start < 0 or length < 0 or fresh < 0 or start + length > len(old) or used + fresh > len(literals):
-            raise BadDelta(f"triple {i // 3} ({start}, {length}, {fresh}) does not fit the {len(old)} characters "
-                           f"it copies from and the {len(literals)} new ones")
         pieces += [old[start:start + length], literals[used:used + fresh]]
         used += fresh
-    if used != len(literals):
-        raise BadDelta(f"the delta uses {used} of {len(literals)} new characters")
     return "".join(pieces)
