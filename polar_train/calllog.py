@@ -273,6 +273,15 @@ def _list_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nda
     return values, offsets, valid
 
 
+def first_rows(call_ids: list[str]) -> dict[str, int]:
+    """Each call id's row; a call id stored twice (a part copied by hand) is its first row, as
+    inspect, build and the reader's resolution all count it."""
+    index: dict[str, int] = {}
+    for i, cid in enumerate(call_ids):
+        index.setdefault(cid, i)
+    return index
+
+
 class _BadReference(ValueError):
     """A compact row's stored numbers do not fit the row it refers to (the message says how)."""
 
@@ -284,9 +293,7 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     (the full value of the row it refers to, that row, itself; raises :class:`_BadReference`).
     Chains resolve from their root down; a row whose reference is unknown, circular, itself
     unresolved or does not fit gets None and a problem, never a guess."""
-    index: dict[str, int] = {}
-    for i, cid in enumerate(call_ids):
-        index.setdefault(cid, i)  # a call id stored twice: its first row, as inspect and build count it
+    index = first_rows(call_ids)
     full: dict[int, T | None] = {}
 
     def problem(i: int, message: str) -> None:
@@ -295,9 +302,9 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     def resolve(start: int) -> T | None:
         chain, seen, i = [], set(), start
         while i not in full:  # walk up to a resolved or plain row
-            if i in seen:
-                problem(start, f"circular {ref_column} chain")
+            if i in seen:  # every call on the chain is unresolvable, and each is named
                 for j in chain:
+                    problem(j, f"circular {ref_column} chain")
                     full[j] = None
                 return None
             seen.add(i)

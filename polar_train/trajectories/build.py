@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..calllog import CallLogError, _list_values, part_folder, read_call_log, resolve_prompt_prefixes
+from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
 from .stitch import Stitcher, Trajectory, calls_from_table
@@ -231,7 +231,7 @@ def _fallback_resolver(table: pa.Table):
                 for i, r in enumerate(rollouts):
                     rows_of.setdefault(r, []).append(i)
                 state.update(rows_of=rows_of, rollouts=rollouts,
-                             row_of={cid: i for i, cid in enumerate(table.column("call_id").to_pylist())})
+                             row_of=first_rows(table.column("call_id").to_pylist()))
             i = state["row_of"].get(call_id)
             if i is not None:
                 resolve(state["rows_of"][state["rollouts"][i]])
