@@ -356,3 +356,21 @@ def test_compact_rows_can_be_checked_without_being_rebuilt(tmp_path: Path, capsy
     assert "compact request or response text cannot" not in out  # the same calls: counted once, as prompts
     tokens = sum(len(p) for p in prompts[:2])
     assert f" {tokens} " in out.split("per api")[1].splitlines()[3], out
+
+
+def test_the_texts_kept_per_rollout_are_bounded_and_huge_texts_stored_whole(monkeypatch) -> None:
+    """The texts remembered per rollout count against the writer's byte bound too (a quarter each
+    for requests and responses), and a text past MAX_DELTA_CHARS is stored whole, never diffed."""
+    from polar_train.capture import prompt_delta
+
+    enc = PromptDeltaEncoder(max_mb=2)  # 0.5 MiB for request texts
+    small, big = "{" + "a" * 1000 + "}", "{" + "b" * 600_000 + "}"
+    first = enc.encode(row("r", small))
+    assert enc.encode(row("r", small + " "))["request_json_base_call_id"] == first["call_id"]
+    enc.encode(row("s", big))  # past the bound: it drops what was kept, itself included
+    assert enc.encode(row("r", small))["request_json_base_call_id"] is None
+    assert enc.encode(row("s", big))["request_json_base_call_id"] is None
+    monkeypatch.setattr(prompt_delta, "MAX_DELTA_CHARS", 500)
+    enc = PromptDeltaEncoder()
+    enc.encode(row("r", small))
+    assert enc.encode(row("r", small))["request_json_base_call_id"] is None  # 1,002 characters: whole

@@ -46,6 +46,11 @@ def _id_array(ids: Any) -> np.ndarray:
     return np.asarray(ids if ids is not None else [], dtype=np.int64)
 
 
+#: A text longer than this is stored whole and not remembered: finding a delta of two 200 MB
+#: bodies (below ``polar_max_body_mb``) would take gigabytes and minutes on the writer's thread.
+MAX_DELTA_CHARS = 16 << 20
+
+
 @dataclass
 class _Last:
     call_id: str
@@ -129,7 +134,7 @@ class PromptDeltaEncoder:
 
     def _encode_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
         text = row.get(column)
-        if not isinstance(text, str):
+        if not isinstance(text, str) or len(text) > MAX_DELTA_CHARS:
             return
         last = self._last_text[column].get(rollout)
         if last is not None:
