@@ -4,8 +4,9 @@ Why: an agent's request k+1 resends request k's conversation plus the new turn, 
 definitions and the options after it, and some harnesses rewrite a little everywhere (Codex writes
 its per-call metadata at the end in another key order each call; Claude Code moves a cache marker
 to the newest message). A common prefix and suffix alone then miss the tool definitions (~18 KB a
-Codex call); copies of long blocks catch them. The compact call log stores a request text this way
-(``request_json`` holds the new text, ``request_json_delta`` the plan), and the reader rebuilds it.
+Codex call); copies of long blocks catch them. The compact call log stores request and response
+texts this way (``request_json`` holds the new text, ``request_json_delta`` the plan; the same for
+``response_json``), and the reader rebuilds them.
 
 A plan is a flat list of triples ``(copy_start, copy_len, literal_len)``: the text is, triple after
 triple, ``old[copy_start:copy_start + copy_len]`` followed by the next ``literal_len`` characters
@@ -20,10 +21,14 @@ import numpy as np
 ANCHOR = 32
 #: A block shorter than this is not worth a triple (12 bytes and a lookup).
 MIN_BLOCK = 64
-#: Anchors tried per region: the longest block any of them extends to is taken.
+#: Anchors tried per region: the blocks they extend to are taken, the longest first, as long as
+#: they keep their order in both texts; the gaps between them are searched the same way.
 ANCHORS_PER_REGION = 16
 #: At most this many blocks per text (12 bytes each in the plan).
 MAX_BLOCKS = 4096
+#: Characters the anchor lookups of one text may scan, per character of the two texts: a bound
+#: for texts that share many short pieces and no long one (a plan is then mostly new text anyway).
+SCAN_BUDGET = 64
 
 
 class BadDelta(ValueError):
@@ -36,11 +41,6 @@ def _code_points(text: str) -> np.ndarray:
         return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
     # surrogatepass: a lone surrogate is one character too
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-
-
-#: Characters the anchor lookups of one text may scan, per character of the two texts: a bound
-#: for texts that share many short pieces and no long one (a plan is then mostly new text anyway).
-SCAN_BUDGET = 64
 
 
 def _equal_run(x: np.ndarray, y: np.ndarray) -> int:
