@@ -151,8 +151,6 @@ def _short(exc: BaseException) -> str:
 _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapter")
 
 
-
-
 def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset(),
                   rebuild: bool = True) -> CallLog:
     """Read every finished part under ``folder`` into one table with the full call-log schema.
