@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, COMPACT_TEXT_COLUMNS, missing_columns
+from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, COMPACT_TEXT_COLUMNS, delta_columns, missing_columns
 from .text_delta import BadDelta, apply_text_delta, delta_length
 
 log = logging.getLogger(__name__)
@@ -178,13 +178,12 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     # what compact rows are rebuilt from is always read: without it a stored suffix would pass
     # for a whole prompt (a text's own delta columns mean nothing without it: left unread with it)
     needed = {"call_id", "prompt_token_ids", "completion_token_ids", "prompt_prefix_call_id", "prompt_prefix_len",
-              *(f"{c}_{part}" for c in COMPACT_TEXT_COLUMNS if c not in skip for part in ("base_call_id", "delta"))}
+              *(name for c in COMPACT_TEXT_COLUMNS if c not in skip for name in delta_columns(c))}
     refused = sorted(set(skip) & needed)
     if refused:
         raise ValueError(f"skip: {', '.join(refused)} cannot be left unread: compact rows are rebuilt from "
                          f"{'it' if len(refused) == 1 else 'them'}")
-    skip = frozenset(skip) | {f"{c}_{part}" for c in COMPACT_TEXT_COLUMNS if c in skip
-                              for part in ("base_call_id", "delta")}
+    skip = frozenset(skip) | {name for c in COMPACT_TEXT_COLUMNS if c in skip for name in delta_columns(c)}
     columns = [name for name in CALL_LOG_SCHEMA.names if name not in skip]
     root = _folder_path(folder)
     if not root.exists():
@@ -232,7 +231,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
 
 def _compact_rows(table: pa.Table) -> int:
     """Rows with a reference to another call's prompt or text."""
-    refs = ["prompt_prefix_call_id", *(f"{c}_base_call_id" for c in COMPACT_TEXT_COLUMNS)]
+    refs = ["prompt_prefix_call_id", *(delta_columns(c)[0] for c in COMPACT_TEXT_COLUMNS)]
     if table.num_rows == 0 or all(table.column(c).null_count == table.num_rows for c in refs):
         return 0
     valid = np.zeros(table.num_rows, dtype=bool)
@@ -427,7 +426,7 @@ def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], re
     """``column`` (a text) whole again where rows store it as a delta of another call's. Without
     ``rebuild`` the deltas are only checked (problems reported) and the texts come back null: what
     is rebuilt grows with the square of a session's length, the check only with what is stored."""
-    base_column, delta_column = f"{column}_base_call_id", f"{column}_delta"
+    base_column, delta_column = delta_columns(column)
     columns: dict[str, pa.Array | None] = {base_column: None, delta_column: None}
     if not rebuild:
         columns[column] = None
@@ -441,16 +440,13 @@ def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], re
     else:  # lengths stand in for the texts
         texts = pc.utf8_length(table.column(column)).to_pylist()
 
-    def size(value: str | int | None) -> int:
-        return value if isinstance(value, int) else len(value)
-
     def extend(base: str | int, ref: int, j: int) -> str | int:
         if texts[j] is None or deltas[j] is None:
             raise _BadReference(f"{base_column} is set but {column} (the new text) or {delta_column} is null")
         try:
             if rebuild:
                 return apply_text_delta(base, deltas[j], texts[j])
-            return delta_length(size(base), deltas[j], texts[j])
+            return delta_length(base, deltas[j], texts[j])  # base and texts are lengths here
         except BadDelta as exc:
             raise _BadReference(f"{delta_column} over call {refs[j]}'s text: {exc}") from None
 

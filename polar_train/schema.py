@@ -104,13 +104,18 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 
 #: Text columns that compact storage (``polar_prompt_delta``) may store as a delta of another call's
-#: text: each has ``<column>_base_call_id`` and ``<column>_delta`` beside it.
+#: text: each has the two columns :func:`delta_columns` names beside it.
 COMPACT_TEXT_COLUMNS = ("request_json", "response_json")
+
+
+def delta_columns(column: str) -> tuple[str, str]:
+    """The columns beside a compact text ``column``: the call it refers to, and the plan."""
+    return f"{column}_base_call_id", f"{column}_delta"
+
 
 #: Call-log columns added after version 1: parts written before them lack them, and readers take
 #: them as null - what such a writer meant (it never stored a request compactly).
-CALL_LOG_ADDED_COLUMNS = frozenset({"request_json_base_call_id", "request_json_delta", "response_json_base_call_id",
-                                    "response_json_delta"})
+CALL_LOG_ADDED_COLUMNS = frozenset(name for c in COMPACT_TEXT_COLUMNS for name in delta_columns(c))
 
 
 def missing_columns(schema: pa.Schema, expected: pa.Schema, optional: frozenset[str] = frozenset()) -> list[str]:

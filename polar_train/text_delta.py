@@ -43,7 +43,7 @@ def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
-def _equal_run(x: np.ndarray, y: np.ndarray) -> int:
+def equal_run(x: np.ndarray, y: np.ndarray) -> int:
     """How many leading elements of two equally long arrays are equal (compared in growing slices:
     the cost follows the run, not the arrays' length)."""
     start, step = 0, 256
@@ -65,11 +65,11 @@ class _Blocks:
 
     def run_forward(self, o: int, n: int, old_end: int, new_end: int) -> int:
         m = min(old_end - o, new_end - n)
-        return _equal_run(self.a[o:o + m], self.b[n:n + m]) if m > 0 else 0
+        return equal_run(self.a[o:o + m], self.b[n:n + m]) if m > 0 else 0
 
     def run_back(self, o: int, n: int, old_start: int, new_start: int) -> int:
         m = min(o - old_start, n - new_start)
-        return _equal_run(self.a[o - m:o][::-1], self.b[n - m:n][::-1]) if m > 0 else 0
+        return equal_run(self.a[o - m:o][::-1], self.b[n - m:n][::-1]) if m > 0 else 0
 
     def find(self) -> list[tuple[int, int, int]]:
         old, new = self.old, self.new

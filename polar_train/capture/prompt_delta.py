@@ -22,19 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import COMPACT_TEXT_COLUMNS
-from ..text_delta import text_delta
+from ..schema import COMPACT_TEXT_COLUMNS, delta_columns
+from ..text_delta import equal_run, text_delta
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two id sequences (vectorised: sessions are long)."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n
+    return equal_run(np.asarray(a[:n], dtype=np.int64), np.asarray(b[:n], dtype=np.int64))
 
 
 def _id_array(ids: Any) -> np.ndarray:
@@ -141,8 +136,8 @@ class PromptDeltaEncoder:
             plan, literals, copied = text_delta(last[1], text)
             if copied >= self.min_shared_chars:
                 row[column] = literals
-                row[f"{column}_base_call_id"] = last[0]
-                row[f"{column}_delta"] = plan
+                base_column, delta_column = delta_columns(column)
+                row[base_column], row[delta_column] = last[0], plan
         self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
 
     def state(self) -> tuple[_Recent, dict[str, _Recent]]:
