@@ -142,6 +142,8 @@ class PolarCapture:
         self.calls: dict[str, record.CallState] = {}
         #: Proxy credentials of each open tunnel's CONNECT (raw; the row worker reads them).
         self.connect_auth: dict[str, str] = {}
+        #: Model endpoints' WebSocket handshakes waiting for their answer (see _websocket_answered).
+        self.websockets: dict[str, record.CallState] = {}
         live = handover.take()  # the instance before a reload of this file: go on where it stopped
         if live is not None:
             self.opts, self.writer, self.calls, self.connect_auth = live.opts, live.writer, live.calls, live.connect_auth
@@ -255,8 +257,16 @@ class PolarCapture:
         if api is None:
             # meant for us, never the upstream (the identity headers too: docs/capture.md says so, for every request)
             headers.fields = raw_headers.without(fields, self._identity_headers)
+            ws_api = record.websocket_api(req.method, req.path, fields)
+            if ws_api is not None:  # model calls about to go over a WebSocket: see _websocket_answered
+                self.websockets[flow.id] = self._call_state(flow, ws_api, fields)
             return
         headers.fields = raw_headers.without(fields, self._drop_headers)
+        self.calls[flow.id] = self._call_state(flow, api, fields)
+
+    def _call_state(self, flow: http.HTTPFlow, api: str, fields: tuple) -> record.CallState:
+        """A new call's state from its request head, ``fields`` as the client sent them."""
+        req = flow.request
         conn_id = flow.client_conn.id
         port = None
         if self.opts.port_rollouts:
@@ -276,7 +286,7 @@ class PolarCapture:
                 connect_auth = checked
             elif not raw_headers.values(fields, b"proxy-authorization")[0]:
                 fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
-        self.calls[flow.id] = record.CallState(
+        return record.CallState(
             api=api, method=req.method, host=host, path=req.path, client_conn_id=conn_id, identity=None,
             started_at=record.utcnow(), upstream_base=base, call_id=flow.id.replace("-", ""),
             header_fields=fields, connect_auth=connect_auth, listen_port=port)
@@ -408,6 +418,8 @@ class PolarCapture:
     async def response(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
         if state is None:
+            if self.websockets:
+                self._websocket_answered(flow)
             return
         try:
             await self._response(flow, state)
@@ -448,6 +460,8 @@ class PolarCapture:
     def error(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
         if state is None:
+            if self.websockets:
+                self.websockets.pop(flow.id, None)  # a handshake that got no answer: nothing went over it
             return
         try:
             msg = flow.error.msg if flow.error else "unknown error"
@@ -468,6 +482,36 @@ class PolarCapture:
         except Exception as exc:
             log.exception("polar_capture: error hook failed")
             state.fail("proxy_error", f"error hook failed: {exc!r}")
+        finally:
+            self._finalize(flow, state)
+
+    # -- WebSocket sessions ------------------------------------------------------------------
+    def _websocket_answered(self, flow: http.HTTPFlow) -> None:
+        """A model endpoint's WebSocket handshake was answered. Refused (vLLM has no such
+        transport; Codex then falls back to HTTP): nothing is lost. Accepted: the model calls that
+        follow pass unrecorded (the capture reads HTTP/SSE only), so the session gets a
+        ``proxy_error`` row when it ends, and the log says so, rather than vanishing unseen."""
+        state = self.websockets.pop(flow.id, None)
+        if state is None or flow.websocket is None:
+            return
+        try:
+            state.http_status = flow.response.status_code if flow.response is not None else None
+            state.fail("proxy_error", _WEBSOCKET_UNRECORDED)
+            self.calls[flow.id] = state  # finalized by websocket_end, or at shutdown as any open call
+            _say_websocket_once(state.host, state.path)
+        except Exception:
+            log.exception("polar_capture: recording a WebSocket session failed")
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        state = self.calls.get(flow.id)
+        if state is None:
+            return
+        try:
+            ws = flow.websocket
+            sent = sum(1 for m in ws.messages if m.from_client) if ws is not None else 0
+            state.error = f"{state.error} ({sent} message{'s' if sent != 1 else ''} from the client)"
+        except Exception:
+            log.exception("polar_capture: websocket_end failed")
         finally:
             self._finalize(flow, state)
 
@@ -532,6 +576,20 @@ class PolarCapture:
 _STREAMED_BY_MITMPROXY = ("the {what} body was streamed by mitmproxy's stream_large_bodies (past its limit while "
                           "being read) and not recorded; leave stream_large_bodies unset or raise it above model calls")
 _streamed_said = False
+
+
+_WEBSOCKET_UNRECORDED = ("model calls over a WebSocket are not recorded (the capture reads HTTP and SSE only): "
+                         "this session's passed unread; configure the harness for HTTP (docs/capture.md)")
+_websocket_said = False
+
+
+def _say_websocket_once(host: str, path: str) -> None:
+    global _websocket_said
+    if not _websocket_said:
+        _websocket_said = True
+        log.warning("polar_capture: a WebSocket session to %s%s carries model calls, which the capture does not "
+                    "record; each such session gets a proxy_error row - configure the harness for HTTP "
+                    "(docs/capture.md)", host, path.split("?", 1)[0])
 
 
 def _say_streamed_once() -> None:

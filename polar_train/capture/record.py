@@ -48,6 +48,16 @@ def detect_api(method: str, path: str) -> str | None:
     return _API_BY_TAIL[m.group(1)] if m else None
 
 
+def websocket_api(method: str, path: str, fields: tuple[tuple[bytes, bytes], ...]) -> str | None:
+    """The wire format of a model endpoint asked to become a WebSocket (a GET with ``Upgrade:
+    websocket`` to a model call's path, as Codex's Responses WebSocket transport opens), else None."""
+    if method.upper() != "GET":
+        return None
+    if not any(name.lower() == b"upgrade" and value.strip().lower() == b"websocket" for name, value in fields):
+        return None
+    return detect_api("POST", path)
+
+
 class AttemptCounter:
     """``attempt`` = 1 + earlier calls on the same rollout with the same request hash (bounded).
 
