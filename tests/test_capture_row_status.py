@@ -312,3 +312,17 @@ def test_a_spliced_value_holding_a_lone_surrogate_is_written_as_its_escape() -> 
     value = json.loads('["\\ud83d"]')
     out = splice_utf8(data, data.decode(), [(11, 16, compact(value))])
     assert out == b'{"include":["\\ud83d"],"x":1}' and json.loads(out)["include"] == value
+
+
+@pytest.mark.parametrize("n, noted", [(None, False), (1, False), ("1", False), (3, True), ("3.0", True)])
+def test_a_chat_call_with_n_above_1_says_only_its_first_choice_is_recorded(n, noted):
+    """n > 1 (a sampler asking for a group): the row holds choices[0]; its note names what is not
+    there, as vLLM reads n (lax: "3.0" is 3)."""
+    request = {**CHAT_REQ, **({} if n is None else {"n": n})}
+    row = _row("openai.chat", request, CHAT_SSE)
+    assert row["status"] == "ok" and row["completion_token_ids"] == CHAT_IDS
+    if noted:
+        assert row["error"] == ("n=3: only choices[0] is recorded; the other 2 choices' token ids and logprobs "
+                                "are not (usage counts all of them)")
+    else:
+        assert row["error"] is None

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..wire.errors import ApiError
-from ..wire.lax import lax_true
+from ..wire.lax import lax_int, lax_true
 from ..wire.render import normalize_tool
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
 from .id_arrays import parse_ids
@@ -195,6 +195,17 @@ def event_stripper(asked: dict[str, Any]) -> Callable[[bytes], bytes | None]:
 
 def sampling(request: dict[str, Any]) -> tuple[float | None, float | None]:
     return as_float(request.get("temperature")), as_float(request.get("top_p"))
+
+
+def request_note(request: dict[str, Any]) -> str | None:
+    """What the row cannot hold of this request's answer: a row is one completion, ``choices[0]``;
+    with ``n`` > 1 the others' token ids and logprobs (asked for by the proxy, stripped before
+    the client saw them) are lost, and the row says so rather than pass as all there was."""
+    n = lax_int(request.get("n"))
+    if n is None or n <= 1:
+        return None
+    return (f"n={n}: only choices[0] is recorded; the other {n - 1} choices' token ids and logprobs "
+            "are not (usage counts all of them)")
 
 
 def _logprob_values(logprobs: Any) -> list[float] | None:
