@@ -46,8 +46,13 @@ def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
     """Refuse a folder that is not a saved peft adapter before any weights are loaded (without
     its files peft would look the folder up on the Hub and report a malformed repository id)."""
     folder = Path(adapter_dir)
+    if not folder.exists():
+        raise ModelLoadError(f"{folder}: not found")
     if not (folder / "adapter_config.json").is_file():
-        raise ModelLoadError(f"{folder} is not a peft adapter (no adapter_config.json)")
+        inside = folder / "adapter"
+        hint = (f"; a training run's folder? its adapter is {inside}"
+                if (inside / "adapter_config.json").is_file() else "")
+        raise ModelLoadError(f"{folder} is not a peft adapter (no adapter_config.json){hint}")
     if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
         raise ModelLoadError(f"{folder} is not a peft adapter (no {' or '.join(ADAPTER_WEIGHTS)})")
 

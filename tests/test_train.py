@@ -328,6 +328,19 @@ def test_init_adapter_continues_an_existing_lora(sampled, tiny_model_dir, tmp_pa
     assert lora_b and all(p.requires_grad for p in lora_b.values())
     assert all(torch.allclose(p, torch.full_like(p, 0.01)) for p in lora_b.values())
     assert not any("k_proj" in n for n in lora_b)  # the saved adapter's targets, not a fresh all-linear LoRA
+    # a LoRA option given beside it that the adapter does not have was silently not used
+    with pytest.raises(UserError, match=r"^lora_r=8 \(init_adapter: 4\), lora_target_modules=q_proj "
+                                        r"\(init_adapter: q_proj,v_proj\): a run from init_adapter continues"):
+        build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r2", f"init_adapter={tmp_path / 'a0'}", "lora_r=8",
+                         "lora_alpha=8", "lora_target_modules=q_proj"))
+    build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r3", f"init_adapter={tmp_path / 'a0'}", "lora_r=4"))
+    (tmp_path / "run" / "adapter").mkdir(parents=True)  # a training run's folder named for its adapter
+    for f in (tmp_path / "a0").iterdir():
+        (tmp_path / "run" / "adapter" / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(UserError, match=f"a training run's folder\\? its adapter is {tmp_path / 'run' / 'adapter'}$"):
+        build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r4", f"init_adapter={tmp_path / 'run'}"))
+    with pytest.raises(UserError, match=f"^init_adapter: {tmp_path / 'nope'}: not found$"):
+        build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r5", f"init_adapter={tmp_path / 'nope'}"))
 
 
 def test_a_step_without_sampler_logprobs_logs_no_mismatch(sampled, tiny_model_dir, tmp_path):

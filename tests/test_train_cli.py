@@ -49,6 +49,7 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     # where the run's parts are, for a reader of the summary alone (the notebook, a later run)
     assert summary["trajectories"] == str(trajectories.resolve()) and summary["model"] == str(tiny_model_dir.resolve())
     assert summary["adapter"] == str((out / "adapter").resolve()) and summary["resumed_from"] is None
+    assert summary["init_adapter"] is None and "warning" not in proc.stderr  # its own samples: no foreign policy
     assert (out / "checkpoint-1" / "polar_first_epoch_mismatch.json").is_file()
     assert summary["adapter_max_abs_change"] > 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -94,6 +95,12 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     retargeted = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
                              "--set", "max_steps=2", "--set", "lora_target_modules=q_proj", "--resume")
     assert retargeted.returncode == 2 and "--resume: lora_target_modules=q_proj (checkpoint: " in retargeted.stderr
+    started = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                          "--set", "max_steps=2", "--set", f"init_adapter={out / 'checkpoint-1'}", "--resume")
+    assert started.returncode == 2 and "Traceback" not in started.stderr
+    assert started.stderr.strip().splitlines()[-1] == (
+        f"polar-train train: error: --resume: the run in {out} started from init_adapter=(none: a fresh LoRA), not "
+        f"{(out / 'checkpoint-1').resolve()}: resume with the same init_adapter, or start a new --output")
     again = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
                         "--set", "learning_rate=5e-3", "--set", "max_steps=2", "--set", "save_steps=1", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -107,6 +114,43 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     assert sum("train_runtime" in r for r in rows) == 1
     # measured from the base (the seeded LoRA init), as the uninterrupted run measured it
     assert resumed["adapter_max_abs_change"] == pytest.approx(summary["adapter_max_abs_change"], rel=1e-4)
+
+
+def test_data_another_policy_sampled_is_warned_about_at_the_first_step(trajectories, tmp_path):
+    """Round k's data trained from the base again (init_adapter forgotten), or on another base:
+    GRPO weighs every token by the wrong old policy; the run said nothing (mismatch 0.4 vs 5e-5)."""
+    from polar_train.tiny_model import TinyModelSpec, write_tiny_model
+
+    # same vocabulary and shapes, other weights (sharper: a random policy at weight 1 is ~uniform)
+    other = write_tiny_model(tmp_path / "other", TinyModelSpec(seed=1, final_norm_weight=16))
+    proc = polar_train("train", str(trajectories), "--model", str(other), "--output", str(tmp_path / "run"),
+                       "--set", "max_steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["logprob_mismatch_first_step"] > 0.1
+    warnings = [ln for ln in proc.stderr.splitlines() if "polar-train train: warning: " in ln]
+    assert len(warnings) == 2  # at the first step (time to stop it) and again under the summary
+    assert "is not the one that sampled these trajectories" in warnings[0]
+    assert "(a fresh LoRA on --model, no init_adapter)" in warnings[0] and "init_adapter=<that adapter>" in warnings[0]
+
+
+def test_a_resume_checks_the_init_adapter_shape_against_its_checkpoint(tmp_path):
+    """A run of an older version (no init_adapter in its marker) resumed with another init_adapter:
+    torch's 60-line size-mismatch traceback after the weights loaded."""
+    from polar_train.train.config import TrainConfig
+
+    checkpoint, start = tmp_path / "run" / "checkpoint-1", tmp_path / "start"
+    for folder, r in ((checkpoint, 16), (start, 4)):
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 32}))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 1, "max_steps": 2}))
+    config = TrainConfig(output_dir=str(tmp_path / "run"), init_adapter=str(start), use_cpu=True,
+                             report_to="none")
+    with pytest.raises(UserError, match=r"--resume: init_adapter=.*start has r=4, lora_alpha=32; the checkpoint's "
+                                        r"LoRA r=16, lora_alpha=32: resume with the init_adapter the run started from"):
+        train_cli._check_resumable(checkpoint, config)
+    (start / "adapter_config.json").write_text(json.dumps({"r": 16, "lora_alpha": 32}))
+    train_cli._check_resumable(checkpoint, config)  # the same shape: resumable
 
 
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):

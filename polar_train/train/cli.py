@@ -138,14 +138,20 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
 RUN_MARKER = ".polar-train-run"
 
 
-def run_identity(model: str, trajectories) -> dict[str, Any]:
-    """What a resumed run must continue on: the base model's path and the trained trajectories
-    (a hash of their sorted ids and their number): another one mixed two runs into one adapter."""
+def run_identity(model: str, trajectories, init_adapter: str | None = None) -> dict[str, Any]:
+    """What a resumed run must continue on: the base model's path, the adapter it started from
+    and the trained trajectories (a hash of their sorted ids and their number): another one mixed
+    two runs into one adapter."""
     import hashlib
 
     ids = sorted({t.trajectory_id for t in trajectories})
     digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
-    return {"model": str(Path(model).expanduser().resolve()), "trajectories": len(ids), "data": digest}
+    return {"model": str(Path(model).expanduser().resolve()), "trajectories": len(ids), "data": digest,
+            "init_adapter": _resolved(init_adapter)}
+
+
+def _resolved(path: str | None) -> str | None:
+    return str(Path(path).expanduser().resolve()) if path else None
 
 
 def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
@@ -158,6 +164,11 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
     if saved.get("model") not in (None, identity["model"]):
         raise UserError(f"--resume: the run in {out} trained on --model {saved['model']}, not {identity['model']}: "
                         "resume with the same model, or start a new --output")
+    if "init_adapter" in saved and saved["init_adapter"] != identity["init_adapter"]:
+        # (a marker of an older version has no such key: its checkpoint's LoRA shape is still checked)
+        raise UserError(f"--resume: the run in {out} started from init_adapter={saved['init_adapter'] or '(none: a fresh LoRA)'}"
+                        f", not {identity['init_adapter'] or '(none)'}: resume with the same init_adapter, or "
+                        "start a new --output")
     if saved.get("data") is not None and (saved.get("data"), saved.get("trajectories")) != (
             identity["data"], identity["trajectories"]):
         raise UserError(f"--resume: the run in {out} trained on other trajectories ({saved.get('trajectories')} "
@@ -243,12 +254,18 @@ def _check_resumable(checkpoint: Path, config) -> None:
         raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}); "
                         f"to train its adapter further, start a new run from it: --set "
                         f"init_adapter={checkpoint.parent / 'adapter'} --output NEW_FOLDER")
-    if config.init_adapter:
-        return  # its own LoRA shape, checked when it loads
     try:
         saved = json.loads((checkpoint / "adapter_config.json").read_text())
     except (OSError, ValueError):
         return  # not a LoRA checkpoint of ours: the trainer says what it finds
+    if config.init_adapter:  # the run's LoRA is the init adapter's: torch's size-mismatch traceback otherwise
+        start = _adapter_config(config.init_adapter)
+        shape = {k: (saved.get(k), start.get(k)) for k in ("r", "lora_alpha")}
+        if any(then is not None and now is not None and then != now for then, now in shape.values()):
+            raise UserError(f"--resume: init_adapter={config.init_adapter} has r={start.get('r')}, lora_alpha="
+                            f"{start.get('lora_alpha')}; the checkpoint's LoRA r={saved.get('r')}, lora_alpha="
+                            f"{saved.get('lora_alpha')}: resume with the init_adapter the run started from")
+        return
     wanted = {"lora_r": (saved.get("r"), config.lora_r), "lora_alpha": (saved.get("lora_alpha"), config.lora_alpha)}
     changed = [f"{k}={now} (checkpoint: {then})" for k, (then, now) in wanted.items() if then is not None and then != now]
     targets, saved_targets = config.lora_target_modules, saved.get("target_modules")
@@ -261,6 +278,34 @@ def _check_resumable(checkpoint: Path, config) -> None:
                         "checkpoint's values or start a new --output")
 
 
+def _adapter_config(folder: str) -> dict[str, Any]:
+    """A peft adapter's ``adapter_config.json`` ({} where unreadable: loading it says why)."""
+    try:
+        value = json.loads((Path(folder) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _check_init_adapter_shape(config, given: dict[str, Any]) -> None:
+    """A LoRA option the user gave beside ``init_adapter`` that its adapter does not have: the
+    continued adapter keeps its own shape, and the option was silently not used."""
+    start = _adapter_config(config.init_adapter)
+    differ = []
+    for key, saved_key in (("lora_r", "r"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
+        now, then = getattr(config, key), start.get(saved_key)
+        if key in given and then is not None and now != then:
+            differ.append(f"{key}={now} (init_adapter: {then})")
+    targets, then = config.lora_target_modules, start.get("target_modules")
+    if "lora_target_modules" in given and isinstance(then, (list, str)) and targets != ["all-linear"]:
+        saved = {then} if isinstance(then, str) else set(then)
+        if set(targets) != saved:
+            differ.append(f"lora_target_modules={','.join(targets)} (init_adapter: {','.join(sorted(saved))})")
+    if differ:
+        raise UserError(f"{', '.join(differ)}: a run from init_adapter continues that adapter with its own LoRA "
+                        "shape; leave these options out, or train a fresh LoRA (no init_adapter)")
+
+
 def build_trainer(args: argparse.Namespace):
     """Checked config and data, the model with its LoRA, and the trainer - not yet trained.
 
@@ -271,15 +316,17 @@ def build_trainer(args: argparse.Namespace):
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
-    identity = run_identity(args.model, grouped.trajectories)
-    checkpoint = _check_output(out, args.resume, config, identity)
+    identity = run_identity(args.model, grouped.trajectories, config.init_adapter)
     if config.init_adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
+        from .config import user_options
 
         try:
             check_adapter_folder(config.init_adapter)
         except ModelLoadError as exc:
             raise UserError(f"init_adapter: {exc}") from None
+        _check_init_adapter_shape(config, user_options(args.config, args.sets))
+    checkpoint = _check_output(out, args.resume, config, identity)
     for line in report.lines():
         print(line, flush=True)
 
@@ -316,7 +363,7 @@ def build_trainer(args: argparse.Namespace):
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
-    from .trainer import restore_first_epoch_mismatch
+    from .trainer import mismatch_warning, restore_first_epoch_mismatch
 
     trainer, report, checkpoint = build_trainer(args)
     out = Path(args.output)
@@ -355,6 +402,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "adapter": str(adapter_dir.resolve()),
         "trajectories": str(Path(args.data).expanduser().resolve()),
         "model": str(Path(args.model).expanduser().resolve()),
+        "init_adapter": _resolved(trainer.args.init_adapter),
         "resumed_from": str(Path(checkpoint).resolve()) if checkpoint else None,
         "adapter_max_abs_change": changed,
         "logprob_mismatch_first_step": first,
@@ -371,6 +419,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if first is not None:
             print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
+            if (warning := mismatch_warning(first, trainer.args.init_adapter)) is not None:
+                print(warning, file=sys.stderr, flush=True)
     return summary
 
 

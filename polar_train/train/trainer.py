@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
@@ -148,6 +150,10 @@ class RecordedGRPOTrainer(GRPOTrainer):
             delta = self._metrics[mode].get("sampling/sampling_logp_difference/mean")
             if delta:
                 self.first_epoch_mismatch.append(delta[-1])
+                warning = (mismatch_warning(delta[-1], self.args.init_adapter)
+                           if len(self.first_epoch_mismatch) == 1 else None)
+                if warning is not None and self.accelerator.is_main_process:
+                    tqdm.write(warning, file=sys.stderr)  # at step 1: Ctrl-C before the run is spent (its own line)
 
     def _no_mismatch_without_logprobs(self, out: dict[str, Any], mask: torch.Tensor, mode: str) -> None:
         """A batch with no trainable token that has a sampler logprob (rendered calls only, e.g.
@@ -161,6 +167,25 @@ class RecordedGRPOTrainer(GRPOTrainer):
             values = self._metrics[mode].get(key)
             if values:
                 values[-1] = float("nan")
+
+
+#: A first-step mean |trainer - sampler| logprob above this is no precision difference (float32
+#: against float32 gives ~1e-5, bf16 against float32 ~1e-2): the trainer's policy is not the one
+#: that sampled the data.
+FOREIGN_POLICY_MISMATCH = 0.1
+
+
+def mismatch_warning(first_step: float, init_adapter: str | None) -> str | None:
+    """What to tell a user whose data another policy sampled (a round captured with an adapter
+    trained from the base again, the wrong adapter or base): GRPO's ratio then weighs every
+    token by the wrong old policy, silently."""
+    if not math.isfinite(first_step) or first_step <= FOREIGN_POLICY_MISMATCH:
+        return None
+    start = f"init_adapter={init_adapter} on --model" if init_adapter else "a fresh LoRA on --model, no init_adapter"
+    return (f"polar-train train: warning: first-step logprob mismatch {first_step:.3g} is far above precision "
+            f"noise (~1e-5 float32, ~1e-2 bf16): the policy trained here ({start}) is not the one that "
+            "sampled these trajectories. Data captured while an adapter was served needs init_adapter=<that "
+            "adapter> and the --model it was served on (docs/train.md, \"Round after round\").")
 
 
 #: Written into each checkpoint: the first-epoch mismatch list so far, so a resumed run's summary
