@@ -27,8 +27,8 @@ from polar_train.capture import anthropic_messages, fields, openai_chat, openai_
 from polar_train.capture.identity import HeaderView, resolve_identity, rollout_from_proxy_auth
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import parse_port_rollouts
-from polar_train.capture.redact import (REDACTED, SECRET_KEYS, header_secrets, redact_json, redacted_dumps, scrub,
-                                        value_secrets)
+from polar_train.capture.redact import (REDACTED, SECRET_KEY_SUFFIXES, SECRET_KEYS, has_secret_key, header_secrets,
+                                        redact_json, redacted_dumps, scrub, value_secrets)
 from polar_train.capture.sse import SSESplitter, event_json, split_all
 from polar_train.capture.tap import StreamTap
 from polar_train.capture.writer import PartWriter
@@ -1478,3 +1478,22 @@ def test_the_all_interfaces_warning_reads_each_modes_own_host(tmp_path, caplog):
                 addon.done()
             finally:  # the next context's log handler, not this one's (its loop is closed then)
                 tctx.master._legacy_log_events.uninstall()
+
+
+#: The forward form of the secret-key scan (what redact searched before it read the text reversed):
+#: the reference the fast scan must agree with.
+_FORWARD_SECRET_KEY = (b'(?:"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')|(?:'
+                       + b"|".join(re.escape(k.encode()) for k in SECRET_KEY_SUFFIXES) + b'))"')
+_KEY_PIECES = st.sampled_from(sorted(SECRET_KEYS) + list(SECRET_KEY_SUFFIXES)
+                              + ["my", "_", "-", "key", "token", "x", '"', "\\", ":", " ", "\n", "{", "}", ","])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_KEY_PIECES, st.text(max_size=4)), max_size=12))
+def test_the_reversed_secret_key_scan_agrees_with_the_forward_one(pieces):
+    """redact reads lower-cased JSON reversed (a fixed first byte: 3.5 ms -> ~0.1 ms per 100 KB);
+    it must find a secret key exactly where the forward pattern does, spaced or compact."""
+    data = "".join(pieces).lower().encode("utf-8", "surrogatepass")
+    assert has_secret_key(data) == (re.search(_FORWARD_SECRET_KEY + b":", data) is not None)
+    assert has_secret_key(data, spaced=True) == (
+        re.search(_FORWARD_SECRET_KEY + b"[ \t\n\r]*:", data) is not None)

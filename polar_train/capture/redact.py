@@ -39,14 +39,27 @@ def is_secret_key(key: Any) -> bool:
     return k in SECRET_KEYS or k.endswith(SECRET_KEY_SUFFIXES)
 
 
-#: The end of a JSON-encoded key (lower-cased text) that :func:`is_secret_key` accepts, up to its
-#: closing quote: ``"name"`` for a whole name, or a suffix right before the quote (no escape can
-#: sit inside a suffix, so any key ending with one shows it so; a string value is never followed by
-#: ``":`` - a false match only costs the walk, which decides).
-QUOTED_SECRET_KEY = (b'(?:"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')|(?:'
-                     + b"|".join(re.escape(k.encode()) for k in SECRET_KEY_SUFFIXES) + b'))"')
-#: ``"key":`` for every secret key, in lower case, as bytes (one scan finds any of them).
-_QUOTED_SECRET_KEY = re.compile(QUOTED_SECRET_KEY + b":")
+def _reversed_secret_key(gap: bytes) -> re.Pattern[bytes]:
+    """The end of a JSON-encoded key that :func:`is_secret_key` accepts, then ``gap`` and ``:``,
+    as it reads in the *reversed* lower-cased text: ``"name"`` for a whole name, or a suffix right
+    before the closing quote (no escape can sit inside a suffix, so any key ending with one shows
+    it so; a string value is never followed by ``":`` - a false match only costs the walk, which
+    decides). Why reversed: read forwards, the suffixes start the pattern with no fixed byte, and
+    ``re`` tried each of them at every position (3.5 ms per 100 KB body, half the row worker's
+    time per call); reversed, every match starts with ``:`` and ``re`` skips to each colon."""
+    keys = b"|".join(re.escape(k.encode()[::-1]) + b'"' for k in sorted(SECRET_KEYS))
+    suffixes = b"|".join(re.escape(k.encode()[::-1]) for k in SECRET_KEY_SUFFIXES)
+    return re.compile(b":" + gap + b'"(?:' + keys + b"|" + suffixes + b")")
+
+
+_SECRET_KEY_COMPACT = _reversed_secret_key(b"")
+_SECRET_KEY_SPACED = _reversed_secret_key(rb"[ \t\n\r]*")
+
+
+def has_secret_key(lowered: bytes, spaced: bool = False) -> bool:
+    """Whether lower-cased JSON bytes show ``"key":`` for a secret key (``spaced``: JSON
+    whitespace allowed before the colon, as a client may send it; else the compact encoder's)."""
+    return (_SECRET_KEY_SPACED if spaced else _SECRET_KEY_COMPACT).search(lowered[::-1]) is not None
 
 
 def redact_json(value: Any) -> Any:
@@ -102,10 +115,7 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
         data = text.encode("utf-8")
     if not isinstance(value, (dict, list)):
         return text
-    if "\u212a" in text:
-        found = _QUOTED_SECRET_KEY.search(text.lower().encode("utf-8"))
-    else:
-        found = _QUOTED_SECRET_KEY.search(data.lower())
+    found = has_secret_key(text.lower().encode("utf-8") if "\u212a" in text else data.lower())
     return escape_surrogates(dumps(redact_json(value))) if found else text
 
 

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from .json_members import splice_utf8
-from .redact import QUOTED_SECRET_KEY
+from .redact import has_secret_key
 from .request_walk import WalkedRequest
 
 #: Request fields left out of ``request_hash`` (they may change between retries of one request).
@@ -25,8 +25,6 @@ from .request_walk import WalkedRequest
 #: on each send (a hash map), so a retry's bytes differed there and it was taken for a new request.
 VOLATILE_FIELDS = frozenset({"metadata", "client_metadata", "user", "prompt_cache_key", "stream_options", "store"})
 
-#: ``"key"`` then ``:`` for any secret key, in lower case, JSON whitespace allowed between.
-_SECRET_KEY_AS_SENT = re.compile(QUOTED_SECRET_KEY + b"[ \t\n\r]*:")
 #: Escapes that write a character another way than the compact encoder does (``\u`` for any
 #: character, ``\/`` for ``/``): where the body has none, every string in it reads as the encoder
 #: writes it, so a secret value found in the re-encoded text is found in this one.
@@ -61,6 +59,6 @@ def text_as_sent(walked: WalkedRequest) -> str | None:
     re-encoded one would."""
     body = walked.body
     if (_OTHER_ESCAPES.search(body) or (not body.isascii() and _KELVIN_SIGN.search(body))
-            or _SECRET_KEY_AS_SENT.search(body.lower())):
+            or has_secret_key(body.lower(), spaced=True)):
         return None
     return walked.text
