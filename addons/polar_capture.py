@@ -54,13 +54,22 @@ _INLINE_PARSE_LIMIT = 1 << 20  # bodies above 1 MiB are parsed on a thread
 _WALK_MIN_BYTES = 4 << 10
 #: A request's ``"stream": true`` read off its bytes, where the proxy does not parse the request
 #: (nothing to inject): only to know that its answer is a stream whatever its label (a hint; the
-#: row worker reads the real value). A quote inside a JSON string is escaped, so this is a key.
-_STREAM_TRUE = re.compile(rb'(?<!\\)"stream"\s*:\s*(?:true|"true")')
+#: row worker reads the real value). A quote inside a JSON string is escaped, so an unescaped one
+#: starts a key. The pattern starts with its literal (``re`` then skips to each ``"stream"``):
+#: with a look-behind first it tried every byte - 1.3 ms per 100 KB on the event loop, for every
+#: Messages call (Claude Code sends ``stream`` last, after its tools and history).
+_STREAM_TRUE = re.compile(rb'"stream"\s*:\s*(?:true|"true")')
+_BACKSLASH = 0x5C
 _LOG_LEVELS = {"error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO, "alert": logging.INFO,
                "debug": logging.DEBUG}
 
 
 _HOSTED_SUFFIXES = tuple("." + h for h in HOSTED_HOSTS) + (".openai.azure.com",)
+
+
+def _stream_true(body: bytes) -> bool:
+    """Whether the raw request body holds the key ``"stream"`` set to true (:data:`_STREAM_TRUE`)."""
+    return any(m.start() == 0 or body[m.start() - 1] != _BACKSLASH for m in _STREAM_TRUE.finditer(body))
 
 
 def _model_call_drops(opts: CaptureOptions) -> frozenset[bytes]:
@@ -317,7 +326,7 @@ class PolarCapture:
         inject = self.opts.inject and module.INJECTS and not _is_hosted(flow.request.host)
         if not inject:  # nothing to change: the row worker alone reads it, off the event loop
             state.request_unread = True
-            state.stream = _STREAM_TRUE.search(body) is not None  # a stream labelled JSON still streams
+            state.stream = _stream_true(body)  # a stream labelled JSON still streams
             return
         big = len(body) > _INLINE_PARSE_LIMIT
         echoes = getattr(module, "REQUEST_ECHOED", None)

@@ -1497,3 +1497,17 @@ def test_the_reversed_secret_key_scan_agrees_with_the_forward_one(pieces):
     assert has_secret_key(data) == (re.search(_FORWARD_SECRET_KEY + b":", data) is not None)
     assert has_secret_key(data, spaced=True) == (
         re.search(_FORWARD_SECRET_KEY + b"[ \t\n\r]*:", data) is not None)
+
+
+@pytest.mark.parametrize("body, streams", [
+    (b'{"stream":true}', True), (b'{"model": "m", "stream" : "true"}', True), (b'"stream":true', True),
+    (b'{"stream": false}', False), (b'{"x": "say \\"stream\\": true"}', False),  # inside a string: escaped
+    (b'{"x": "\\"stream\\": true", "stream": true}', True),  # an escaped one first, the key after it
+    (b'{"messages": [' + b'{"role": "user", "content": "abc"},' * 3000 + b'{}], "stream": true}', True),
+])
+def test_the_proxys_stream_hint_finds_the_key_and_not_text_in_a_string(body, streams):
+    """The proxy reads ``stream`` off an uninjected request's bytes (Claude Code puts it last); the
+    pattern starts with its literal (a look-behind first made re try every byte on the event loop)."""
+    addon = _load_addon()
+    assert addon._stream_true(body) is streams
+    assert addon._STREAM_TRUE.pattern.startswith(b'"stream"')
