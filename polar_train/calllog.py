@@ -386,6 +386,8 @@ def _resolve_prompts(table: pa.Table, problems: list[PartProblem]) -> pa.Table:
         n = lens[j]
         if n is None or n < 0 or n > len(source):
             raise _BadReference(f"prompt_prefix_len {n} outside 0..{len(source)} of call {refs[j]}")
+        if not p_valid[j]:  # a suffix the writer never leaves null (an empty one is [])
+            raise _BadReference(f"its stored suffix (prompt_token_ids) is null after {n} tokens of call {refs[j]}")
         return np.concatenate([source[:n], stored_prompt(j)])
 
     new_prompts = _resolve_chains(call_ids, refs, lambda i: stored_prompt(i) if p_valid[i] else None, extend,
@@ -416,7 +418,9 @@ def _prompt_lengths(table: pa.Table, problems: list[PartProblem]) -> list[int | 
         n, source = lens[j], base + completion[ref]
         if n is None or n < 0 or n > source:
             raise _BadReference(f"prompt_prefix_len {n} outside 0..{source} of call {refs[j]}")
-        return n + (stored[j] or 0)
+        if stored[j] is None:
+            raise _BadReference(f"its stored suffix (prompt_token_ids) is null after {n} tokens of call {refs[j]}")
+        return n + stored[j]
 
     return _resolve_chains(table.column("call_id").to_pylist(), refs, stored.__getitem__, extend,
                            "prompt_token_ids", "prompt_prefix_call_id", "prompt prefix", problems)

@@ -155,9 +155,14 @@ def test_unresolvable_compact_prompts_are_reported_not_guessed(tmp_path, session
                       prompt_prefix_call_id="loop-b", prompt_prefix_len=1)
     loop_b = make_row(call_id="loop-b", prompt_ids=[1], completion_ids=[2],
                       prompt_prefix_call_id="loop-a", prompt_prefix_len=1)
-    write_parts(tmp_path, rows + [loop_a, loop_b, short, too_long])
+    null_suffix = make_row(call_id="null-suffix", prompt_ids=None, completion_ids=[6],  # read as no suffix
+                           prompt_prefix_call_id="short", prompt_prefix_len=2)  # before: a shorter prompt
+    write_parts(tmp_path, rows + [loop_a, loop_b, short, too_long, null_suffix])
     log = read_call_log(tmp_path)
     got = {r["call_id"]: r["prompt_token_ids"] for r in log.table.to_pylist()}
+    assert got["null-suffix"] is None
+    checked = read_call_log(tmp_path, rebuild=False)  # inspect's check by lengths finds the same
+    assert sorted(map(str, checked.problems)) == sorted(map(str, log.problems))
     assert got[session_rows[0]["call_id"]] == session_rows[0]["prompt_token_ids"]
     for row in session_rows[1:]:
         assert got[row["call_id"]] is None
@@ -168,8 +173,9 @@ def test_unresolvable_compact_prompts_are_reported_not_guessed(tmp_path, session
     # both calls of the loop are named (only the first was; inspect then counted one lost call)
     assert sorted(p.call_id for p in log.problems if "circular" in p.message) == ["loop-a", "loop-b"]
     assert any("too-long" in m and "prompt_prefix_len 99 outside 0..3" in m for m in messages)
+    assert any("null-suffix" in m and "stored suffix (prompt_token_ids) is null" in m for m in messages)
     # nothing else is lost: every row is still there, completions intact
-    assert log.table.num_rows == 8
+    assert log.table.num_rows == 9
     assert log.table.column("completion_token_ids").null_count == 0
 
 
