@@ -94,7 +94,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     report = result.report
     if not result.trajectories:
-        print(report.table())
+        print_out(report.table())
         if not report.parts_read:  # every part skipped: the input is unusable, as an empty folder is
             raise UserError(f"no readable call-log part in {captures} (see the problems above)")
         print(f"polar-train build: error: no trajectory could be built from {captures}"

@@ -71,6 +71,11 @@ def first_of_each_call(table):
     return (table, 0) if len(keep) == table.num_rows else (table.take(keep), table.num_rows - len(keep))
 
 
+def _clip(text: str, width: int = 80) -> str:
+    """A message cut to the table's width, marked as cut (a note that stops mid-word read as whole)."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def summarize(table, top: int = 20) -> str:
     n = table.num_rows
     col = {name: table.column(name).to_pylist()
@@ -113,14 +118,14 @@ def summarize(table, top: int = 20) -> str:
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
                           roll_rows) + more)
-    errors = Counter((col["status"][i] or "(none)", (col["error"][i] or "")[:80])
+    errors = Counter((col["status"][i] or "(none)", _clip(col["error"][i] or ""))
                      for i in range(n) if col["status"][i] != "ok")
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
                           [[s, k, e] for (s, e), k in errors.most_common(top)]))
     # an ok call may still say why something is missing: no token ids (a prompt the template
     # refuses, a credential in the prompt), a check that could not run
-    notes = Counter((col["error"][i] or "")[:80] for i in range(n) if col["status"][i] == "ok" and col["error"][i])
+    notes = Counter(_clip(col["error"][i] or "") for i in range(n) if col["status"][i] == "ok" and col["error"][i])
     if notes and top:
         out.append(_table(f"\nnotes on ok calls ({notes.total()})", ["count", "note"],
                           [[k, e] for e, k in notes.most_common(top)]))
@@ -175,7 +180,7 @@ def _call_problems(by_call: dict[str, PartProblem], what: str, consequence: str)
     if not by_call:
         return []
     shown = list(by_call.values())
-    lines = [f"{len(shown)} calls whose {what} cannot be rebuilt (the call it refers to is in a part that is missing "
+    lines = [f"{len(shown)} {'call' if len(shown) == 1 else 'calls'} whose {what} cannot be rebuilt (the call it refers to is in a part that is missing "
              f"or unreadable, or does not fit it): {consequence}"]
     lines += [f"  {printable(p)}" for p in shown[:_SHOWN_CALL_PROBLEMS]]
     if len(shown) > _SHOWN_CALL_PROBLEMS:
@@ -196,5 +201,5 @@ def _rows(text: str) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a capture folder's call log")
     p.add_argument("dir", help="capture folder (polar_out) or its calls/ subfolder")
-    p.add_argument("--top", type=_rows, default=20, help="rows shown per table (default 20; 0: totals only)")
+    p.add_argument("--top", type=_rows, default=20, help="rows shown per table (default 20; 0: the per-api totals only)")
     p.set_defaults(func=_cmd_inspect)

@@ -1016,7 +1016,7 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
                               "prompt_token_ids": [1, 2], "completion_token_ids": [3]})
     for i in (5, 6):  # ok, but without ids, and the row says why
         w.submit(lambda i=i: {**_row(i), "rollout_id": "r0", "token_source": "none",
-                              "error": "token ids unavailable: the template refuses this prompt"})
+                              "error": "token ids unavailable: the template refuses this prompt" + " at length" * i})
     w.close()
     (tmp_path / "calls" / ".part-half-written.parquet.tmp").write_bytes(b"PAR1 garbage")
     calls = tmp_path / "calls"
@@ -1032,6 +1032,7 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
     assert "7 calls" in out and "openai.chat" in out and "r0" in out
     # ok calls that say why their ids are missing were not shown at all (only errors were)
     assert "notes on ok calls (2)" in out and "token ids unavailable: the template refuses this prompt" in out
+    assert any(line.endswith("at length at …") for line in out.splitlines())  # a note cut to the width says so
     assert main(["inspect", str(tmp_path / "nope")]) == 2
     assert "nope not found" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2 with the usage and the reason

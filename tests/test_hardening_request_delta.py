@@ -286,7 +286,7 @@ def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: 
     assert "request_json base refers to unknown call gone" in log.problems[0].message
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "1 calls whose compact request or response text cannot be rebuilt" in out
+    assert "1 call whose compact request or response text cannot be rebuilt" in out
     assert "compact storage: 1 of 2 rows store their prompt or texts as a delta of an earlier call" in out
     assert "compact prompt cannot" not in out
 
