@@ -7,6 +7,7 @@ line which folder is wrong and why, not print a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -55,6 +56,24 @@ def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
         raise ModelLoadError(f"{folder} is not a peft adapter (no adapter_config.json){hint}")
     if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
         raise ModelLoadError(f"{folder} is not a peft adapter (no {' or '.join(ADAPTER_WEIGHTS)})")
+
+
+def adapter_base_note(adapter_dir: str | os.PathLike, model_dir: str | os.PathLike) -> str | None:
+    """A warning when the adapter says it was trained on another base model folder than the one it
+    is loaded on. Shapes alike, peft loads it without a word and the policy is neither (a second
+    tiny model, another fine-tune of one base). ``polar-train train`` records the base as an
+    absolute path; a relative name or a Hub id is not compared (nothing to compare it with)."""
+    try:
+        saved = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(saved, str) or not os.path.isabs(saved):
+        return None
+    here = Path(model_dir).expanduser().resolve()
+    if Path(saved).resolve() == here:
+        return None
+    return (f"warning: the adapter in {adapter_dir} was trained on the base model {saved}, and is loaded on {here} "
+            "(a moved copy is fine; another model of the same shapes gives a policy that is neither)")
 
 
 def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> Any:

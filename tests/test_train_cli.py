@@ -61,6 +61,9 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
 
     adapter = out / "adapter"
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    # the base it was trained on, as an absolute path: serve and init_adapter compare it
+    saved_base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert saved_base == str(tiny_model_dir.resolve())
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -132,6 +135,23 @@ def test_data_another_policy_sampled_is_warned_about_at_the_first_step(trajector
     assert len(warnings) == 2  # at the first step (time to stop it) and again under the summary
     assert "is not the one that sampled these trajectories" in warnings[0]
     assert "(a fresh LoRA on --model, no init_adapter)" in warnings[0] and "init_adapter=<that adapter>" in warnings[0]
+
+
+def test_an_adapter_loaded_on_another_base_folder_is_named(tmp_path):
+    """Shapes alike, peft loads an adapter on any base without a word (a second tiny model):
+    serve and train say which base it was trained on; a moved copy or a relative name is no warning."""
+    from polar_train.model_load import adapter_base_note
+
+    base, other, adapter = tmp_path / "base", tmp_path / "other", tmp_path / "adapter"
+    for folder in (base, other, adapter):
+        folder.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    assert adapter_base_note(adapter, base) is None
+    note = adapter_base_note(adapter, other)
+    assert note.startswith(f"warning: the adapter in {adapter} was trained on the base model {base}, and is loaded "
+                           f"on {other.resolve()}")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
+    assert adapter_base_note(adapter, other) is None  # a name as typed (older runs): nothing to compare
 
 
 def test_a_resume_checks_the_init_adapter_shape_against_its_checkpoint(tmp_path):

@@ -10,6 +10,7 @@ thread; a lock around every forward step lets concurrent requests interleave ste
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -99,13 +100,15 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None,
                  seed: int | None = None, max_model_len: int = 4096) -> None:
-        from ..model_load import load_adapter, load_causal_lm
+        from ..model_load import adapter_base_note, load_adapter, load_causal_lm
 
         self.model_dir = Path(model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
         model = load_causal_lm(self.model_dir, torch.float32)
         if adapter is not None:
             model = load_adapter(model, adapter).merge_and_unload()
+            if (note := adapter_base_note(adapter, self.model_dir)) is not None:
+                print(f"polar-train serve: {note}", file=sys.stderr, flush=True)
         model.eval()
         self.model = model
         self.max_model_len = max_model_len

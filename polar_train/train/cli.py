@@ -333,17 +333,21 @@ def build_trainer(args: argparse.Namespace):
     import torch
     from transformers import AutoTokenizer
 
-    from ..model_load import load_adapter, load_causal_lm
+    from ..model_load import adapter_base_note, load_adapter, load_causal_lm
     from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
-    model = load_causal_lm(args.model, dtype)
+    # by its absolute path: peft records it in the adapter (base_model_name_or_path), which
+    # serve and a later init_adapter compare with the model they load it on
+    model = load_causal_lm(str(Path(args.model).expanduser().resolve()), dtype)
     tok = AutoTokenizer.from_pretrained(args.model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     peft_config = None
     if config.init_adapter:
         model = load_adapter(model, config.init_adapter, is_trainable=True)
+        if (note := adapter_base_note(config.init_adapter, args.model)) is not None:
+            print(f"polar-train train: init_adapter: {note}", file=sys.stderr, flush=True)
     else:
         peft_config = config.lora_config()
     make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
