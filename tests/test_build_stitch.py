@@ -246,15 +246,24 @@ def test_resampling_an_earlier_prompt_is_a_branch(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("pick a file")
     first = conv.assistant("", tool_calls=[("ls", {"path": "."})])
-    again = make_row(call_id="r1-resample", prompt_ids=first["prompt_token_ids"],
-                     completion_ids=encode(conv.tok, "Nothing to do.<|im_end|>"),
-                     request={"resample": 1})
     conv.tool("a.txt")
     second = conv.assistant("Picked a.txt")
+    again = make_row(call_id="r1-resample", prompt_ids=first["prompt_token_ids"],  # sent after both
+                     completion_ids=encode(conv.tok, "Nothing to do.<|im_end|>"),
+                     request={"resample": 1})
     result = build(tmp_path, [first, second, again])
     causes = {t.call_ids[0]: t.fork_cause for t in result.trajectories}
     assert causes == {first["call_id"]: None, "r1-resample": "branch"}
     assert_aligned(result.trajectories[0], [first, second])
+    # the first prompt again after the session went on: what a rollout id reused for the next
+    # round's session looks like (its reward and group would be shared): named in the report
+    assert result.report.restarted_rollouts == ["r1"]
+    assert "1 started again from their first prompt (r1): one rollout id for several" in result.report.table()
+    rewind = make_row(call_id="r1-rewind", prompt_ids=second["prompt_token_ids"],
+                      completion_ids=encode(conv.tok, "Other.<|im_end|>"), request={"rewind": 1})
+    result = build(tmp_path / "later", [first, second, rewind])  # a branch of a later prompt: no restart
+    assert [t.fork_cause for t in result.trajectories] == [None, "branch"]
+    assert result.report.restarted_rollouts == [] and "restarted" not in result.report.table()
 
 
 def test_temperature_change_forks_as_sampler_change(tmp_path):

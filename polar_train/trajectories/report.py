@@ -40,6 +40,10 @@ class BuildReport:
     singleton_groups: list[str] = field(default_factory=list)
     equal_reward_groups: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: Rollouts with a call that started again from the rollout's first prompt after its
+    #: conversation had gone on: a rollout id reused for another session (next round) makes its
+    #: sessions branches of one rollout, with one reward and one group.
+    restarted_rollouts: list[str] = field(default_factory=list)
     output_parts: list[str] = field(default_factory=list)
 
     @property
@@ -76,6 +80,10 @@ class BuildReport:
         ]
         if self.parts_skipped:
             rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
+        if self.restarted_rollouts:
+            names = ", ".join(self.restarted_rollouts[:5]) + (" ..." if len(self.restarted_rollouts) > 5 else "")
+            rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "
+                                               f"({names}): one rollout id for several sessions? each needs its own"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         if self.singleton_groups:

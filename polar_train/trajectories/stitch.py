@@ -236,6 +236,9 @@ class StitchStats:
     compact_fast_path: int = 0
     unresolved: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Rollouts a call started again from their first prompt, after that prompt's conversation
+    #: had gone on (calls per rollout): one rollout id used for several sessions, most likely.
+    restarts: Counter = field(default_factory=Counter)
 
 
 class Stitcher:
@@ -443,6 +446,9 @@ class Stitcher:
                 parent, d = t, dt
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
+        if (cause == "branch" and key is not None and parent.fork_cause is None and len(parent.call_ids) > 1
+                and len(call.prompt) == len(parent.prompt)):
+            self.stats.restarts[key] += 1  # a parallel sample of the first prompt looks so too: a note only
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
             assert resume is not None
             parent.realigned = True
