@@ -356,6 +356,26 @@ def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     assert result.report.rollouts == 2
 
 
+def test_anonymous_sessions_with_the_same_first_request_are_separate_rollouts(tmp_path):
+    """A GRPO group sent without rollout ids: the same first request, other samples. The second
+    session was a ``branch`` of the first and shared its rollout (one reward for both)."""
+    a, b = Conversation(rollout_id=None, name="a"), Conversation(rollout_id=None, name="b")
+    a.user("the same task")
+    b.user("the same task")
+    a1 = a.assistant("", tool_calls=[("ls", {"path": "a"})])
+    b1 = b.assistant("", tool_calls=[("ls", {"path": "b"})])
+    assert a1["prompt_token_ids"] == b1["prompt_token_ids"]
+    a.tool("A!")
+    b.tool("B!")
+    a2, b2 = a.assistant("A done"), b.assistant("B done")
+    result = build(tmp_path, [a1, b1, a2, b2])
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert_aligned(by_first[a1["call_id"]], [a1, a2])
+    assert_aligned(by_first[b1["call_id"]], [b1, b2])
+    assert {t.rollout_id for t in result.trajectories} == {f"conv-{a1['call_id']}", f"conv-{b1['call_id']}"}
+    assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
+
+
 @pytest.mark.parametrize("cut", ["length", "max_tokens"])  # chat and Responses; Anthropic Messages
 def test_interleaved_rollouts_and_truncation(tmp_path, cut):
     r1, r2 = Conversation(rollout_id="r1", name="x"), Conversation(rollout_id="r2", name="y")
@@ -549,3 +569,29 @@ def test_a_new_tool_list_is_no_compaction(tmp_path):
     rows.append(conv.assistant("Done."))
     result = build(tmp_path, rows)
     assert [t.fork_cause for t in result.trajectories] == [None, "new_conversation"]
+
+
+@pytest.mark.parametrize("rollout", [None, "many"])
+def test_many_live_conversations_in_one_pool_still_merge(tmp_path, rollout, monkeypatch):
+    """Calls arriving in turn from more live conversations than the builder followed (32 in one
+    rollout, 128 anonymous) closed each other's trajectories: nothing merged (a probe sent 140
+    anonymous two-call sessions and got 280 one-call rollouts). Over the cap, it is reported."""
+    from polar_train.trajectories import stitch
+
+    n = 140 if rollout is None else 40  # above the old caps (128 anonymous, 32 in a rollout)
+    convs = [Conversation(rollout_id=rollout, system=f"You are agent {i}.", name=f"s{i}") for i in range(n)]
+    rows = []
+    for i, conv in enumerate(convs):
+        conv.user(f"task {i}")
+        rows.append(conv.assistant("", tool_calls=[("ls", {"path": str(i)})]))
+    for i, conv in enumerate(convs):  # the second calls in the same order: each pool full of the others
+        conv.tool(f"file{i}.txt")
+        rows.append(conv.assistant(f"done {i}"))
+    result = build(tmp_path / "under", rows)
+    assert len(result.trajectories) == n and result.report.merge_ratio == 2.0
+    assert result.report.closed_at_cap == 0
+    monkeypatch.setattr(stitch, "MAX_OPEN_PER_ROLLOUT", n // 2)
+    monkeypatch.setattr(stitch, "MAX_OPEN_ANONYMOUS", n // 2)
+    result = build(tmp_path / "over", rows)
+    assert result.report.closed_at_cap > 0 and len(result.trajectories) > n
+    assert "closed at the cap" in result.report.table()

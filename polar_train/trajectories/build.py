@@ -289,6 +289,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.rollouts = len({t.rollout_id for t in trajectories})
     report.forks = dict(stitcher.stats.forks)
     report.restarted_rollouts = sorted(stitcher.stats.restarts)
+    report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in table.column("rollout_id").to_pylist() if r is not None}
     known |= {t.rollout_id for t in trajectories if t.rollout_id}  # the conv-<call id> ones build names

@@ -44,6 +44,9 @@ class BuildReport:
     #: conversation had gone on: a rollout id reused for another session (next round) makes its
     #: sessions branches of one rollout, with one reward and one group.
     restarted_rollouts: list[str] = field(default_factory=list)
+    #: Open trajectories closed because more conversations were live in one rollout (256) or
+    #: among calls without a rollout (1,024) than the builder follows: a later call of theirs forks.
+    closed_at_cap: int = 0
     output_parts: list[str] = field(default_factory=list)
 
     @property
@@ -80,6 +83,9 @@ class BuildReport:
         ]
         if self.parts_skipped:
             rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
+        if self.closed_at_cap:
+            rows.append(("closed at the cap", f"{self.closed_at_cap} open trajectories (more live conversations in "
+                                              "one rollout than the builder follows: later calls of theirs fork)"))
         if self.restarted_rollouts:
             names = ", ".join(self.restarted_rollouts[:5]) + (" ..." if len(self.restarted_rollouts) > 5 else "")
             rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "

@@ -63,9 +63,13 @@ FORK_CAUSES = ("retokenization", "history_rewrite", "compaction", "new_conversat
 #: Finish reasons of a reply cut at its token limit: chat and Responses ("length", as the capture
 #: records Responses' max_output_tokens), Anthropic Messages ("max_tokens").
 CUT_BY_MAX_TOKENS = frozenset({"length", "max_tokens"})
-#: Open trajectories kept per rollout (least recently extended are closed first).
-MAX_OPEN_PER_ROLLOUT = 32
-MAX_OPEN_ANONYMOUS = 128
+#: Open trajectories kept per rollout (least recently extended are closed first). A call looks
+#: through its rollout's open trajectories, so more live conversations than this in one pool
+#: (calls arriving in turn) close each other's and merge nothing: 32 and 128 were too few for
+#: 33 parallel sub-agents or 129 anonymous sessions (each then one trajectory per call). Closing
+#: is counted (``closed_at_cap`` in the report).
+MAX_OPEN_PER_ROLLOUT = 256
+MAX_OPEN_ANONYMOUS = 1024
 
 
 @dataclass(eq=False)
@@ -236,6 +240,8 @@ class StitchStats:
     compact_fast_path: int = 0
     unresolved: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Open trajectories closed because their pool was full (a later call of theirs forks).
+    closed_at_cap: int = 0
     #: Rollouts a call started again from their first prompt, after that prompt's conversation
     #: had gone on (calls per rollout): one rollout id used for several sessions, most likely.
     restarts: Counter = field(default_factory=Counter)
@@ -297,6 +303,7 @@ class Stitcher:
         cap = MAX_OPEN_PER_ROLLOUT if key is not None else MAX_OPEN_ANONYMOUS
         if len(pool) > cap:
             pool.sort(key=lambda x: x.last_used)
+            self.stats.closed_at_cap += len(pool) - cap
             del pool[: len(pool) - cap]
         if cause:
             self.stats.forks[cause] += 1
@@ -314,7 +321,10 @@ class Stitcher:
         m = t.match_len
         if len(prompt) < m:
             return False
-        if m and (prompt[m - 1] != t.buf[m - 1] or prompt[0] != t.buf[0]):  # O(1) rejections first
+        # O(1) rejections first: the last token (often <|im_end|> in every conversation), the one
+        # before it (the reply's own), the middle and the first; a pool holds hundreds
+        if m and (prompt[m - 1] != t.buf[m - 1] or prompt[m // 2] != t.buf[m // 2] or prompt[0] != t.buf[0]
+                  or (m > 1 and prompt[m - 2] != t.buf[m - 2])):
             return False
         return bool(np.array_equal(prompt[:m], t.buf[:m]))
 
@@ -446,8 +456,10 @@ class Stitcher:
                 parent, d = t, dt
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
-        if (cause == "branch" and key is not None and parent.fork_cause is None and len(parent.call_ids) > 1
-                and len(call.prompt) == len(parent.prompt)):
+        from_the_start = cause == "branch" and parent.fork_cause is None and len(call.prompt) == len(parent.prompt)
+        if from_the_start and key is None:  # anonymous: the same first request again is another session
+            return self._start(call, f"conv-{call.call_id}", None)  # (a GRPO group sent without ids)
+        if from_the_start and len(parent.call_ids) > 1:
             self.stats.restarts[key] += 1  # a parallel sample of the first prompt looks so too: a note only
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
             assert resume is not None
