@@ -532,6 +532,29 @@ def test_a_summary_put_before_the_kept_task_is_compaction(tmp_path):
     assert_aligned(result.trajectories[1], rows[-1:])
 
 
+def test_a_summary_that_replaced_the_task_but_kept_recent_turns_is_compaction(tmp_path):
+    """Pi 0.73 after a context-limit error: [system, user(<summary>), the last assistant and tool
+    turns]. The task's turn is gone, so it read as a new conversation (the label side requests
+    get); the recent turns it kept say compaction. A sub-agent with the same system and tools and
+    nothing of the parent's turns stays a new conversation."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("fix the failing test")
+    rows = []
+    for k in range(3):
+        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
+        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    kept = conv.messages[-2:]  # the last assistant turn and its tool result
+    conv.messages = [conv.messages[0], {"role": "user", "content": "<summary>listed dir0 and dir1</summary>"}, *kept]
+    rows.append(conv.assistant("Continuing."))
+    sub = Conversation(rollout_id="r1", name="sub")  # the same system prompt and tools, its own task
+    sub.user("list the tests")
+    rows.append(sub.assistant("", tool_calls=[("ls", {"path": "tests"})]))
+    result = build(tmp_path, rows)
+    causes = {t.call_ids[0]: t.fork_cause for t in result.trajectories}
+    assert causes == {rows[0]["call_id"]: None, rows[3]["call_id"]: "compaction", rows[4]["call_id"]: "new_conversation"}
+    assert_aligned(result.trajectories[1], rows[3:4])
+
+
 def test_a_side_request_sent_first_does_not_take_the_main_conversations_place(tmp_path):
     """Claude Code's title call may reach the proxy just before the agent's first call: the title
     became the rollout's main trajectory (fork_cause null) and the agent's episode the "new

@@ -25,7 +25,8 @@ Fork causes (``fork_cause`` of the new trajectory):
     reads as ``new_conversation``: it differs where a sub-agent differs from its parent.)
 ``compaction``
     the context shrank: earlier turns were replaced (e.g. by a summary) - also where the summary
-    comes first and the task's own user turn, kept whole, after it (Pi).
+    comes first and the task's own user turn, kept whole, after it (Pi), or replaces the task
+    and the recent turns are kept (Pi 0.73).
 ``new_conversation``
     shares no complete user turn with any open trajectory: a sub-agent, a parallel thread, a
     side request (title, summary) with its own prompt. A rollout's main conversation is the one
@@ -221,6 +222,43 @@ def _holds_later(prompt: np.ndarray, turn: np.ndarray, after: int) -> bool:
     return False
 
 
+def _holds(prompt: np.ndarray, piece: np.ndarray) -> bool:
+    """Whether ``prompt`` holds ``piece`` anywhere (candidates by its first token, then compared)."""
+    n = len(piece)
+    if n == 0 or n > len(prompt):
+        return False
+    for c in np.flatnonzero(prompt[:len(prompt) - n + 1] == piece[0]):
+        if np.array_equal(prompt[c:c + n], piece):
+            return True
+    return False
+
+
+#: Shortest piece of a conversation taken as evidence that a prompt kept it (a turn of a few
+#: tokens, ``<|im_end|>`` alone, could be in any conversation).
+_MIN_KEPT_PIECE = 16
+
+
+def _keeps_later_turns(t: "Trajectory", prompt: np.ndarray, last: int = 4) -> bool:
+    """Whether ``prompt`` holds one of the last pieces of ``t`` past its first prompt: a tool
+    result (from its ``<|im_start|>`` on: between special tokens the template tokenises a turn the
+    same wherever it stands) or a sampled reply. A compaction that summarised the task away but
+    kept the recent turns (Pi 0.73) does; a sub-agent or side request, a conversation of its own,
+    does not."""
+    seen = 0
+    for ids, sampled in zip(reversed(t.ids), reversed(t.sampled)):
+        if not sampled:
+            starts = np.flatnonzero(ids == IM_START_ID)
+            ids = ids[starts[0]:] if len(starts) else ids[:0]
+        if len(ids) < _MIN_KEPT_PIECE:
+            continue
+        if _holds(prompt, ids):
+            return True
+        seen += 1
+        if seen == last:
+            break
+    return False
+
+
 def _temperature(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
@@ -374,6 +412,8 @@ class Stitcher:
             if t.first_user_start <= d and _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end],
                                                         t.first_user_start):
                 return "compaction", None  # the task's turn kept, moved behind a summary (Pi)
+            if t.first_user_start <= d and _keeps_later_turns(t, prompt):
+                return "compaction", None  # the task summarised away, its recent turns kept (Pi 0.73)
             return "new_conversation", None
         if t.match_at(d) == THINK_ID:
             return "history_rewrite", None
