@@ -337,6 +337,28 @@ def test_of_two_completed_attempts_the_one_the_rollout_went_on_from_is_kept(tmp_
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+def test_the_same_first_request_gone_on_from_twice_is_no_retry(tmp_path):
+    """Two conversations of one rollout send the same first request and each goes on (parallel
+    samples under one id): both answers were taken for attempts of one call, one dropped as a
+    superseded retry, and its conversation's later calls forked one by one."""
+    a, b = Conversation(rollout_id="r1", name="a"), Conversation(rollout_id="r1", name="b")
+    a.user("the same task")
+    b.user("the same task")
+    a1 = a.assistant("", tool_calls=[("ls", {"path": "a"})])
+    b1 = b.assistant("", tool_calls=[("ls", {"path": "b"})], request_hash=a1["request_hash"], attempt=2)
+    rows = [a1, b1]
+    for k in range(2):
+        a.tool(f"A{k}")
+        b.tool(f"B{k}")
+        rows += [a.assistant(f"a step {k}"), b.assistant(f"b step {k}")]
+    result = build(tmp_path, rows)
+    assert "superseded_retry" not in result.report.skipped and result.report.calls_used == 6
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert_aligned(by_first[a1["call_id"]], rows[0::2])
+    assert_aligned(by_first[b1["call_id"]], rows[1::2])
+    assert by_first[b1["call_id"]].fork_cause == "branch"
+
+
 def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     a = Conversation(rollout_id=None, name="a")
     b = Conversation(rollout_id=None, name="b")

@@ -54,7 +54,8 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
     """Row indices to stitch, in time order, and the skipped rows counted by cause.
 
     Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
-    completed; the completed one is kept), ``status_<status>`` (failed calls),
+    completed; the completed one is kept - the one a later call goes on from; where several are
+    gone on from, they were no retries but conversations of their own, and all are kept), ``status_<status>`` (failed calls),
     ``token_source_none`` (text only), ``no_token_ids`` (ids missing), ``duplicate_call_id``
     (a row whose call id was already seen: only the first is used), ``no_call_id`` (null).
     """
@@ -88,6 +89,9 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             # several attempts completed (a client that timed out and asked again, say): the one the
             # rollout's next call goes on from is what the harness used; else the latest
             candidates = continued.of(ok) if len(ok) > 1 else ok
+            if len(candidates) > 1:  # each went on in a conversation of its own: the same first request
+                superseded.update(i for i in rows if i not in candidates)  # twice in a rollout, no retry
+                continue
             keep = max(candidates or ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
             superseded.update(i for i in rows if i != keep)
     chosen = []
