@@ -104,15 +104,15 @@ class PrefixCache(EchoCache):
         super().__init__(size, min_len, max_len)  # ``texts`` holds each array without its "]"
 
     def skip(self, text: str, pos: int) -> int | None:
-        best = -1
-        for i, head in enumerate(self.texts):
-            if (best < 0 or len(head) > len(self.texts[best])) and text.startswith(head, pos):
-                best = i
-        if best < 0:
+        matched = [i for i, head in enumerate(self.texts) if text.startswith(head, pos)]
+        if not matched:
             return None
+        best = max(matched, key=lambda i: len(self.texts[i]))
         end = _array_tail(text, pos + len(self.texts[best]))
-        if end is not None and best:
-            self.texts.insert(0, self.texts.pop(best))
+        if end is not None and (best or len(matched) > 1):
+            # used first from now on; a shorter head that matched too is a head of it: it makes way
+            # (one learned after it, e.g. the same turns without a space before "]", stayed)
+            self.texts = [self.texts[best]] + [k for i, k in enumerate(self.texts) if i not in matched]
         return end
 
     def learn(self, text: str, member: Member) -> None:
