@@ -640,3 +640,15 @@ def test_many_live_conversations_in_one_pool_still_merge(tmp_path, rollout, monk
     result = build(tmp_path / "over", rows)
     assert result.report.closed_at_cap > 0 and len(result.trajectories) > n
     assert "closed at the cap" in result.report.table()
+
+
+def test_rendered_calls_the_server_counted_otherwise_are_counted_in_the_report(tmp_path):
+    """Claude Code's rows are rendered (no server ids); one whose token count the server reported
+    otherwise trained ids that are not what was sampled, and only inspect said so."""
+    conv = Conversation(rollout_id="r1")
+    rows = tool_session(conv, 1, token_source="rendered")
+    rows[1]["usage_match"] = False
+    result = build(tmp_path, rows)
+    assert result.report.usage_mismatch_calls == 1
+    assert "1 calls whose rendered ids the server counted otherwise" in result.report.table()
+    assert result.report.to_json()["usage_mismatch_calls"] == 1

@@ -277,6 +277,9 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.skipped = dict(skipped)
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
+    if "usage_match" in table.column_names:  # a rendered completion the server counted otherwise: its
+        usage = table.column("usage_match").take(pa.array(rows, type=pa.int64()))  # trained ids are a guess
+        report.usage_mismatch_calls = usage.to_pylist().count(False)
     stitcher = Stitcher(realign=options.realign,
                         token_bytes_factory=token_bytes_factory,
                         fallback_prompt=_fallback_resolver(table))

@@ -27,6 +27,9 @@ class BuildReport:
     realigned_calls: int = 0
     truncated_trajectories: int = 0
     calls_without_logprobs: int = 0
+    #: calls used whose token count the server reported otherwise (``usage_match`` false): their
+    #: completion ids were rendered from the text (no server ids) and are not what was sampled
+    usage_mismatch_calls: int = 0
     compact_fast_path: int = 0
     tokens_trained: int = 0
     tokens_total: int = 0
@@ -74,7 +77,9 @@ class BuildReport:
             ("skipped rows", counts(self.skipped)),
             ("tokens trained / total", f"{self.tokens_trained} / {self.tokens_total} ({pct:.1f}%)"
                                        + (f"; {self.sampled_without_logprob} sampled without logprob"
-                                          if self.sampled_without_logprob else "")),
+                                          if self.sampled_without_logprob else "")
+                                       + (f"; {self.usage_mismatch_calls} calls whose rendered ids the server "
+                                          "counted otherwise" if self.usage_mismatch_calls else "")),
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"),
