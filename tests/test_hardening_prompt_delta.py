@@ -185,6 +185,40 @@ def test_rows_kept_while_parts_cannot_be_written_never_refer_to_dropped_ones(tmp
     assert stored[rows[9]["call_id"]]["prompt_prefix_call_id"] == rows[8]["call_id"]
 
 
+def test_rows_kept_for_a_full_disk_are_bounded_in_bytes_too(tmp_path, monkeypatch) -> None:
+    """Rows waiting for a writable disk were bounded by count only: 1,151 rows of multi-MB
+    histories held 233 MB of text (the worker grew to 794 MB). The newest rows within the byte
+    budget stay, the older are dropped and counted, the rest is written once there is space."""
+    import errno
+
+    from polar_train.capture import writer as writer_module
+
+    failing = {"on": False}
+    real_write = pq.write_table
+
+    def write_table(*args, **kwargs):
+        if failing["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module.pq, "write_table", write_table)
+    rows = [dict(row(f"r{i}", [1, 2, 3], [4]), request_json='{"pad":"' + "x" * 100_000 + '"}') for i in range(10)]
+    w = PartWriter(tmp_path, flush_rows=1, flush_seconds=0)
+    w.max_pending_bytes = 350_000  # three rows of ~100 KB
+    w.start()
+
+    def job(i: int):
+        failing["on"] = i < 9  # the disk is full for the first nine rows
+        return dict(rows[i])
+
+    for i in range(10):
+        assert w.submit(lambda i=i: job(i), block=True)
+    w.close()
+    stored = [r["call_id"] for r in pq.read_table(tmp_path / "calls").to_pylist()]
+    assert w.lost_rows == len(rows) - len(stored) and 3 <= len(stored) <= 4
+    assert stored == [r["call_id"] for r in rows[-len(stored):]]  # the newest kept, in order
+
+
 def test_the_encoder_keeps_a_bounded_amount_of_rollouts_and_bytes() -> None:
     """A long run's finished rollouts kept their contexts until 4,096 newer rollouts pushed them out
     (gigabytes with long sessions); the memory is now bounded in bytes too. A rollout whose context

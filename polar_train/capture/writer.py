@@ -99,6 +99,33 @@ def _fsync_dir(path: Path) -> None:
 FAILURE_REPEAT_S = 60.0
 
 
+#: What rows waiting for a writable disk may hold in texts and ids (see ``max_pending_bytes``).
+MAX_PENDING_BYTES = 256 << 20
+
+
+def _row_bytes(row: dict[str, Any]) -> int:
+    """A row's size in memory, roughly: its texts' characters and 4 bytes per id (what grows)."""
+    size = 0
+    for key in ("request_json", "response_json"):
+        text = row.get(key)
+        size += len(text) if isinstance(text, str) else 0
+    for key in ("prompt_token_ids", "completion_token_ids"):
+        ids = row.get(key)
+        size += 4 * len(ids) if ids is not None else 0
+    return size
+
+
+def _newest_within(rows: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The newest rows whose sizes add up to ``budget`` at most (at least the newest one)."""
+    total, keep = 0, 0
+    for row in reversed(rows):
+        total += _row_bytes(row)
+        if keep and total > budget:
+            break
+        keep += 1
+    return rows[len(rows) - keep:]
+
+
 class PartWriter:
     """Buffers rows and writes ``<out>/calls/part-<UTC>-<pid>-<seq>.parquet`` every N rows / T s."""
 
@@ -117,14 +144,15 @@ class PartWriter:
         self._seq = 0
         self.written_rows = 0
         self.failed_jobs = 0
-        #: Rows kept in memory while parts cannot be written (disk full); beyond this the oldest go.
+        #: Rows kept in memory while parts cannot be written (disk full); beyond this many, or this
+        #: many bytes of texts and ids, the oldest go (1,024 rows of multi-MB histories held 0.8 GB).
         self.max_pending_rows = max(4 * flush_rows, queue_size)
+        self.max_pending_bytes = MAX_PENDING_BYTES
         self.lost_rows = 0
         self._retry_at = 0.0
         #: The reason parts cannot be written now (None: they can), and when it was last logged.
         self._failing: str | None = None
         self._failure_logged_at = 0.0
-        self.parts: list[Path] = []
         self._thread: threading.Thread | None = None
 
     def start(self, create_dir: bool = True) -> None:
@@ -206,7 +234,7 @@ class PartWriter:
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
                           self.calls_dir, exc.strerror or exc, len(rows))
                 return
-            keep = rows[-self.max_pending_rows:]
+            keep = _newest_within(rows[-self.max_pending_rows:], self.max_pending_bytes)
             lost = len(rows) - len(keep)
             self.lost_rows += lost  # never referred to: rows are compacted only as their part is written
             self._rows, self._first_row_at = keep + self._rows, time.monotonic()
@@ -283,6 +311,5 @@ class PartWriter:
             raise
         _fsync_dir(self.calls_dir)
         self.written_rows += n_rows
-        self.parts.append(final)
         log.info("polar_capture: wrote %s (%d rows)", final, n_rows)
         return final
