@@ -55,6 +55,20 @@ def take(live: Live | None = None) -> Live | None:
     return found
 
 
+_heap_frozen = False
+
+
+def freeze_startup_heap() -> None:
+    """``gc.freeze()`` once per process, at the first start: again at each reload it pinned the old
+    script's module and whatever garbage there was then, for good (~0.45 MB a reload under load)."""
+    global _heap_frozen
+    if not _heap_frozen:
+        import gc
+
+        _heap_frozen = True
+        gc.freeze()
+
+
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
