@@ -205,16 +205,26 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         else:
             good.append(path)
     tables: list[pa.Table] = []
+    # checked, not rebuilt: a part's texts are read for their lengths and let go at once (a long
+    # run's texts, hundreds of MB, were all held together: 1.09 GB to report on 7,118 calls)
+    text_lengths: dict[str, list[pa.Array]] | None = (
+        {c: [] for c in COMPACT_TEXT_COLUMNS if c in columns} if resolve_prompts and not rebuild else None)
     if good:
         verified = ds.ParquetFileFormat(  # pages written with a checksum (the capture's) are checked
             default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
         dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
         for fragment in dataset.get_fragments():
             try:
-                tables.append(_full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns)))
-                result.parts.append(Path(fragment.path))
+                part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns))
             except Exception as exc:  # corrupt pages behind a valid footer
                 result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
+                continue
+            if text_lengths is not None:
+                for c, found in text_lengths.items():
+                    found.append(pc.utf8_length(part.column(c)).combine_chunks())
+                part = _replace(part, dict.fromkeys(text_lengths))
+            tables.append(part)
+            result.parts.append(Path(fragment.path))
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
@@ -224,7 +234,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
             result.prompt_lengths = _prompt_lengths(result.table, result.problems)
             result.table = _replace(result.table, {"prompt_token_ids": None, "prompt_prefix_call_id": None,
                                                    "prompt_prefix_len": None})
-        result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild)
+        lengths = None if text_lengths is None else {
+            c: pa.chunked_array(found, type=pa.int32()) for c, found in text_lengths.items()}
+        result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild, text_lengths=lengths)
         result.problems.extend(unresolved)
     return result
 
@@ -334,7 +346,8 @@ def _resolve_chains(call_ids: list[str], refs: list[str | None], stored: Callabl
     return [resolve(i) if refs[i] is not None else stored(i) for i in range(len(call_ids))]
 
 
-def resolve_compact_rows(table: pa.Table, rebuild: bool = True) -> tuple[pa.Table, list[PartProblem]]:
+def resolve_compact_rows(table: pa.Table, rebuild: bool = True,
+                         text_lengths: dict[str, pa.ChunkedArray] | None = None) -> tuple[pa.Table, list[PartProblem]]:
     """Expand compact rows: prompts (:func:`resolve_prompt_prefixes`) and request and response texts
     stored as deltas of another call's.
 
@@ -342,11 +355,13 @@ def resolve_compact_rows(table: pa.Table, rebuild: bool = True) -> tuple[pa.Tabl
     text is that interleaved with copies of blocks of R's, as ``request_json_delta`` says
     (:mod:`polar_train.text_delta`); ``response_json`` likewise. R may itself be compact. A row
     whose reference is unknown, circular or does not fit keeps a null text and is reported,
-    never guessed. Without ``rebuild`` the texts are checked, not rebuilt, and come back null.
+    never guessed. Without ``rebuild`` the texts are checked, not rebuilt, and come back null;
+    ``text_lengths`` then stands for a text column the caller already let go (each row's length).
     """
     table, problems = resolve_prompt_prefixes(table)
     for column in COMPACT_TEXT_COLUMNS:
-        table = _resolve_texts(table, column, problems, rebuild=rebuild)
+        lengths = (text_lengths or {}).get(column)
+        table = _resolve_texts(table, column, problems, rebuild=rebuild, lengths=lengths)
     return table, problems
 
 
@@ -426,7 +441,8 @@ def _prompt_lengths(table: pa.Table, problems: list[PartProblem]) -> list[int | 
                            "prompt_token_ids", "prompt_prefix_call_id", "prompt prefix", problems)
 
 
-def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], rebuild: bool = True) -> pa.Table:
+def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], rebuild: bool = True,
+                   lengths: pa.ChunkedArray | None = None) -> pa.Table:
     """``column`` (a text) whole again where rows store it as a delta of another call's. Without
     ``rebuild`` the deltas are only checked (problems reported) and the texts come back null: what
     is rebuilt grows with the square of a session's length, the check only with what is stored."""
@@ -442,7 +458,7 @@ def _resolve_texts(table: pa.Table, column: str, problems: list[PartProblem], re
     if rebuild:
         texts = table.column(column).to_pylist()
     else:  # lengths stand in for the texts
-        texts = pc.utf8_length(table.column(column)).to_pylist()
+        texts = (lengths if lengths is not None else pc.utf8_length(table.column(column))).to_pylist()
 
     def extend(base: str | int, ref: int, j: int) -> str | int:
         if texts[j] is None or deltas[j] is None:
