@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -266,16 +267,33 @@ def _check_resumable(checkpoint: Path, config) -> None:
                             f"{start.get('lora_alpha')}; the checkpoint's LoRA r={saved.get('r')}, lora_alpha="
                             f"{saved.get('lora_alpha')}: resume with the init_adapter the run started from")
         return
-    wanted = {"lora_r": (saved.get("r"), config.lora_r), "lora_alpha": (saved.get("lora_alpha"), config.lora_alpha)}
-    changed = [f"{k}={now} (checkpoint: {then})" for k, (then, now) in wanted.items() if then is not None and then != now]
-    targets, saved_targets = config.lora_target_modules, saved.get("target_modules")
-    if targets != ["all-linear"] and isinstance(saved_targets, (list, str)):  # all-linear: peft saves the names
-        then = {saved_targets} if isinstance(saved_targets, str) else set(saved_targets)
-        if set(targets) != then:
-            changed.append(f"lora_target_modules={','.join(targets)} (checkpoint: {','.join(sorted(then))})")
+    changed = _lora_differences(config, saved, "checkpoint", ("lora_r", "lora_alpha", "lora_target_modules"))
     if changed:
         raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA shape; give the "
                         "checkpoint's values or start a new --output")
+
+
+#: The LoRA options and the keys peft saves them under in ``adapter_config.json``.
+_LORA_KEYS = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout",
+              "lora_target_modules": "target_modules"}
+
+
+def _lora_differences(config, saved: dict[str, Any], saved_as: str, keys: Iterable[str]) -> list[str]:
+    """``key=value (saved_as: saved value)`` for each of ``keys`` whose value in ``config`` differs
+    from a saved adapter's (a value it does not hold is no difference; ``all-linear`` targets are
+    not compared: peft saves the module names it found)."""
+    out = []
+    for key in keys:
+        now, then = getattr(config, key), saved.get(_LORA_KEYS[key])
+        if key == "lora_target_modules":
+            if now == ["all-linear"] or not isinstance(then, (list, str)):
+                continue
+            names = {then} if isinstance(then, str) else set(then)
+            if set(now) != names:
+                out.append(f"{key}={','.join(now)} ({saved_as}: {','.join(sorted(names))})")
+        elif then is not None and now != then:
+            out.append(f"{key}={now} ({saved_as}: {then})")
+    return out
 
 
 def _adapter_config(folder: str) -> dict[str, Any]:
@@ -290,17 +308,8 @@ def _adapter_config(folder: str) -> dict[str, Any]:
 def _check_init_adapter_shape(config, given: dict[str, Any]) -> None:
     """A LoRA option the user gave beside ``init_adapter`` that its adapter does not have: the
     continued adapter keeps its own shape, and the option was silently not used."""
-    start = _adapter_config(config.init_adapter)
-    differ = []
-    for key, saved_key in (("lora_r", "r"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
-        now, then = getattr(config, key), start.get(saved_key)
-        if key in given and then is not None and now != then:
-            differ.append(f"{key}={now} (init_adapter: {then})")
-    targets, then = config.lora_target_modules, start.get("target_modules")
-    if "lora_target_modules" in given and isinstance(then, (list, str)) and targets != ["all-linear"]:
-        saved = {then} if isinstance(then, str) else set(then)
-        if set(targets) != saved:
-            differ.append(f"lora_target_modules={','.join(targets)} (init_adapter: {','.join(sorted(saved))})")
+    differ = _lora_differences(config, _adapter_config(config.init_adapter), "init_adapter",
+                               [key for key in _LORA_KEYS if key in given])
     if differ:
         raise UserError(f"{', '.join(differ)}: a run from init_adapter continues that adapter with its own LoRA "
                         "shape; leave these options out, or train a fresh LoRA (no init_adapter)")
