@@ -155,6 +155,7 @@ class PolarCapture:
         live = handover.take()  # the instance before a reload of this file: go on where it stopped
         if live is not None:
             self.opts, self.writer, self.calls, self.connect_auth = live.opts, live.writer, live.calls, live.connect_auth
+            self.websockets = live.websockets
         self._drop_headers = _model_call_drops(self.opts)
         self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
         self._running = False
@@ -547,7 +548,7 @@ class PolarCapture:
 
     def done(self) -> None:
         if self._reloading():
-            live = handover.Live(self.opts, self.writer, self.calls, self.connect_auth)
+            live = handover.Live(self.opts, self.writer, self.calls, self.connect_auth, self.websockets)
             handover.hand_over(live)
             log.info("polar_capture: reloading: %d calls in flight and the row worker go on", len(self.calls))
             try:  # a new file that does not load takes nothing: then end as at shutdown, off the loop

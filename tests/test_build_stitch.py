@@ -359,6 +359,22 @@ def test_the_same_first_request_gone_on_from_twice_is_no_retry(tmp_path):
     assert by_first[b1["call_id"]].fork_cause == "branch"
 
 
+def test_two_attempts_that_answered_alike_are_one_sample(tmp_path):
+    """A retry answered exactly as the first attempt (temperature 0, a seed): a later call goes on
+    from both, which is no sign of two conversations - the sample is trained once."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one")
+    retry = make_row(call_id="r1-retry", prompt_ids=first["prompt_token_ids"],
+                     completion_ids=first["completion_token_ids"], request_hash=first["request_hash"], attempt=2)
+    conv.user("and then?")
+    follow = conv.assistant("three")
+    result = build(tmp_path, [first, retry, follow])
+    (t,) = result.trajectories
+    assert t.call_ids == [retry["call_id"], follow["call_id"]]  # the highest attempt, as before
+    assert result.report.skipped == {"superseded_retry": 1}
+
+
 def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     a = Conversation(rollout_id=None, name="a")
     b = Conversation(rollout_id=None, name="b")
@@ -646,8 +662,9 @@ def test_rendered_calls_the_server_counted_otherwise_are_counted_in_the_report(t
     """Claude Code's rows are rendered (no server ids); one whose token count the server reported
     otherwise trained ids that are not what was sampled, and only inspect said so."""
     conv = Conversation(rollout_id="r1")
-    rows = tool_session(conv, 1, token_source="rendered")
+    rows = tool_session(conv, 2, token_source="rendered")
     rows[1]["usage_match"] = False
+    rows[2]["usage_match"], rows[2]["token_source"] = False, "server"  # server ids are exact (n > 1 counts all)
     result = build(tmp_path, rows)
     assert result.report.usage_mismatch_calls == 1
     assert "1 calls whose rendered ids the server counted otherwise" in result.report.table()

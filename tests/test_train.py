@@ -321,6 +321,8 @@ def test_init_adapter_continues_an_existing_lora(sampled, tiny_model_dir, tmp_pa
             if "lora_B" in name:
                 param.fill_(0.01)
     peft_model.save_pretrained(str(tmp_path / "a0"))
+    saved = json.loads((tmp_path / "a0" / "adapter_config.json").read_text())
+    (tmp_path / "a0" / "adapter_config.json").write_text(json.dumps({**saved, "base_model_name_or_path": "tiny"}))
     with pytest.raises(UserError, match="no adapter_config.json"):
         build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r0", f"init_adapter={tmp_path}"))
     trainer, _, _ = build_trainer(ns(sampled, tiny_model_dir, tmp_path / "r1", f"init_adapter={tmp_path / 'a0'}"))
@@ -328,6 +330,8 @@ def test_init_adapter_continues_an_existing_lora(sampled, tiny_model_dir, tmp_pa
     assert lora_b and all(p.requires_grad for p in lora_b.values())
     assert all(torch.allclose(p, torch.full_like(p, 0.01)) for p in lora_b.values())
     assert not any("k_proj" in n for n in lora_b)  # the saved adapter's targets, not a fresh all-linear LoRA
+    # what this run's adapter will record as its base: this --model (peft kept the loaded one's "tiny")
+    assert trainer.model.peft_config["default"].base_model_name_or_path == str(tiny_model_dir.resolve())
     # a LoRA option given beside it that the adapter does not have was silently not used
     with pytest.raises(UserError, match=r"^lora_r=8 \(init_adapter: 4\), lora_target_modules=q_proj "
                                         r"\(init_adapter: q_proj,v_proj\): a run from init_adapter continues"):

@@ -139,7 +139,8 @@ def test_data_another_policy_sampled_is_warned_about_at_the_first_step(trajector
 
 def test_an_adapter_loaded_on_another_base_folder_is_named(tmp_path):
     """Shapes alike, peft loads an adapter on any base without a word (a second tiny model):
-    serve and train say which base it was trained on; a moved copy or a relative name is no warning."""
+    serve and train say which base it was trained on (a moved copy is warned about too, the line
+    says it is fine then); a relative name, as older runs recorded it, is not compared."""
     from polar_train.model_load import adapter_base_note
 
     base, other, adapter = tmp_path / "base", tmp_path / "other", tmp_path / "adapter"

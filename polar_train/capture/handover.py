@@ -15,13 +15,14 @@ model calls are refused, never forwarded unrecorded, until a capture addon loads
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ class Live:
     writer: Any
     calls: dict
     connect_auth: dict
+    #: Model endpoints' WebSocket handshakes waiting for their answer.
+    websockets: dict = field(default_factory=dict)
 
 
 _pending: Live | None = None
@@ -63,8 +66,6 @@ def freeze_startup_heap() -> None:
     script's module and whatever garbage there was then, for good (~0.45 MB a reload under load)."""
     global _heap_frozen
     if not _heap_frozen:
-        import gc
-
         _heap_frozen = True
         gc.freeze()
 

@@ -429,7 +429,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
     unrecorded = request_note(request) if request_note is not None and isinstance(request, dict) else None
     if unrecorded is not None and status == "ok":
         error = f"{error}; {unrecorded}" if error else unrecorded
-        _log_once(f"a call asked for several completions ({unrecorded.split(':')[0]}): only the first is recorded")
+        _log_once("a chat call asked for several completions (n > 1): only choices[0] is recorded")
     ids: dict[str, Any] = {"prompt_token_ids": None, "completion_token_ids": None,
                            "completion_logprobs": None, "token_source": "none",
                            "usage_match": None, "server_tokenize_match": None}

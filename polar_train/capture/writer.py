@@ -103,15 +103,21 @@ FAILURE_REPEAT_S = 60.0
 MAX_PENDING_BYTES = 256 << 20
 
 
+#: What one number in a Python list costs (the list's slot and the int or float object).
+_LIST_ITEM_BYTES = 36
+
+
 def _row_bytes(row: dict[str, Any]) -> int:
-    """A row's size in memory, roughly: its texts' characters and 4 bytes per id (what grows)."""
+    """A row's size in memory, roughly: its texts' characters, and its ids and logprobs as held -
+    server ids as arrays, rendered ids and logprobs as Python lists (~9x an array's bytes)."""
     size = 0
     for key in ("request_json", "response_json"):
         text = row.get(key)
         size += len(text) if isinstance(text, str) else 0
-    for key in ("prompt_token_ids", "completion_token_ids"):
-        ids = row.get(key)
-        size += 4 * len(ids) if ids is not None else 0
+    for key in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
+        values = row.get(key)
+        if values is not None:
+            size += values.nbytes if hasattr(values, "nbytes") else _LIST_ITEM_BYTES * len(values)
     return size
 
 

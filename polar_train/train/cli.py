@@ -152,6 +152,7 @@ def run_identity(model: str, trajectories, init_adapter: str | None = None) -> d
 
 
 def _resolved(path: str | None) -> str | None:
+    """A path as recorded for a later run to compare with (absolute, ``~`` expanded), or None."""
     return str(Path(path).expanduser().resolve()) if path else None
 
 
@@ -357,6 +358,8 @@ def build_trainer(args: argparse.Namespace):
         model = load_adapter(model, config.init_adapter, is_trainable=True)
         if (note := adapter_base_note(config.init_adapter, args.model)) is not None:
             print(f"polar-train train: init_adapter: {note}", file=sys.stderr, flush=True)
+        for adapter_config in model.peft_config.values():  # peft keeps the one it loaded: record this run's
+            adapter_config.base_model_name_or_path = _resolved(args.model)
     else:
         peft_config = config.lora_config()
     make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only

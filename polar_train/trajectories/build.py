@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -89,9 +91,14 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             # several attempts completed (a client that timed out and asked again, say): the one the
             # rollout's next call goes on from is what the harness used; else the latest
             candidates = continued.of(ok) if len(ok) > 1 else ok
-            if len(candidates) > 1:  # each went on in a conversation of its own: the same first request
-                superseded.update(i for i in rows if i not in candidates)  # twice in a rollout, no retry
-                continue
+            if len(candidates) > 1:
+                # each went on in a conversation of its own (the same first request twice in a
+                # rollout: no retry) - unless they answered alike (temperature 0, a seed): one sample
+                kept = continued.distinct(candidates, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
+                if len(kept) > 1:
+                    superseded.update(i for i in rows if i not in kept)
+                    continue
+                candidates = kept
             keep = max(candidates or ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
             superseded.update(i for i in rows if i != keep)
     chosen = []
@@ -162,6 +169,18 @@ class _ContinuedAttempts:
                     out.append(a)
                     break
         return out
+
+    def distinct(self, rows: list[int], key: Callable[[int], Any]) -> list[int]:
+        """Of ``rows`` (attempts :meth:`of` found gone on from), one per distinct prompt +
+        completion: the one ``key`` ranks highest where several are alike."""
+        ids = self._ids[self.rollout[rows[0]]]
+        best: dict[bytes, int] = {}
+        for i in rows:
+            prompt, completion = ids[i]
+            sample = prompt.tobytes() + b"|" + completion.tobytes()
+            if sample not in best or key(i) > key(best[sample]):
+                best[sample] = i
+        return sorted(best.values())
 
 
 def _token_bytes_factory(tokenizer_dir: str | Path | None):
@@ -277,9 +296,12 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.skipped = dict(skipped)
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
-    if "usage_match" in table.column_names:  # a rendered completion the server counted otherwise: its
-        usage = table.column("usage_match").take(pa.array(rows, type=pa.int64()))  # trained ids are a guess
-        report.usage_mismatch_calls = usage.to_pylist().count(False)
+    # a rendered completion (no server ids) the server counted otherwise: its trained ids are a guess
+    # (server ids are exact whatever usage says: n > 1 counts every choice)
+    chosen = pa.array(rows, type=pa.int64())
+    usage = table.column("usage_match").take(chosen).to_pylist()
+    sources = table.column("token_source").take(chosen).to_pylist()
+    report.usage_mismatch_calls = sum(1 for u, src in zip(usage, sources) if u is False and src == "rendered")
     stitcher = Stitcher(realign=options.realign,
                         token_bytes_factory=token_bytes_factory,
                         fallback_prompt=_fallback_resolver(table))

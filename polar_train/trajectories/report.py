@@ -90,7 +90,8 @@ class BuildReport:
             rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
         if self.closed_at_cap:
             rows.append(("closed at the cap", f"{self.closed_at_cap} open trajectories (more live conversations in "
-                                              "one rollout than the builder follows: later calls of theirs fork)"))
+                                              "one rollout, or without one, than the builder follows: later calls "
+                                              "of theirs fork)"))
         if self.restarted_rollouts:
             names = ", ".join(self.restarted_rollouts[:5]) + (" ..." if len(self.restarted_rollouts) > 5 else "")
             rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "

@@ -213,13 +213,7 @@ def _first_user_turn(prompt: np.ndarray) -> tuple[int, int]:
 
 def _holds_later(prompt: np.ndarray, turn: np.ndarray, after: int) -> bool:
     """Whether ``prompt`` holds ``turn`` (a whole user turn) starting past index ``after``."""
-    n = len(turn)
-    if n < 2:
-        return False
-    for c in np.flatnonzero(prompt[after + 1:len(prompt) - n + 1] == IM_START_ID) + after + 1:
-        if prompt[c + 1] == turn[1] and np.array_equal(prompt[c:c + n], turn):
-            return True
-    return False
+    return len(turn) >= 2 and _holds(prompt[after + 1:], turn)
 
 
 def _holds(prompt: np.ndarray, piece: np.ndarray) -> bool:
@@ -490,8 +484,12 @@ class Stitcher:
             return self._start(call, key if key is not None else f"conv-{call.call_id}", None)
         # 2. fork: classify against the open trajectory sharing the longest prefix
         parent, d = None, -1
+        prompt = call.prompt
         for t in pool:
-            dt = common_prefix(call.prompt, t.match())
+            # O(1) first: only a trajectory that agrees at the best divergence so far can beat it
+            if 0 <= d < min(len(prompt), t.match_len) and prompt[d] != t.buf[d]:
+                continue
+            dt = common_prefix(prompt, t.match())
             if dt > d:
                 parent, d = t, dt
         assert parent is not None
