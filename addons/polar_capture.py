@@ -504,7 +504,7 @@ class PolarCapture:
         if state is None or flow.websocket is None:
             return
         try:
-            state.http_status = flow.response.status_code if flow.response is not None else None
+            state.http_status = flow.response.status_code  # (set: flow.websocket follows a 101 answer)
             state.fail("proxy_error", _WEBSOCKET_UNRECORDED)
             self.calls[flow.id] = state  # finalized by websocket_end, or at shutdown as any open call
             _say_websocket_once(state.host, state.path)

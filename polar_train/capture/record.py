@@ -21,6 +21,7 @@ from typing import Any
 from ..wire.errors import BadRequest
 from ..wire.lax import lax_true
 from . import anthropic_messages, openai_chat, openai_responses
+from . import fields as raw_fields
 from .identity import API_KEY_PREFIX, HeaderView, Identity, resolve_identity
 from .json_members import compact
 from .parsed import ParsedCall
@@ -53,7 +54,8 @@ def websocket_api(method: str, path: str, fields: tuple[tuple[bytes, bytes], ...
     websocket`` to a model call's path, as Codex's Responses WebSocket transport opens), else None."""
     if method.upper() != "GET":
         return None
-    if not any(name.lower() == b"upgrade" and value.strip().lower() == b"websocket" for name, value in fields):
+    (upgrade,) = raw_fields.values(fields, b"upgrade")
+    if upgrade is None or upgrade.strip().lower() != b"websocket":
         return None
     return detect_api("POST", path)
 

@@ -85,6 +85,9 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             groups.setdefault((rollout[i], req[i]), []).append(i)  # a group's sessions all send one prompt
     superseded: set[int] = set()
     continued = _ContinuedAttempts(table, rollout, status, when)
+    def rank(i: int) -> tuple:  # which attempt stands for a request answered more than once
+        return attempt[i] or 0, finished[i] or when(i), call_id[i]
+
     for rows in groups.values():
         ok = [i for i in rows if status[i] == "ok"]
         if len(rows) > 1 and ok:
@@ -94,12 +97,12 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
             if len(candidates) > 1:
                 # each went on in a conversation of its own (the same first request twice in a
                 # rollout: no retry) - unless they answered alike (temperature 0, a seed): one sample
-                kept = continued.distinct(candidates, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
+                kept = continued.distinct(candidates, key=rank)
                 if len(kept) > 1:
                     superseded.update(i for i in rows if i not in kept)
                     continue
                 candidates = kept
-            keep = max(candidates or ok, key=lambda i: (attempt[i] or 0, finished[i] or when(i), call_id[i]))
+            keep = max(candidates or ok, key=rank)
             superseded.update(i for i in rows if i != keep)
     chosen = []
     seen_ids: set[str] = set()
