@@ -375,6 +375,83 @@ def test_two_attempts_that_answered_alike_are_one_sample(tmp_path):
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+def _retried_with_drift(conv: Conversation, first_ids, second_text: str, second_ids=None):
+    """Attempt 1 answers "Hello there" with ``first_ids``; attempt 2 of the same request answers
+    ``second_text``; the harness goes on from attempt 1's answer, which the next prompt holds as
+    re-tokenised text ("Hello" where "Hel" + "lo" was sampled)."""
+    conv.user("greet")
+    first = conv.assistant("Hello there", completion_ids=first_ids)  # appended: the harness's choice
+    second = conv.assistant(second_text, completion_ids=second_ids, append=False,
+                            request_hash=first["request_hash"], attempt=2)
+    second["prompt_token_ids"] = first["prompt_token_ids"]
+    conv.user("again")
+    follow = conv.assistant("Hi.")
+    return first, second, follow
+
+
+def _drifted(tok, conv: Conversation, *pieces: str) -> list[int]:
+    canonical = encode(tok, conv.completion_text(conv.assistant_message("Hello there")))
+    ids = [i for p in pieces for i in encode(tok, p)] + canonical[1:]
+    assert tok.decode(ids) == tok.decode(canonical) and ids != canonical
+    return ids
+
+
+@pytest.mark.parametrize("realign", [False, True])
+def test_the_attempt_gone_on_from_is_found_by_its_text_where_its_ids_were_re_tokenised(tmp_path, realign):
+    """Two completed attempts of one request; the harness went on from the first, sent back as
+    text that the server tokenised otherwise. The ids found no attempt gone on from, and the
+    highest (the answer the harness dropped) was kept and trained."""
+    conv = Conversation(rollout_id="r1")
+    first, second, follow = _retried_with_drift(conv, None, "Good day to you")
+    first["completion_token_ids"] = _drifted(conv.tok, Conversation(rollout_id="x"), "Hel", "lo")
+    first["completion_logprobs"] = [-0.5] * len(first["completion_token_ids"])
+    result = build(tmp_path, [first, second, follow], realign=realign)
+    kept = [c for t in result.trajectories for c in t.call_ids]
+    assert kept == [first["call_id"], follow["call_id"]]
+    assert result.report.skipped == {"superseded_retry": 1}
+    if realign:
+        (t,) = result.trajectories
+        assert_aligned(t, [first, follow])
+    else:
+        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+
+
+def test_attempts_that_said_the_same_text_tokenised_otherwise_are_one_sample(tmp_path):
+    """Both attempts said "Hello there" ("Hel" + "lo" and "He" + "llo"), and the next prompt
+    holds it as one "Hello": which tokenisation the harness used cannot be told, so the sample is
+    trained once (the highest attempt), not taken for two conversations."""
+    conv = Conversation(rollout_id="r1")
+    other = Conversation(rollout_id="x")
+    first, second, follow = _retried_with_drift(
+        conv, _drifted(conv.tok, other, "Hel", "lo"), "Hello there", _drifted(conv.tok, other, "He", "llo"))
+    result = build(tmp_path, [first, second, follow], realign=True)
+    (t,) = result.trajectories
+    assert t.call_ids == [second["call_id"], follow["call_id"]]
+    assert result.report.skipped == {"superseded_retry": 1}
+
+
+def test_the_tokenizer_is_not_loaded_for_attempts_nothing_went_on_from(tmp_path):
+    """Two completed attempts and no later call that shares their prompt: the text comparison
+    (which loads a tokenizer: seconds) is not reached."""
+    from polar_train.calllog import read_call_log
+    from polar_train.trajectories.build import select_calls
+
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one", append=False)
+    second = conv.assistant("two", request_hash=first["request_hash"], attempt=2)
+    other = Conversation(rollout_id="r1", name="b")
+    other.user("another task entirely")
+    unrelated = other.assistant("three")
+    write_parts(tmp_path, [first, second, unrelated])
+
+    def no_tokenizer():
+        raise AssertionError("the tokenizer was loaded")
+
+    rows, skipped = select_calls(read_call_log(tmp_path).table, no_tokenizer)
+    assert skipped == {"superseded_retry": 1} and len(rows) == 2
+
+
 def test_calls_without_rollout_id_are_grouped_by_conversation(tmp_path):
     a = Conversation(rollout_id=None, name="a")
     b = Conversation(rollout_id=None, name="b")

@@ -20,7 +20,8 @@ import pyarrow as pa
 from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
-from .stitch import Stitcher, Trajectory, calls_from_table
+from .stitch import _MAX_PROMPT_TAIL, SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix
+from .tokenbytes import TokenBytes
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -52,12 +53,15 @@ class BuildResult:
     labels: Labels = field(default_factory=Labels)
 
 
-def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
+def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None = None
+                 ) -> tuple[list[int], Counter]:
     """Row indices to stitch, in time order, and the skipped rows counted by cause.
 
     Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
-    completed; the completed one is kept - the one a later call goes on from; where several are
-    gone on from, they were no retries but conversations of their own, and all are kept), ``status_<status>`` (failed calls),
+    completed; the completed one is kept - the one a later call goes on from, by its ids or, where
+    the harness sent the answer back tokenised otherwise, by its text (``token_bytes``: the
+    tokenizer's bytes table, loaded only then; default the project's); where several are gone on
+    from, they were no retries but conversations of their own, and all are kept), ``status_<status>`` (failed calls),
     ``token_source_none`` (text only), ``no_token_ids`` (ids missing), ``duplicate_call_id``
     (a row whose call id was already seen: only the first is used), ``no_call_id`` (null).
     """
@@ -84,7 +88,7 @@ def select_calls(table: pa.Table) -> tuple[list[int], Counter]:
         if req[i] and rollout[i] is not None:  # calls without a rollout id are no retries of each other:
             groups.setdefault((rollout[i], req[i]), []).append(i)  # a group's sessions all send one prompt
     superseded: set[int] = set()
-    continued = _ContinuedAttempts(table, rollout, status, when)
+    continued = _ContinuedAttempts(table, rollout, status, when, token_bytes)
     def rank(i: int) -> tuple:  # which attempt stands for a request answered more than once
         return attempt[i] or 0, finished[i] or when(i), call_id[i]
 
@@ -132,12 +136,20 @@ class _ContinuedAttempts:
     """Which completed attempts of one request a later call of their rollout goes on from (its
     prompt starts with the attempt's prompt + completion). Only asked for requests with several
     completed attempts (rare); the prompts of that rollout alone are read then (compact ones
-    resolved within it), as arrays: never the whole capture's."""
+    resolved within it), as arrays: never the whole capture's.
 
-    def __init__(self, table: pa.Table, rollout: list, status: list, when) -> None:
+    Where no attempt's ids go on, the later prompts are compared by text: a harness sends the
+    answer back as text, and the server's tokenisation of it need not be the sampled one
+    (``Hel`` + ``lo`` sampled, ``Hello`` in the next prompt). Without that, the highest attempt
+    was kept whichever the harness had used."""
+
+    def __init__(self, table: pa.Table, rollout: list, status: list, when,
+                 token_bytes: Callable[[], TokenBytes] | None = None) -> None:
         self.table, self.rollout, self.status, self.when = table, rollout, status, when
+        self._token_bytes_factory = token_bytes
         self._rows_of: dict | None = None
         self._ids: dict = {}  # rollout -> {row: (prompt, completion)} as numpy arrays (None: unknown)
+        self._said: dict[int, bytes] = {}  # attempts found by their text -> what their completion says
 
     def _load(self, rollout_id) -> dict:
         if self._rows_of is None:
@@ -154,6 +166,13 @@ class _ContinuedAttempts:
                       c_vals[c_offs[k]:c_offs[k + 1]] if c_valid[k] else None)
         return ids
 
+    def _later_prompts(self, a: int, attempts: list[int], ids: dict):
+        """The prompts of completed calls of ``a``'s rollout sent no earlier than ``a`` (its
+        fellow attempts aside): the calls that could go on from it."""
+        for j, (later, _) in ids.items():
+            if j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a) and later is not None:
+                yield later
+
     def of(self, attempts: list[int]) -> list[int]:
         rollout_id = self.rollout[attempts[0]]
         if rollout_id not in self._ids:
@@ -165,22 +184,74 @@ class _ContinuedAttempts:
             if prompt is None or completion is None:
                 continue
             history = np.concatenate([prompt, completion])
-            for j, (later, _) in ids.items():
-                if (j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a)
-                        and later is not None and len(later) >= len(history)
-                        and np.array_equal(later[:len(history)], history)):
+            if any(len(later) >= len(history) and np.array_equal(later[:len(history)], history)
+                   for later in self._later_prompts(a, attempts, ids)):
+                out.append(a)
+        return out or self._of_by_text(attempts, ids)
+
+    def _of_by_text(self, attempts: list[int], ids: dict) -> list[int]:
+        """The attempts a later prompt goes on from by what it says: its ids agree up to the
+        prompt's last text at least (the generation prompt's ``assistant\\n`` may merge with a
+        completion that starts with a newline), and from where they part its bytes start with
+        the attempt's. The tokenizer is loaded only where some later prompt gets that far."""
+        out = []
+        for a in attempts:
+            prompt, completion = ids[a]
+            if prompt is None or completion is None or not len(completion):
+                continue
+            history = np.concatenate([prompt, completion])
+            lo = len(prompt)
+            while lo > max(0, len(prompt) - _MAX_PROMPT_TAIL) and prompt[lo - 1] < SPECIAL_START_ID:
+                lo -= 1
+            for later in self._later_prompts(a, attempts, ids):
+                d = common_prefix(later, history)
+                if lo <= d < len(history) and self._starts_with(later[d:], history[d:]):
+                    self._said[a] = self._bytes(completion) or b""
                     out.append(a)
                     break
         return out
 
+    def _token_bytes(self) -> TokenBytes:
+        if self._token_bytes_factory is None:
+            from .tokenbytes import default_token_bytes
+
+            self._token_bytes_factory = default_token_bytes
+        return self._token_bytes_factory()
+
+    def _bytes(self, ids: np.ndarray) -> bytes | None:
+        tb = self._token_bytes()
+        pieces = [tb(int(x)) for x in ids]
+        return None if None in pieces else b"".join(pieces)
+
+    def _starts_with(self, later: np.ndarray, tail: np.ndarray) -> bool:
+        """Whether the bytes of ``later`` start with those of ``tail`` (an id that names no
+        token says nothing that matches)."""
+        want = self._bytes(tail)
+        if not want:
+            return False
+        tb = self._token_bytes()
+        got = bytearray()
+        for x in later:
+            piece = tb(int(x))
+            if piece is None:
+                return False
+            got += piece
+            if len(got) >= len(want):
+                return bytes(got[:len(want)]) == want
+            if not want.startswith(bytes(got)):
+                return False
+        return False
+
     def distinct(self, rows: list[int], key: Callable[[int], Any]) -> list[int]:
         """Of ``rows`` (attempts :meth:`of` found gone on from), one per distinct prompt +
-        completion: the one ``key`` ranks highest where several are alike."""
+        completion: the one ``key`` ranks highest where several are alike (alike in text where
+        they were found by their text: the later prompt cannot tell one tokenisation from another)."""
         ids = self._ids[self.rollout[rows[0]]]
         best: dict[bytes, int] = {}
         for i in rows:
             prompt, completion = ids[i]
-            sample = prompt.tobytes() + b"|" + completion.tobytes()
+            said = self._said.get(i)
+            sample = prompt.tobytes() + b"|" + (completion.tobytes() if said is None else b"text:" + said)
             if sample not in best or key(i) > key(best[sample]):
                 best[sample] = i
         return sorted(best.values())
@@ -295,7 +366,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
     report.problems.extend(str(p) for p in log.problems)
-    rows, skipped = select_calls(table)
+    rows, skipped = select_calls(table, token_bytes_factory)
     report.skipped = dict(skipped)
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
