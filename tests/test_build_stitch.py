@@ -670,6 +670,92 @@ def test_a_summary_that_replaced_the_task_but_kept_recent_turns_is_compaction(tm
     assert_aligned(result.trajectories[1], rows[3:4])
 
 
+def _claude_code_compaction(final_reply: str | None = None):
+    """Claude Code compacting: the summary call sends the same system and tools with the history
+    but its last turn and a summary request; after it the summary replaces the task and the last
+    turn is kept verbatim (a tool call with its result, or the final reply)."""
+    import copy
+
+    conv = Conversation(rollout_id="r1")
+    conv.user("Print the numbers one to two hundred in two steps.")
+    rows = [conv.assistant("", tool_calls=[("ls", {"path": "part one of the numbers"})])]
+    conv.tool(" ".join(str(i) for i in range(1, 101)))
+    rows.append(conv.assistant("", tool_calls=[("ls", {"path": "part two of the numbers"})]))
+    conv.tool(" ".join(str(i) for i in range(101, 201)))
+    if final_reply is not None:
+        rows.append(conv.assistant(final_reply))
+    kept = conv.messages[-1:] if final_reply is not None else conv.messages[-2:]
+    summary = Conversation(rollout_id="r1", name="summary")
+    summary.messages = copy.deepcopy(conv.messages[:-1] if final_reply is not None else conv.messages[:-2])
+    summary.user("Your task is to create a detailed summary of the conversation so far.")
+    rows.append(summary.assistant("<summary>The user wants numbers printed; part one is done.</summary>"))
+    post = Conversation(rollout_id="r1", name="post")
+    post.messages = [conv.messages[0], {"role": "user", "content": "This session is being continued. Summary: numbers."},
+                     *kept]
+    return rows, post
+
+
+def test_claude_codes_summary_call_does_not_hide_its_compaction(tmp_path):
+    """The summary call forks from the conversation as a rewrite of its history, and that closed
+    the conversation: the compacted prompt, compared with the summary call alone, read as a new
+    conversation, and with more calls than the task's own it took the main label from it."""
+    rows, post = _claude_code_compaction()
+    main_calls = len(rows) - 1
+    post.user("go on")
+    for k in range(main_calls + 1):  # more calls after the compaction than before it
+        rows.append(post.assistant("", tool_calls=[("ls", {"path": f"after {k}"})]))
+        post.tool(f"listing {k}")
+    result = build(tmp_path, rows)
+    causes = [(t.fork_cause, len(t.call_ids)) for t in result.trajectories]
+    assert causes == [(None, main_calls), ("compaction", 1), ("compaction", main_calls + 1)]
+    assert_aligned(result.trajectories[2], rows[main_calls + 1:])
+
+
+def test_a_short_kept_reply_says_compaction(tmp_path):
+    """Claude Code keeps the last turn however short: a 12-token final reply was below the 16
+    tokens a kept piece needed, and the compaction read as a new conversation."""
+    rows, post = _claude_code_compaction(final_reply="All three commands ran: alpha, beta, gamma.")
+    assert 8 <= len(rows[2]["completion_token_ids"]) < 16
+    post.user("Run them again please.")
+    rows.append(post.assistant("Done again."))
+    result = build(tmp_path, rows)
+    main, _summary, after = result.trajectories  # the summary call's own label depends on lengths
+    assert (main.fork_cause, after.fork_cause) == (None, "compaction")
+
+
+def test_a_side_request_that_rewrites_the_history_leaves_the_conversation_open(tmp_path):
+    """A side request sending the history without its last turn (a rewrite of it) closed the
+    conversation it left: the harness's next call, going on from the whole history, forked
+    again instead of extending it."""
+    rows, _post = _claude_code_compaction()
+    main = Conversation(rollout_id="r1")  # the same conversation as the rows', going on
+    main.user("Print the numbers one to two hundred in two steps.")
+    main.assistant("", tool_calls=[("ls", {"path": "part one of the numbers"})])
+    main.tool(" ".join(str(i) for i in range(1, 101)))
+    main.assistant("", tool_calls=[("ls", {"path": "part two of the numbers"})])
+    main.tool(" ".join(str(i) for i in range(101, 201)))
+    rows.append(main.assistant("All two hundred printed."))  # the main conversation goes on
+    result = build(tmp_path, rows)
+    assert [(t.fork_cause, len(t.call_ids)) for t in result.trajectories] == [(None, 3), ("compaction", 1)]
+    assert_aligned(result.trajectories[0], rows[:2] + rows[3:])
+
+
+def test_chained_rewrites_keep_one_conversation_open(tmp_path, monkeypatch):
+    """Each call drops the reasoning of the one before (a history rewrite per turn): a rewrite
+    gone on from closes the conversation it left, so the open ones do not pile up to the cap."""
+    from polar_train.trajectories import stitch
+
+    monkeypatch.setattr(stitch, "MAX_OPEN_PER_ROLLOUT", 3)
+    conv = Conversation(rollout_id="r1")
+    rows = []
+    for k in range(8):
+        conv.user(f"question {k}")
+        rows.append(conv.assistant(f"answer {k}", reasoning=f"thinking about {k}"))
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None] + ["history_rewrite"] * 7
+    assert result.report.closed_at_cap == 0
+
+
 def test_a_side_request_sent_first_does_not_take_the_main_conversations_place(tmp_path):
     """Claude Code's title call may reach the proxy just before the agent's first call: the title
     became the rollout's main trajectory (fork_cause null) and the agent's episode the "new

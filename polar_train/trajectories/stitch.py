@@ -61,6 +61,9 @@ _MAX_PROMPT_TAIL = 8
 
 FORK_CAUSES = ("retokenization", "history_rewrite", "compaction", "new_conversation", "branch",
                "sampler_change")
+#: Forks that rewrote the conversation they left (which then stays open only until the rewrite is
+#: gone on from: see ``Trajectory.moved_on_from``).
+_REWRITES = frozenset({"retokenization", "history_rewrite", "compaction"})
 #: Finish reasons of a reply cut at its token limit: chat and Responses ("length", as the capture
 #: records Responses' max_output_tokens), Anthropic Messages ("max_tokens").
 CUT_BY_MAX_TOKENS = frozenset({"length", "max_tokens"})
@@ -121,6 +124,11 @@ class Trajectory:
     truncated: bool = False
     realigned: bool = False
     last_used: int = 0
+    #: The trajectory this one forked from as a rewrite of its history (retokenization,
+    #: history_rewrite, compaction), kept open until a later call goes on from this one: a side
+    #: request that rewrites the history once (Claude Code's summary call sends the history
+    #: without its last turn) must not close the conversation it left.
+    moved_on_from: "Trajectory | None" = None
     group_id: str | None = None
     reward: float | None = None
 
@@ -228,8 +236,12 @@ def _holds(prompt: np.ndarray, piece: np.ndarray) -> bool:
 
 
 #: Shortest piece of a conversation taken as evidence that a prompt kept it (a turn of a few
-#: tokens, ``<|im_end|>`` alone, could be in any conversation).
+#: tokens, ``<|im_end|>`` alone, could be in any conversation). A tool result counts from its
+#: ``<|im_start|>``: ~8 of its tokens are the template's. A sampled reply is the model's own
+#: words: Claude Code keeps the last one however short ("All three commands ran: alpha, beta,
+#: gamma." is 12 tokens with its ``<|im_end|>``).
 _MIN_KEPT_PIECE = 16
+_MIN_KEPT_REPLY = 8
 
 
 def _keeps_later_turns(t: "Trajectory", prompt: np.ndarray, last: int = 4) -> bool:
@@ -243,7 +255,7 @@ def _keeps_later_turns(t: "Trajectory", prompt: np.ndarray, last: int = 4) -> bo
         if not sampled:
             starts = np.flatnonzero(ids == IM_START_ID)
             ids = ids[starts[0]:] if len(starts) else ids[:0]
-        if len(ids) < _MIN_KEPT_PIECE:
+        if len(ids) < (_MIN_KEPT_REPLY if sampled else _MIN_KEPT_PIECE):
             continue
         if _holds(prompt, ids):
             return True
@@ -341,7 +353,16 @@ class Stitcher:
             self.stats.forks[cause] += 1
         return t
 
+    def _gone_on_from(self, t: Trajectory, key: str | None) -> None:
+        """A later call went on from ``t``: the conversation ``t`` rewrote has moved on (its old
+        tokens will not come back), so it is closed."""
+        left, t.moved_on_from = t.moved_on_from, None
+        pool = self.open.get(key, [])
+        if left is not None and left in pool:
+            pool.remove(left)
+
     def _extend(self, t: Trajectory, call: Call, glue: np.ndarray) -> Trajectory:
+        self._gone_on_from(t, call.rollout_id)
         t.add_glue(glue)
         t.add_call(call)
         t.last_used = self._clock
@@ -486,11 +507,14 @@ class Stitcher:
         parent, d = None, -1
         prompt = call.prompt
         for t in pool:
+            # a rewrite nothing went on from yet (a side request) loses a tie to the conversation it
+            # rewrote: after Claude Code's summary call, the compacted prompt parts from both at once
+            tie_wins = parent is not None and parent.moved_on_from is t
             # O(1) first: only a trajectory that agrees at the best divergence so far can beat it
-            if 0 <= d < min(len(prompt), t.match_len) and prompt[d] != t.buf[d]:
+            if not tie_wins and 0 <= d < min(len(prompt), t.match_len) and prompt[d] != t.buf[d]:
                 continue
             dt = common_prefix(prompt, t.match())
-            if dt > d:
+            if dt > d or (dt == d and tie_wins):
                 parent, d = t, dt
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
@@ -508,9 +532,11 @@ class Stitcher:
             return self._extend(parent, call, glue)
         if key is None and cause == "new_conversation":  # anonymous: a new conversation = new rollout
             return self._start(call, f"conv-{call.call_id}", None)
-        if cause in ("retokenization", "history_rewrite", "compaction"):
-            pool.remove(parent)  # the conversation moved on; the old tokens will not come back
-        return self._start(call, parent.rollout_id, cause)
+        child = self._start(call, parent.rollout_id, cause)
+        if cause in _REWRITES:
+            self._gone_on_from(parent, key)  # a rewrite of a rewrite: the first one was gone on from
+            child.moved_on_from = parent  # closed once a call goes on from the child
+        return child
 
 
 def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Call]:
