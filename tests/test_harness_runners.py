@@ -758,3 +758,44 @@ def test_server_urls(tmp_path, capsys) -> None:
         assert main(["harness", "pi", "x", "--server", url, "--workdir", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("polar-train harness: error: --server: model server URL") and why in err, err
+
+
+@dataclass
+class _SettingSession(_QuickSession):
+    """A 'harness' that prints one variable of its environment."""
+
+    def command(self, exe, prompt, workdir, home, server):
+        return [str(exe), "-c", 'echo "window=$CLAUDE_CODE_AUTO_COMPACT_WINDOW lang=$LANG"']
+
+
+def test_more_environment_variables_reach_the_harness_but_not_the_sessions_own(tmp_path, monkeypatch, capsys) -> None:
+    """The runner gives the harness a clean environment, so a harness setting (Claude Code's
+    auto-compaction threshold) could not be given at all; one the session sets itself (its home,
+    the proxy) must not be overridden, which would undo its isolation or routing."""
+    import polar_train.harnesses as harnesses
+
+    server = ModelServer("http://127.0.0.1:1")
+    run = _SettingSession().run(tmp_path, "x", server, timeout=30,
+                            extra_env={"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "LANG": "C.UTF-8"})
+    assert run.ok and run.stdout.strip() == "window=100000 lang=C.UTF-8"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    for name in ("HOME", "HTTPS_PROXY", "POLAR_HARNESS_SESSION"):
+        with pytest.raises(HarnessError, match=f"environment variable {name} is set by the shell session itself"):
+            _SettingSession().run(tmp_path, "x", server, Proxy(1, "r"), timeout=30, extra_env={name: "/elsewhere"})
+    assert list(temp.iterdir()) == []  # the temporary home of a refused session is removed
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _SettingSession())
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        base = ["harness", "claude-code", "x", "--server", f"http://127.0.0.1:{listening.getsockname()[1]}",
+                "--workdir", str(tmp_path)]
+        assert main([*base, "--env", "CLAUDE_CODE_AUTO_COMPACT_WINDOW=1", "--env",
+                     "CLAUDE_CODE_AUTO_COMPACT_WINDOW=120000"]) == 0
+        assert capsys.readouterr().out.startswith("window=120000 ")  # the later one wins, as in env(1)
+        for bad, message in (("WINDOW", "--env: expected NAME=VALUE with NAME of letters, digits and _, got 'WINDOW'"),
+                             ("1X=2", "--env: expected NAME=VALUE with NAME of letters, digits and _, got '1X=2'"),
+                             ("HOME=/x", "environment variable HOME is set by the shell session itself (its home, "
+                                         "proxy, CA, server, key or settings): it cannot be given")):
+            assert main([*base, "--env", bad]) == 2
+            assert capsys.readouterr().err == f"polar-train harness: error: {message}\n"

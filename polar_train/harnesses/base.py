@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -309,7 +310,8 @@ class Harness(ABC):
                                "harness config files would be overwritten; give a new or empty folder")
 
     def run(self, workdir: Path | str, prompt: str, server: ModelServer, proxy: Proxy | None = None,
-            home: Path | str | None = None, timeout: float = 300) -> HarnessRun:
+            home: Path | str | None = None, timeout: float = 300,
+            extra_env: Mapping[str, str] | None = None) -> HarnessRun:
         """Run one session in ``workdir`` and wait for it (``home``: a fresh temporary dir if not given).
 
         However the session ends (normally, timeout, Ctrl-C, SIGTERM unwinding as SystemExit), every
@@ -317,7 +319,9 @@ class Harness(ABC):
         :func:`kill_session`). A temporary home no session ran in (the harness could not start, an
         interrupt before the start) is removed. An interrupt during the session is re-raised after
         the clean-up with the partial :class:`HarnessRun` as its ``harness_run`` attribute (the home
-        stays, as after any failed session).
+        stays, as after any failed session). ``extra_env``: more variables for the harness (its own
+        settings, e.g. Claude Code's auto-compaction threshold); one the session sets itself (home,
+        proxy, CA, server, key) is refused, as it would undo the session's isolation or routing.
         """
         check_timeout(timeout)
         workdir = self.check_inputs(workdir, prompt, home)
@@ -331,6 +335,11 @@ class Harness(ABC):
             except OSError as exc:
                 raise HarnessError(f"cannot make the home {home}: {_reason(exc)}") from None
             env = self.environment(home, server, proxy)
+            for name in extra_env or {}:
+                if name == SESSION_VAR or (name in env and name not in _PASSTHROUGH_ENV):
+                    raise HarnessError(f"environment variable {name} is set by the {self.name} session itself "
+                                       "(its home, proxy, CA, server, key or settings): it cannot be given")
+            env.update(extra_env or {})
             marker = uuid.uuid4().hex
             env[SESSION_VAR] = marker
             argv = self.command(exe, prompt, workdir, home, server)

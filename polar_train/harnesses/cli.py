@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import sys
@@ -33,10 +34,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--home", default=None,
                    help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="one more environment variable for the harness, e.g. Claude Code's "
+                        "CLAUDE_CODE_AUTO_COMPACT_WINDOW=100000 (repeatable; not for secrets: a command line "
+                        "can be read by other users; variables the session sets itself are refused)")
     p.add_argument("--freeform-apply-patch", action="store_true",
                    help="codex only: describe the model in a model catalog so Codex offers its freeform "
                         "apply_patch tool (with a short system prompt of ours)")
     p.set_defaults(func=_run)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _named_values(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items as a mapping (a later NAME wins, as in ``env(1)``)."""
+    from ..cli import UserError
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not _ENV_NAME.fullmatch(name):
+            raise UserError(f"--env: expected NAME=VALUE with NAME of letters, digits and _, got {item!r}")
+        if "\0" in value:
+            raise UserError(f"--env {name}: a value cannot hold a NUL character")
+        out[name] = value
+    return out
 
 
 def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
@@ -87,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
             proxy = Proxy(args.proxy_port, args.rollout, ca)  # made absolute there
         elif args.rollout or args.ca_cert:
             raise UserError(f"{'--rollout' if args.rollout else '--ca-cert'} needs --proxy-port")
+        extra_env = _named_values(args.env)
         options: dict[str, object] = {}
         if args.freeform_apply_patch:
             if args.name != "codex":
@@ -111,7 +135,8 @@ def _run(args: argparse.Namespace) -> int:
                                 f"model server: {exc}") from None
             if args.name == "pi" and (window := served_context_length(models, server.model)):
                 options["context_window"] = window  # asked already: Pi need not ask again
-        run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout)
+        run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout,
+                                                    extra_env=extra_env)
     except HarnessError as exc:
         raise UserError(str(exc)) from None
     except (KeyboardInterrupt, SystemExit) as exc:
