@@ -266,6 +266,19 @@ def test_resampling_an_earlier_prompt_is_a_branch(tmp_path):
     assert result.report.restarted_rollouts == [] and "restarted" not in result.report.table()
 
 
+def test_a_restart_is_seen_where_the_session_forked_after_its_first_call(tmp_path):
+    """A reused rollout id whose earlier session's second call forked (retokenization, as in 15 of
+    the demo's 16 sessions): its first trajectory held one call, and the restart went unnamed."""
+    first, second = _retokenized_session(Conversation(rollout_id="r1"))
+    again = make_row(call_id="r1-next-round", prompt_ids=first["prompt_token_ids"],
+                     completion_ids=first["completion_token_ids"], request={"round": 2})
+    result = build(tmp_path, [first, second, again])
+    assert [t.fork_cause for t in result.trajectories] == [None, "retokenization", "branch"]
+    assert result.report.restarted_rollouts == ["r1"]
+    result = build(tmp_path / "parallel", [first, again])  # a second sample before the session went on
+    assert result.report.restarted_rollouts == []
+
+
 def test_temperature_change_forks_as_sampler_change(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("go")

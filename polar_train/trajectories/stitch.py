@@ -309,6 +309,7 @@ class Stitcher:
         self.stats = StitchStats()
         self._clock = 0
         self._counter: Counter = Counter()
+        self._calls_of: Counter = Counter()  # rollout id -> calls stitched so far
         #: call id -> (trajectory, prompt-space buffer, prompt end, prompt + completion end)
         self._where: dict[str, tuple[Trajectory, np.ndarray, int, int]] = {}
 
@@ -329,6 +330,7 @@ class Stitcher:
 
     def _record(self, t: Trajectory, call: Call) -> None:
         self._where[call.call_id] = (t, t.buf, t.last_prompt_len, t.match_len)
+        self._calls_of[call.rollout_id] += 1
 
     def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
         key = call.rollout_id
@@ -521,7 +523,7 @@ class Stitcher:
         from_the_start = cause == "branch" and parent.fork_cause is None and len(call.prompt) == len(parent.prompt)
         if from_the_start and key is None:  # anonymous: the same first request again is another session
             return self._start(call, f"conv-{call.call_id}", None)  # (a GRPO group sent without ids)
-        if from_the_start and len(parent.call_ids) > 1:
+        if from_the_start and self._calls_of[key] > 1:  # the rollout had gone on (in any of its trajectories)
             self.stats.restarts[key] += 1  # a parallel sample of the first prompt looks so too: a note only
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
             assert resume is not None
