@@ -26,6 +26,8 @@ def load_calls(path: str | Path):
     from .calllog import CallLogError, read_call_log
     from .cli import UserError
 
+    if not str(path).strip():  # Path("") is the current folder: every part under it would be read
+        raise UserError("the capture folder is empty: name it (\".\" for the current one)")
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(f"{root} not found" if not root.is_symlink() else f"{root} is a broken link")

@@ -413,3 +413,70 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 2 and summary["resumed_from"] == str((out / "checkpoint-1").resolve())
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()
+
+
+def test_a_run_interrupted_while_writing_its_adapter_names_the_weights_it_left(
+        trajectories, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the final save left an empty adapter/ and no word: --resume said the run had
+    finished and pointed at that adapter, which init_adapter then refused (no adapter_config.json)."""
+    import re
+    import shutil
+
+    from polar_train.train.trainer import RecordedGRPOTrainer
+
+    out = tmp_path / "run"
+    save = RecordedGRPOTrainer.save_model
+
+    def ctrl_c_in_the_final_save(self, output_dir=None, _internal_call=False):
+        save(self, output_dir, _internal_call)
+        if not _internal_call:  # checkpoints save with _internal_call=True
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(RecordedGRPOTrainer, "save_model", ctrl_c_in_the_final_save)
+        with pytest.raises(KeyboardInterrupt):
+            train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=1", "save_steps=1"))
+    checkpoint = out / "checkpoint-1"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "polar-train train: interrupted while writing the adapter, none written; checkpoint-1 holds the adapter "
+        f"of step 1: start a new run from it with --set init_adapter={checkpoint}")
+    assert not (out / "adapter").exists() and not list(out.glob(".adapter*"))
+    with pytest.raises(UserError, match=re.escape(
+            f"--resume: the run in {out} finished (step 1 of 1), but its adapter was not written (the save was "
+            f"interrupted or failed); checkpoint-1 holds the weights of step 1: start a new run from them with "
+            f"--set init_adapter={checkpoint} --output NEW_FOLDER")):
+        train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=1", resume=True))
+    assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "next", "max_steps=1",
+                               f"init_adapter={checkpoint}")) == 0
+    assert (tmp_path / "next" / "adapter" / "adapter_model.safetensors").is_file()
+
+    # a newer checkpoint whose weights were cut short (a crash, a full disk) is skipped, not a traceback
+    for step, weights in ((2, b""), (3, (checkpoint / "adapter_model.safetensors").read_bytes()[:1000])):
+        newer = out / f"checkpoint-{step}"
+        shutil.copytree(checkpoint, newer)
+        (newer / "adapter_model.safetensors").write_bytes(weights)
+    last, skipped = train_cli.complete_checkpoint(out)
+    assert last == checkpoint and skipped == [
+        f"checkpoint-{step} (adapter_model.safetensors cut short or unreadable: its save was cut short)"
+        for step in (3, 2)]
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(trajectories, tiny_model_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+    """``polar-train train ""`` trained on every Parquet file under the current folder (an unset
+    variable as DATA), and ``inspect ""`` read the current folder too; build refused it already."""
+    from polar_train.cli import main
+
+    monkeypatch.chdir(trajectories if trajectories.is_dir() else trajectories.parent)  # data right here
+    for argv, message in (
+            (["train", "", "--model", str(tiny_model_dir), "--output", str(tmp_path / "r")],
+             'polar-train train: error: DATA is empty: name the folder ("." for the current one)'),
+            (["train", ".", "--model", " ", "--output", str(tmp_path / "r")],
+             'polar-train train: error: --model is empty: name the folder ("." for the current one)'),
+            (["train", ".", "--model", str(tiny_model_dir), "--output", ""],
+             'polar-train train: error: --output is empty: name the folder ("." for the current one)'),
+            (["inspect", ""], 'polar-train inspect: error: the capture folder is empty: name it ("." for the '
+                              'current one)')):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == message
+    assert not (tmp_path / "r").exists()

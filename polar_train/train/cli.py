@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Iterable
@@ -85,6 +86,9 @@ def prepare(args: argparse.Namespace):
     """Config + checked, grouped data, before any model weights are loaded."""
     from .data import DataReport, load_trajectories, make_groups, modal_group_size, parquet_files
 
+    for what, value in (("DATA", args.data), ("--model", args.model), ("--output", args.output)):
+        if not str(value).strip():  # Path("") is the current folder: DATA read every Parquet file under it
+            raise UserError(f"{what} is empty: name the folder (\".\" for the current one)")
     parquet_files(args.data)  # a missing or empty folder fails before the slow imports
     if not Path(args.model).exists():
         raise UserError(f"--model {args.model}: not found")
@@ -193,10 +197,29 @@ def _checkpoint_problem(folder: Path) -> str | None:
         return "no readable trainer_state.json"
     if not isinstance(state, dict):
         return "no readable trainer_state.json"
-    if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin",
-                                                      "model.safetensors")):
-        return "no adapter weights"
-    return None
+    return _weights_problem(folder)
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """Why ``folder``'s adapter weights cannot load, or None: a weights file cut short (a crash,
+    a full disk) made ``--resume`` end in safetensors' traceback. The header is read, not the
+    tensors."""
+    for name in ("adapter_model.safetensors", "model.safetensors", "adapter_model.bin"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(path), framework="pt"):
+                    pass
+            elif path.stat().st_size == 0:
+                return f"{name} is empty"
+        except Exception:  # noqa: BLE001 - safetensors raises its own error types for a bad header
+            return f"{name} cut short or unreadable"
+        return None
+    return "no adapter weights"
 
 
 def complete_checkpoint(out: Path) -> tuple[Path | None, list[str]]:
@@ -253,9 +276,15 @@ def _check_resumable(checkpoint: Path, config) -> None:
         raise UserError(f"--resume: {checkpoint}/trainer_state.json: max_steps is not a number")
     if (config.max_steps > 0 and step >= config.max_steps) or (planned > 0 and step >= planned):
         # resuming continues the saved optimizer and schedule, which ended at learning rate 0
-        raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}); "
-                        f"to train its adapter further, start a new run from it: --set "
-                        f"init_adapter={checkpoint.parent / 'adapter'} --output NEW_FOLDER")
+        adapter = checkpoint.parent / "adapter"
+        if (adapter / "adapter_config.json").is_file() and _weights_problem(adapter) is None:
+            raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}); "
+                            f"to train its adapter further, start a new run from it: --set "
+                            f"init_adapter={adapter} --output NEW_FOLDER")
+        raise UserError(f"--resume: the run in {checkpoint.parent} finished (step {step} of {planned or step}), "
+                        f"but its adapter was not written (the save was interrupted or failed); {checkpoint.name} "
+                        f"holds the weights of step {step}: start a new run from them with --set "
+                        f"init_adapter={checkpoint} --output NEW_FOLDER, or use that folder as the adapter")
     try:
         saved = json.loads((checkpoint / "adapter_config.json").read_text())
     except (OSError, ValueError):
@@ -403,12 +432,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                            "lower learning_rate or check the options that scale the loss")
     changed = max((float((p - before[n]).abs().max()) for n, p in trained.items()), default=0.0)
     adapter_dir = out / "adapter"
-    try:
-        trainer.save_model(str(adapter_dir))
-    except Exception as exc:  # noqa: BLE001 - a full disk: OSError from torch, a plain Exception from tokenizers
-        last, _ = complete_checkpoint(out)
-        kept = f" ({last.name} holds the adapter of step {last.name.rsplit('-', 1)[-1]})" if last else ""
-        raise TrainFailure(f"cannot write the adapter to {adapter_dir}: {save_error(exc)}{kept}") from None
+    _save_adapter(trainer, adapter_dir)
     mism = trainer.first_epoch_mismatch
     measured = [v for v in mism if math.isfinite(v)]  # NaN: a step with no sampler logprob to compare
     first = mism[0] if first_step_known and mism and math.isfinite(mism[0]) else None
@@ -438,6 +462,38 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if (warning := mismatch_warning(first, trainer.args.init_adapter)) is not None:
                 print(warning, file=sys.stderr, flush=True)
     return summary
+
+
+def _save_adapter(trainer, adapter_dir: Path) -> None:
+    """Write the trained adapter whole or not at all: into a hidden folder, renamed to ``adapter``
+    when complete. Written in place, a Ctrl-C during the save left an empty ``adapter/``, and the
+    run could be neither resumed (it had finished) nor used (no weights there)."""
+    out = adapter_dir.parent
+    partial = out / f".{adapter_dir.name}.partial-{os.getpid()}"
+    for stale in out.glob(f".{adapter_dir.name}.partial-*"):  # a save killed outright
+        shutil.rmtree(stale, ignore_errors=True)
+
+    def kept() -> str:
+        last, _ = complete_checkpoint(out)
+        return (f"{last.name} holds the adapter of step {last.name.rsplit('-', 1)[-1]}: start a new run from it "
+                f"with --set init_adapter={last}" if last else "")
+
+    try:
+        trainer.save_model(str(partial))
+        if trainer.accelerator.is_main_process:
+            if adapter_dir.exists():  # another run's, or a plain folder: refused at the start unless resumed
+                shutil.rmtree(adapter_dir)
+            partial.replace(adapter_dir)
+    except (KeyboardInterrupt, SystemExit):
+        shutil.rmtree(partial, ignore_errors=True)
+        if trainer.accelerator.is_main_process:
+            print(f"polar-train train: interrupted while writing the adapter, none written"
+                  f"{'; ' + k if (k := kept()) else ''}", file=sys.stderr, flush=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - a full disk: OSError from torch, a plain Exception from tokenizers
+        shutil.rmtree(partial, ignore_errors=True)
+        raise TrainFailure(f"cannot write the adapter to {adapter_dir}: {save_error(exc)}"
+                           f"{f' ({k})' if (k := kept()) else ''}") from None
 
 
 def _all_finite(tensor) -> bool:
