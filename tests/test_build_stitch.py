@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 
@@ -767,6 +768,50 @@ def test_chained_rewrites_keep_one_conversation_open(tmp_path, monkeypatch):
     result = build(tmp_path, rows)
     assert [t.fork_cause for t in result.trajectories] == [None] + ["history_rewrite"] * 7
     assert result.report.closed_at_cap == 0
+
+
+def test_a_summary_after_the_task_longer_than_what_it_replaced_is_compaction(tmp_path):
+    """Codex compacts as [system, the task's own user turn, user(summary)]: the turns after the
+    task are gone. With a summary longer than those turns the prompt did not shrink, and the fork
+    read as a history rewrite."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("fix the failing test")
+    rows = []
+    for k in range(3):
+        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
+        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    summary = "Another model worked on this. " + " ".join(f"Point {i}: dir{i % 3} was listed." for i in range(120))
+    conv.messages = [conv.messages[0], conv.messages[1], {"role": "user", "content": summary}]
+    rows.append(conv.assistant("Continuing."))
+    before = rows[-2]
+    assert len(rows[-1]["prompt_token_ids"]) > len(before["prompt_token_ids"]) + len(before["completion_token_ids"])
+    result = build(tmp_path, rows)
+    assert [t.fork_cause for t in result.trajectories] == [None, "compaction"]
+
+
+def test_a_rewrite_that_keeps_the_later_turns_stays_a_history_rewrite(tmp_path):
+    """An argument re-serialised in an early reply (Claude Code adds a default) or the last user
+    message edited: the turns after it are kept, or there is only one to miss."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("fix the failing test")
+    rows = []
+    for k in range(3):
+        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
+        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    conv.messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"path": "dir0", "all": False})
+    conv.user("and the docs too, with every detail of the listings")
+    rows.append(conv.assistant("Docs done."))
+    edited = Conversation(rollout_id="r2")
+    edited.user("fix the failing test")
+    rows.append(edited.assistant("Which one? There are three failing tests in the suite."))
+    edited.user("the first")
+    rows.append(edited.assistant("Fixed the first failing test, in test_calc.py, by correcting add()."))
+    assert len(rows[-1]["completion_token_ids"]) >= 8  # a reply long enough to be looked for
+    edited.messages[-1] = {"role": "user", "content": "the first one, in test_calc.py, and nothing else at all"}
+    rows.append(edited.assistant("Fixed it."))
+    result = build(tmp_path, rows)
+    causes = {(t.rollout_id, t.fork_cause) for t in result.trajectories}
+    assert causes == {("r1", None), ("r1", "history_rewrite"), ("r2", None), ("r2", "history_rewrite")}
 
 
 def test_a_side_request_sent_first_does_not_take_the_main_conversations_place(tmp_path):

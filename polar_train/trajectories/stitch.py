@@ -265,6 +265,34 @@ def _keeps_later_turns(t: "Trajectory", prompt: np.ndarray, last: int = 4) -> bo
     return False
 
 
+def _replaced_later_turns(t: "Trajectory", prompt: np.ndarray, d: int, last: int = 8) -> bool:
+    """Whether ``prompt`` keeps none of ``t``'s turns after the divergence ``d``, of which there
+    were two or more to look for (the last ``last`` looked at): the turns were replaced, as by Codex's
+    summary after the task's own turn, which may be longer than what it replaced. A history
+    rewrite (an argument re-serialised, a message edited) keeps the turns that follow it."""
+    if t.realigned:  # its pieces no longer sit where their lengths say
+        return False
+    end, checked = t.match_len, 0
+    for ids, sampled in zip(reversed(t.ids), reversed(t.sampled)):
+        piece_end, start = end, end - len(ids)
+        end = start
+        if piece_end <= d:
+            break
+        if start < d:
+            continue  # the piece the divergence lies in
+        if not sampled:
+            starts = np.flatnonzero(ids == IM_START_ID)
+            ids = ids[starts[0]:] if len(starts) else ids[:0]
+        if len(ids) < (_MIN_KEPT_REPLY if sampled else _MIN_KEPT_PIECE):
+            continue
+        if _holds(prompt[d:], ids):
+            return False
+        checked += 1
+        if checked == last:
+            break
+    return checked >= 2
+
+
 def _temperature(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
@@ -434,7 +462,7 @@ class Stitcher:
             return "new_conversation", None
         if t.match_at(d) == THINK_ID:
             return "history_rewrite", None
-        if len(prompt) < t.match_len:
+        if len(prompt) < t.match_len or _replaced_later_turns(t, prompt, d):
             return "compaction", None
         return "history_rewrite", None
 
