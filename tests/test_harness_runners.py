@@ -675,6 +675,23 @@ def test_pi_takes_its_context_window_from_the_server(tmp_path, models_server) ->
     assert '"contextWindow": 1000' in (Path(env["PI_CODING_AGENT_DIR"]) / "models.json").read_text()
 
 
+
+def test_codex_takes_its_context_window_from_the_server(tmp_path, models_server) -> None:
+    """Codex knows no window for a model it does not know: a session past the server's context
+    length ended in the server's 400 ("maximum context length is 10000 tokens") where, told the
+    window, Codex compacts the conversation and goes on."""
+    port, _ = models_server
+
+    def config(folder: str, harness: Codex, url: str) -> dict:
+        env = harness.configure(tmp_path / folder, ModelServer(url, model="tiny"), None)
+        return tomllib.loads((Path(env["CODEX_HOME"]) / "config.toml").read_text())
+
+    assert config("served", Codex(), f"http://127.0.0.1:{port}")["model_context_window"] == 4096
+    assert "model_context_window" not in config("unreachable", Codex(), f"http://127.0.0.1:{free_port()}")
+    assert config("given", Codex(context_window=1000), f"http://127.0.0.1:{port}")["model_context_window"] == 1000
+    mine = Codex(extra_config={"model_context_window": 7, "model_auto_compact_token_limit": 5})
+    assert config("own", mine, f"http://127.0.0.1:{port}")["model_context_window"] == 7  # the caller's own wins
+
 def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, models_server, monkeypatch,
                                                                      capsys) -> None:
     """Before the session: one GET /v1/models through the proxy (a model call it is not), which also

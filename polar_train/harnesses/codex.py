@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Harness, ModelServer, Proxy
+from .pi import served_window
 
 #: Name of the environment variable that carries the API key (``env_key`` in config.toml).
 API_KEY_ENV = "POLAR_API_KEY"
@@ -74,10 +75,17 @@ class Codex(Harness):
     ``freeform_apply_patch``: describe the model in a model catalog so that Codex also offers its
     ``apply_patch`` tool (a ``custom`` tool with a Lark grammar), with ``base_instructions`` as the
     system prompt. Off: Codex's fallback for unknown models (its own prompt, no apply_patch).
+
+    ``context_window``: ``model_context_window`` in config.toml, so that Codex compacts the
+    conversation before the server refuses it (None: the server's ``max_model_len``, asked the
+    way the session reaches it; left out where the server does not say). Without it, Codex knows
+    no window for a model it does not know: a session past the server's context length ended in
+    the server's 400 instead of a compaction.
     """
 
     extra_config: dict[str, object] = field(default_factory=dict)
     freeform_apply_patch: bool = False
+    context_window: int | None = None
     base_instructions: str = DEFAULT_BASE_INSTRUCTIONS
 
     def __post_init__(self) -> None:
@@ -87,6 +95,10 @@ class Codex(Harness):
         codex_home = home / ".codex"
         codex_home.mkdir(parents=True, exist_ok=True)
         extra = dict(self.extra_config)
+        if "model_context_window" not in extra:
+            window = self.context_window or served_window(server, proxy)
+            if window:
+                extra["model_context_window"] = window
         if self.freeform_apply_patch:
             catalog = codex_home / MODEL_CATALOG_FILE
             catalog.write_text(json.dumps(model_catalog(server.model, self.base_instructions), indent=2), "utf-8")

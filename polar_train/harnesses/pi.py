@@ -33,13 +33,18 @@ def served_context_length(models: dict[str, Any], model: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def context_window_of(server: ModelServer, proxy: Proxy | None = None) -> int:
-    """The server's context length for ``server.model``, or :data:`DEFAULT_CONTEXT_WINDOW` when it
-    does not say or cannot be asked (asked the way the session reaches it: through ``proxy``)."""
+def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None:
+    """The server's context length for ``server.model``, or None when it does not say or cannot be
+    asked (asked the way the session reaches it: through ``proxy``)."""
     try:
-        return served_context_length(server_models(server, proxy), server.model) or DEFAULT_CONTEXT_WINDOW
+        return served_context_length(server_models(server, proxy), server.model)
     except HarnessError:
-        return DEFAULT_CONTEXT_WINDOW
+        return None
+
+
+def context_window_of(server: ModelServer, proxy: Proxy | None = None) -> int:
+    """:func:`served_window`, or :data:`DEFAULT_CONTEXT_WINDOW` where the server does not say."""
+    return served_window(server, proxy) or DEFAULT_CONTEXT_WINDOW
 
 
 def models_json(server: ModelServer, context_window: int, max_tokens: int, reasoning: bool) -> dict:
