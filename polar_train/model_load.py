@@ -29,13 +29,37 @@ def first_line(exc: BaseException) -> str:
         return type(exc).__name__
     if lines[0].endswith(":") and len(lines) > 1:  # "Validation error for field 'x':" says why below
         return f"{lines[0]} {lines[1]}"
+    if not any(c.isalpha() for c in lines[0]):  # a bare number (pickle's KeyError for a junk .bin) says nothing
+        return f"{type(exc).__name__}: {lines[0]}"
     return lines[0]
+
+
+#: What the loaders read from a model or adapter folder (a README or a log there is not read).
+_READ_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".jinja", ".model", ".tiktoken", ".txt"})
+
+
+def check_readable(folder: str | os.PathLike) -> None:
+    """Refuse a folder with a file the loaders read but may not: transformers and peft report an
+    unreadable weights file as "No such file or directory", which sends the user looking for a
+    file that is there."""
+    root = Path(folder)
+    try:
+        entries = sorted(root.iterdir()) if root.is_dir() else []
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {root}: {exc.strerror or exc}") from None
+    for path in entries:
+        if path.suffix in _READ_SUFFIXES and path.is_file():
+            try:
+                path.open("rb").close()
+            except OSError as exc:
+                raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
     """``AutoModelForCausalLM.from_pretrained`` of a local folder, failures as :class:`ModelLoadError`."""
     from transformers import AutoModelForCausalLM
 
+    check_readable(model_dir)
     try:
         return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     except Exception as exc:  # noqa: BLE001 - any failure here is the folder's: cut or corrupt weights
@@ -56,6 +80,27 @@ def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
         raise ModelLoadError(f"{folder} is not a peft adapter (no adapter_config.json){hint}")
     if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
         raise ModelLoadError(f"{folder} is not a peft adapter (no {' or '.join(ADAPTER_WEIGHTS)})")
+    check_readable(folder)
+    _check_lora_config(folder / "adapter_config.json")
+
+
+def _check_lora_config(path: Path) -> None:
+    """A LoRA adapter_config.json, or one line saying what is wrong with it: peft's own errors for
+    a hand-edited file were a type error ("'<=' not supported between instances of 'str' and 'int'")
+    or a list index, after lines of its warnings for another adapter type."""
+    try:
+        config = json.loads(path.read_text("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({first_line(exc)})") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: not a JSON object of adapter options")
+    kind = config.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise ModelLoadError(f"{path}: peft_type {kind!r}: only LoRA adapters are trained and served here")
+    for key, number in (("r", int), ("lora_alpha", (int, float))):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, number) or value <= 0):
+            raise ModelLoadError(f"{path}: {key} must be a positive number, got {value!r}")
 
 
 def adapter_base_note(adapter_dir: str | os.PathLike, model_dir: str | os.PathLike) -> str | None:
@@ -91,7 +136,11 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
             base = getattr(model, "name_or_path", "") or "this model"
             raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: its weights do not fit {base} "
                                  f"(an adapter trained on another base model?): {_first_mismatch(text)}") from None
-        raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {first_line(exc)}") from None
+        folder = Path(adapter_dir)
+        if not (folder / "adapter_model.safetensors").is_file():  # a pickle's errors do not name the file
+            raise ModelLoadError(f"cannot load the adapter in {folder}: adapter_model.bin does not load "
+                                 f"({first_line(exc)})") from None
+        raise ModelLoadError(f"cannot load the adapter in {folder}: {first_line(exc)}") from None
 
 
 def _first_mismatch(text: str) -> str:

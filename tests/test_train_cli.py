@@ -480,3 +480,73 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_folder(trajectories,
         assert main(argv) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == message
     assert not (tmp_path / "r").exists()
+
+
+def test_an_unusable_adapter_or_config_file_is_named_in_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    """A probe's hand-edited adapters and files: peft's type errors ("'<=' not supported between
+    instances of 'str' and 'int'", "list indices must be integers"), lines of its warnings before
+    the error for another adapter type, an unreadable weights file reported as "No such file or
+    directory", a junk pickle as a bare "174812789", a binary config as the codec's words."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from polar_train.model_load import ModelLoadError, check_adapter_folder, load_adapter, load_causal_lm
+    from polar_train.train.config import read_yaml
+
+    def adapter(name: str, config: str) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(config)
+        (folder / "adapter_model.safetensors").write_bytes(b"weights")
+        return folder
+
+    for name, config, message in (
+            ("r-word", '{"peft_type": "LORA", "r": "sixteen"}', "r must be a positive number, got 'sixteen'"),
+            ("r-zero", '{"r": 0}', "r must be a positive number, got 0"),
+            ("alpha", '{"r": 4, "lora_alpha": null, "x": 1}', None),
+            ("a-list", "[1, 2]", "not a JSON object of adapter options"),
+            ("prefix", '{"peft_type": "PREFIX_TUNING"}', "peft_type 'PREFIX_TUNING': only LoRA adapters are "
+                                                         "trained and served here"),
+            ("garbage", "{r: 4", "not valid JSON (Expecting property name enclosed in double quotes")):
+        folder = adapter(name, config)
+        if message is None:
+            check_adapter_folder(folder)  # fine: null is peft's default
+            continue
+        with pytest.raises(ModelLoadError) as caught:
+            check_adapter_folder(folder)
+        assert str(caught.value).startswith(f"{folder / 'adapter_config.json'}: {message}")
+
+    locked = adapter("locked", '{"peft_type": "LORA", "r": 4}')
+    opened = Path.open
+
+    def refuse(self, *args, **kwargs):
+        if self.name.endswith(".safetensors") and self.parent.name in ("locked", "locked-model"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)
+
+    model_copy = tmp_path / "locked-model"
+    model_copy.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (model_copy / f.name).symlink_to(f)
+    with monkeypatch.context() as m:
+        m.setattr(Path, "open", refuse)
+        with pytest.raises(ModelLoadError, match=f"^cannot read {locked / 'adapter_model.safetensors'}: "
+                                                 "Permission denied$"):
+            check_adapter_folder(locked)
+        with pytest.raises(ModelLoadError, match=f"^cannot read {model_copy / 'model.safetensors'}: "
+                                                 "Permission denied$"):
+            load_causal_lm(model_copy, torch.float32)
+
+    model = load_causal_lm(tiny_model_dir, torch.float32)
+    pickled = tmp_path / "pickled"
+    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(str(pickled))
+    (pickled / "adapter_model.safetensors").unlink()
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x02junk that is no pickle of tensors" * 4)
+    with pytest.raises(ModelLoadError, match=f"^cannot load the adapter in {pickled}: adapter_model.bin does not "
+                                             r"load \(\w+"):
+        load_adapter(load_causal_lm(tiny_model_dir, torch.float32), pickled)
+
+    binary = tmp_path / "train.yaml"
+    binary.write_bytes(b"\xff\xfe\x00lora_r: 4")
+    with pytest.raises(UserError, match=f"^{binary}: not UTF-8 text \\(byte 0xff at offset 0\\)$"):
+        read_yaml(str(binary))

@@ -372,9 +372,13 @@ def read_yaml(path: str | None) -> dict[str, Any]:
     if (problem := not_a_file(p, "config file")) is not None:
         raise UserError(problem)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text("utf-8")) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError as exc:  # a binary file given by mistake: the codec's words named no file
+        raise UserError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {p}: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: must contain a YAML mapping of option: value")
     unknown = sorted(str(k) for k in data if k != "env" and k not in _FIELDS)
