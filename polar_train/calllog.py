@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,9 +122,26 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
                 seen.add(real)
                 kept.append(d)
         folders[:] = kept
-        parts += [p for name in files if name.endswith(PART_SUFFIX) and not name.startswith((".", "_"))
-                  and (p := Path(here) / name).is_file()]
+        for name in files:
+            if name.endswith(PART_SUFFIX) and not name.startswith((".", "_")):
+                path = Path(here) / name
+                if path.is_file():
+                    parts.append(path)
+                else:  # passed over in silence, its calls would go missing from a build unnoticed
+                    problems.append(PartProblem(str(path), _not_a_file(path)))
     return sorted(parts), problems
+
+
+def _not_a_file(path: Path) -> str:
+    """Why a part's name is no readable file: a link whose target is gone (parts on a disk not
+    mounted), a FIFO, a device."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        return "a broken link" if path.is_symlink() else f"unreadable: {exc.strerror or exc}"
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"{kind}, not a part file"
 
 
 def _check_schema(path: Path) -> str | None:

@@ -63,6 +63,24 @@ def test_a_folder_that_cannot_be_read_is_named_not_passed_over(tmp_path, session
         read_call_log(tmp_path)  # not "no call-log parts": the folder is there, only closed
 
 
+
+def test_a_part_name_that_is_no_file_is_named_not_passed_over(tmp_path, session_rows):
+    """A link to parts on a disk not mounted, a FIFO, a device under a part's name: the reader
+    passed them over without a word ("1 part(s)", no problem listed, exit 0)."""
+    import os
+
+    write_parts(tmp_path, session_rows, "part-a")
+    calls = tmp_path / "calls"
+    (calls / "part-gone.parquet").symlink_to(tmp_path / "unmounted" / "part-0.parquet")
+    os.mkfifo(calls / "part-fifo.parquet")
+    (calls / "part-zero.parquet").symlink_to("/dev/zero")
+    log = read_call_log(tmp_path)  # never blocks on the FIFO: it is not opened
+    assert log.table.num_rows == len(session_rows)
+    assert sorted(str(p) for p in log.problems) == [
+        f"{calls / 'part-fifo.parquet'}: a FIFO, not a part file",
+        f"{calls / 'part-gone.parquet'}: a broken link",
+        f"{calls / 'part-zero.parquet'}: a device, not a part file"]
+
 def test_folder_of_parts_itself_and_single_file(tmp_path, session_rows):
     path = write_parts(tmp_path, session_rows, "part-x")
     assert read_calls(path.parent).num_rows == 4  # <folder>/calls given directly
