@@ -73,9 +73,8 @@ def _check_out(out: Path, captures: Path) -> None:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .cli import UserError, print_out
-    from .trajectories import BuildOptions, build_trajectories
-    from .trajectories.writer import json_bytes, part_paths, write_trajectories
+    from .cli import UserError
+    from .trajectories import BuildOptions
 
     if not args.out.strip():
         raise UserError("--out is empty; name the folder for the trajectories")
@@ -88,6 +87,28 @@ def _cmd_build(args: argparse.Namespace) -> int:
                            rewards=args.rewards and Path(args.rewards).expanduser(),
                            tasks=args.tasks and Path(args.tasks).expanduser(),
                            tokenizer=args.tokenizer and Path(args.tokenizer).expanduser())
+    report_bytes: list[bytes] = []  # the report this build writes, once known
+    try:
+        return _build_and_write(captures, out, options, args, report_bytes)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if isinstance(exc, SystemExit) and not (isinstance(exc.code, int) and exc.code > 128):
+            raise  # not a signal
+        # the swap of old parts for new ones holds the signal until it is done: either build is whole
+        try:
+            done = bool(report_bytes) and (out / REPORT_NAME).read_bytes() == report_bytes[0]
+        except OSError:
+            done = False
+        state = (f"the new build is complete in {out}" if done else
+                 f"{out} holds what it held before" if out.exists() else f"nothing was written to {out}")
+        print(f"polar-train build: interrupted; {state}", file=sys.stderr, flush=True)
+        raise
+
+
+def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespace, report_bytes: list[bytes]) -> int:
+    from .cli import UserError, print_out
+    from .trajectories import build_trajectories
+    from .trajectories.writer import json_bytes, part_paths, write_trajectories
+
     try:
         result = build_trajectories(captures, options)
     except ValueError as exc:  # CallLogError, RewardFileError: one clear line
@@ -102,9 +123,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return 1
     report.out = str(out)
     report.output_parts = [p.name for p in part_paths(out, len(result.trajectories), args.rows_per_part)]
+    report_bytes.append(json_bytes(report.to_json()))
     try:
         parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part,
-                                   extra={REPORT_NAME: json_bytes(report.to_json())})
+                                   extra={REPORT_NAME: report_bytes[0]})
     except FileExistsError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

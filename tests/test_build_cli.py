@@ -320,15 +320,52 @@ def test_a_second_build_into_the_same_folder_meanwhile_is_refused(tmp_path, capt
     assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 0  # once it is gone
 
 
-def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, capture, monkeypatch):
+def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, capture, monkeypatch, capsys):
     from polar_train.trajectories import writer
 
     def interrupted(table, where, **kw):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(writer.pq, "write_table", interrupted)
-    assert main(["build", str(capture), "--out", str(tmp_path / "new" / "deep" / "traj")]) == 130
+    out = tmp_path / "new" / "deep" / "traj"
+    assert main(["build", str(capture), "--out", str(out)]) == 130
     assert not (tmp_path / "new").exists()
+    assert capsys.readouterr().err == f"polar-train build: interrupted; nothing was written to {out}\n"
+
+
+def test_an_interrupted_build_says_which_build_its_folder_holds(tmp_path, capture, monkeypatch, capsys):
+    """Ctrl-C exited 130 without a word: with the signal held until the swap was done, the folder
+    held the old build or the new one, whole, and the user could not tell which."""
+    from contextlib import contextmanager
+
+    from polar_train.trajectories import writer
+
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 0
+    before = _snapshot(out)
+    held = writer._signals_held
+
+    @contextmanager
+    def ctrl_c_during_the_swap():
+        with held():
+            yield
+        raise KeyboardInterrupt  # the held Ctrl-C, delivered once the swap is done
+
+    with monkeypatch.context() as m:
+        m.setattr(writer, "_signals_held", ctrl_c_during_the_swap)
+        capsys.readouterr()
+        assert main(["build", str(capture), "--out", str(out)]) == 130  # one part now, not one per row
+    assert capsys.readouterr().err == f"polar-train build: interrupted; the new build is complete in {out}\n"
+    assert _snapshot(out) != before and len(list(out.glob("part-*.parquet"))) == 1
+
+    def interrupted(table, where, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer.pq, "write_table", interrupted)
+    after = _snapshot(out)
+    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 130
+    assert capsys.readouterr().err == f"polar-train build: interrupted; {out} holds what it held before\n"
+    assert _snapshot(out) == after
 
 
 @pytest.mark.parametrize("command", ["build", "inspect"])
