@@ -138,8 +138,8 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
                                  f"(an adapter trained on another base model?): {_first_mismatch(text)}") from None
         folder = Path(adapter_dir)
         if not (folder / "adapter_model.safetensors").is_file():  # a pickle's errors do not name the file
-            raise ModelLoadError(f"cannot load the adapter in {folder}: adapter_model.bin does not load "
-                                 f"({first_line(exc)})") from None
+            raise ModelLoadError(f"cannot load the adapter in {folder} (adapter_model.bin): "
+                                 f"{first_line(exc)}") from None
         raise ModelLoadError(f"cannot load the adapter in {folder}: {first_line(exc)}") from None
 
 

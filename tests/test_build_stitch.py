@@ -278,6 +278,9 @@ def test_a_restart_is_seen_where_the_session_forked_after_its_first_call(tmp_pat
     assert result.report.restarted_rollouts == ["r1"]
     result = build(tmp_path / "parallel", [first, again])  # a second sample before the session went on
     assert result.report.restarted_rollouts == []
+    samples = [dict(again, call_id=f"r1-sample-{k}", request_hash=f"sample-{k}") for k in range(3)]
+    result = build(tmp_path / "samples", [first, *samples])  # parallel samples of the first prompt alone
+    assert result.report.restarted_rollouts == []
 
 
 def test_temperature_change_forks_as_sampler_change(tmp_path):
@@ -752,6 +755,32 @@ def test_a_side_request_that_rewrites_the_history_leaves_the_conversation_open(t
     result = build(tmp_path, rows)
     assert [(t.fork_cause, len(t.call_ids)) for t in result.trajectories] == [(None, 3), ("compaction", 1)]
     assert_aligned(result.trajectories[0], rows[:2] + rows[3:])
+
+
+def test_a_conversation_that_goes_on_beside_a_rewrite_of_it_stays_open(tmp_path):
+    """A side agent sends the history without its last turn (a rewrite) and goes on beside the
+    main conversation: its going on closed the main one, whose next call forked as a compaction."""
+    import copy
+
+    main = Conversation(rollout_id="r1")
+    main.user("Print the numbers one to two hundred in two steps.")
+    rows = [main.assistant("", tool_calls=[("ls", {"path": "part one of the numbers"})])]
+    main.tool(" ".join(str(i) for i in range(1, 101)))
+    rows.append(main.assistant("", tool_calls=[("ls", {"path": "part two of the numbers"})]))
+    side = Conversation(rollout_id="r1", name="side")
+    side.messages = copy.deepcopy(main.messages[:-1])
+    side.user("Review what was done so far, in detail, and list every step taken.")
+    rows.append(side.assistant("", tool_calls=[("ls", {"path": "review notes"})]))
+    main.tool(" ".join(str(i) for i in range(101, 201)))
+    rows.append(main.assistant("", tool_calls=[("ls", {"path": "part three of the numbers"})]))  # main goes on
+    side.tool("notes: none yet")
+    rows.append(side.assistant("The review is done: two steps, both listings."))  # the side agent goes on
+    main.tool("done")
+    rows.append(main.assistant("All numbers printed."))
+    result = build(tmp_path, rows)
+    by_cause = {t.fork_cause: t.call_ids for t in result.trajectories}
+    assert by_cause[None] == [rows[0]["call_id"], rows[1]["call_id"], rows[3]["call_id"], rows[5]["call_id"]]
+    assert len(result.trajectories) == 2
 
 
 def test_chained_rewrites_keep_one_conversation_open(tmp_path, monkeypatch):

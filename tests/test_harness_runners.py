@@ -635,7 +635,8 @@ class _ModelsServer(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.seen.append({"path": self.path, "proxy_auth": self.headers.get("proxy-authorization")})
         payload = json.dumps({"object": "list", "data": [{"id": "other", "max_model_len": 99},
-                                                          {"id": "tiny", "max_model_len": 4096}]}).encode()
+                                                          {"id": "tiny", "max_model_len": 4096},
+                                                          {"id": "big", "max_model_len": 32768}]}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
@@ -682,13 +683,17 @@ def test_codex_takes_its_context_window_from_the_server(tmp_path, models_server)
     window, Codex compacts the conversation and goes on."""
     port, _ = models_server
 
-    def config(folder: str, harness: Codex, url: str) -> dict:
-        env = harness.configure(tmp_path / folder, ModelServer(url, model="tiny"), None)
+    def config(folder: str, harness: Codex, url: str, model: str = "big") -> dict:
+        env = harness.configure(tmp_path / folder, ModelServer(url, model=model), None)
         return tomllib.loads((Path(env["CODEX_HOME"]) / "config.toml").read_text())
 
-    assert config("served", Codex(), f"http://127.0.0.1:{port}")["model_context_window"] == 4096
+    assert config("served", Codex(), f"http://127.0.0.1:{port}")["model_context_window"] == 32768
     assert "model_context_window" not in config("unreachable", Codex(), f"http://127.0.0.1:{free_port()}")
-    assert config("given", Codex(context_window=1000), f"http://127.0.0.1:{port}")["model_context_window"] == 1000
+    assert config("given", Codex(context_window=20000), f"http://127.0.0.1:{port}")["model_context_window"] == 20000
+    # below Codex's first prompt and a summary, a window makes it compact again and again until the
+    # timeout (a probe: 276 calls), where the server's 400 ended the session at once
+    assert "model_context_window" not in config("small", Codex(), f"http://127.0.0.1:{port}", model="tiny")
+    assert "model_context_window" not in config("given-small", Codex(context_window=4096), f"http://127.0.0.1:{port}")
     mine = Codex(extra_config={"model_context_window": 7, "model_auto_compact_token_limit": 5})
     assert config("own", mine, f"http://127.0.0.1:{port}")["model_context_window"] == 7  # the caller's own wins
 
@@ -802,6 +807,10 @@ def test_more_environment_variables_reach_the_harness_but_not_the_sessions_own(t
     for name in ("HOME", "HTTPS_PROXY", "POLAR_HARNESS_SESSION"):
         with pytest.raises(HarnessError, match=f"environment variable {name} is set by the shell session itself"):
             _SettingSession().run(tmp_path, "x", server, Proxy(1, "r"), timeout=30, extra_env={name: "/elsewhere"})
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY"):  # set by habit, they would bypass the capture
+        with pytest.raises(HarnessError, match=f"environment variable {name} would send the shell session "
+                                               "around the capture proxy"):
+            _SettingSession().run(tmp_path, "x", server, Proxy(1, "r"), timeout=30, extra_env={name: "127.0.0.1"})
     assert list(temp.iterdir()) == []  # the temporary home of a refused session is removed
     monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _SettingSession())
     with socket.create_server(("127.0.0.1", 0)) as listening:

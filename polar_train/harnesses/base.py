@@ -336,6 +336,9 @@ class Harness(ABC):
                 raise HarnessError(f"cannot make the home {home}: {_reason(exc)}") from None
             env = self.environment(home, server, proxy)
             for name in extra_env or {}:
+                if name.upper() in ("NO_PROXY", "ALL_PROXY"):  # the session sets none: they would
+                    raise HarnessError(f"environment variable {name} would send the {self.name} session "
+                                       "around the capture proxy: it cannot be given")  # (not) reach it
                 if name == SESSION_VAR or (name in env and name not in _PASSTHROUGH_ENV):
                     raise HarnessError(f"environment variable {name} is set by the {self.name} session itself "
                                        "(its home, proxy, CA, server, key or settings): it cannot be given")

@@ -467,11 +467,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def _save_adapter(trainer, adapter_dir: Path) -> None:
     """Write the trained adapter whole or not at all: into a hidden folder, renamed to ``adapter``
     when complete. Written in place, a Ctrl-C during the save left an empty ``adapter/``, and the
-    run could be neither resumed (it had finished) nor used (no weights there)."""
+    run could be neither resumed (it had finished) nor used (no weights there). Only the main
+    process touches the folders (the others' ``save_model`` writes nothing)."""
     out = adapter_dir.parent
+    main = trainer.accelerator.is_main_process
     partial = out / f".{adapter_dir.name}.partial-{os.getpid()}"
-    for stale in out.glob(f".{adapter_dir.name}.partial-*"):  # a save killed outright
-        shutil.rmtree(stale, ignore_errors=True)
+    if main:
+        for stale in out.glob(f".{adapter_dir.name}.partial-*"):  # a save killed outright
+            shutil.rmtree(stale, ignore_errors=True)
 
     def kept() -> str:
         last, _ = complete_checkpoint(out)
@@ -480,20 +483,31 @@ def _save_adapter(trainer, adapter_dir: Path) -> None:
 
     try:
         trainer.save_model(str(partial))
-        if trainer.accelerator.is_main_process:
-            if adapter_dir.exists():  # another run's, or a plain folder: refused at the start unless resumed
-                shutil.rmtree(adapter_dir)
-            partial.replace(adapter_dir)
     except (KeyboardInterrupt, SystemExit):
-        shutil.rmtree(partial, ignore_errors=True)
-        if trainer.accelerator.is_main_process:
+        if main:
+            shutil.rmtree(partial, ignore_errors=True)
             print(f"polar-train train: interrupted while writing the adapter, none written"
                   f"{'; ' + k if (k := kept()) else ''}", file=sys.stderr, flush=True)
         raise
     except Exception as exc:  # noqa: BLE001 - a full disk: OSError from torch, a plain Exception from tokenizers
-        shutil.rmtree(partial, ignore_errors=True)
+        if main:
+            shutil.rmtree(partial, ignore_errors=True)
         raise TrainFailure(f"cannot write the adapter to {adapter_dir}: {save_error(exc)}"
                            f"{f' ({k})' if (k := kept()) else ''}") from None
+    if not main:
+        return
+    old = out / f".{adapter_dir.name}.old-{os.getpid()}"
+    try:  # an earlier adapter (a resumed run that wrote one) is moved aside, not deleted first
+        if adapter_dir.exists() or adapter_dir.is_symlink():
+            adapter_dir.replace(old)
+        partial.replace(adapter_dir)
+    except OSError as exc:  # the new adapter stays whole where it was written
+        raise TrainFailure(f"cannot put the adapter in place at {adapter_dir}: {exc.strerror or exc}; it is "
+                           f"complete in {partial}") from None
+    if old.is_symlink() or old.is_file():
+        old.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _all_finite(tensor) -> bool:

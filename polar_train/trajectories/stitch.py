@@ -129,6 +129,8 @@ class Trajectory:
     #: request that rewrites the history once (Claude Code's summary call sends the history
     #: without its last turn) must not close the conversation it left.
     moved_on_from: "Trajectory | None" = None
+    #: The stitcher's clock when this trajectory forked (a parent extended later has gone on too).
+    forked_at: int = 0
     group_id: str | None = None
     reward: float | None = None
 
@@ -337,7 +339,7 @@ class Stitcher:
         self.stats = StitchStats()
         self._clock = 0
         self._counter: Counter = Counter()
-        self._calls_of: Counter = Counter()  # rollout id -> calls stitched so far
+        self._went_on: set[str | None] = set()  # rollouts that went past their first prompt
         #: call id -> (trajectory, prompt-space buffer, prompt end, prompt + completion end)
         self._where: dict[str, tuple[Trajectory, np.ndarray, int, int]] = {}
 
@@ -358,7 +360,6 @@ class Stitcher:
 
     def _record(self, t: Trajectory, call: Call) -> None:
         self._where[call.call_id] = (t, t.buf, t.last_prompt_len, t.match_len)
-        self._calls_of[call.rollout_id] += 1
 
     def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
         key = call.rollout_id
@@ -385,10 +386,12 @@ class Stitcher:
 
     def _gone_on_from(self, t: Trajectory, key: str | None) -> None:
         """A later call went on from ``t``: the conversation ``t`` rewrote has moved on (its old
-        tokens will not come back), so it is closed."""
+        tokens will not come back), so it is closed - unless it went on itself after the fork (a
+        side agent's rewrite going on beside the main conversation, which must stay open)."""
+        self._went_on.add(key)
         left, t.moved_on_from = t.moved_on_from, None
         pool = self.open.get(key, [])
-        if left is not None and left in pool:
+        if left is not None and left.last_used <= t.forked_at and left in pool:
             pool.remove(left)
 
     def _extend(self, t: Trajectory, call: Call, glue: np.ndarray) -> Trajectory:
@@ -551,7 +554,7 @@ class Stitcher:
         from_the_start = cause == "branch" and parent.fork_cause is None and len(call.prompt) == len(parent.prompt)
         if from_the_start and key is None:  # anonymous: the same first request again is another session
             return self._start(call, f"conv-{call.call_id}", None)  # (a GRPO group sent without ids)
-        if from_the_start and self._calls_of[key] > 1:  # the rollout had gone on (in any of its trajectories)
+        if from_the_start and key in self._went_on:  # the rollout had gone on (in any of its trajectories)
             self.stats.restarts[key] += 1  # a parallel sample of the first prompt looks so too: a note only
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
             assert resume is not None
@@ -562,10 +565,12 @@ class Stitcher:
             return self._extend(parent, call, glue)
         if key is None and cause == "new_conversation":  # anonymous: a new conversation = new rollout
             return self._start(call, f"conv-{call.call_id}", None)
+        if not from_the_start:
+            self._went_on.add(key)  # the rollout went past its first prompt (a restart can be told)
         child = self._start(call, parent.rollout_id, cause)
         if cause in _REWRITES:
             self._gone_on_from(parent, key)  # a rewrite of a rewrite: the first one was gone on from
-            child.moved_on_from = parent  # closed once a call goes on from the child
+            child.moved_on_from, child.forked_at = parent, self._clock  # closed once a call goes on from it
         return child
 
 
