@@ -664,17 +664,24 @@ def test_a_summary_put_before_the_kept_task_is_compaction(tmp_path):
     assert_aligned(result.trajectories[1], rows[-1:])
 
 
+def _listing_session(conv: Conversation, turns: int = 3) -> list[dict]:
+    """The task, then ``turns`` tool calls each answered by a long listing (pieces long enough to
+    be looked for in a later prompt)."""
+    conv.user("fix the failing test")
+    rows = []
+    for k in range(turns):
+        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
+        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    return rows
+
+
 def test_a_summary_that_replaced_the_task_but_kept_recent_turns_is_compaction(tmp_path):
     """Pi 0.73 after a context-limit error: [system, user(<summary>), the last assistant and tool
     turns]. The task's turn is gone, so it read as a new conversation (the label side requests
     get); the recent turns it kept say compaction. A sub-agent with the same system and tools and
     nothing of the parent's turns stays a new conversation."""
     conv = Conversation(rollout_id="r1")
-    conv.user("fix the failing test")
-    rows = []
-    for k in range(3):
-        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
-        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    rows = _listing_session(conv)
     kept = conv.messages[-2:]  # the last assistant turn and its tool result
     conv.messages = [conv.messages[0], {"role": "user", "content": "<summary>listed dir0 and dir1</summary>"}, *kept]
     rows.append(conv.assistant("Continuing."))
@@ -804,11 +811,7 @@ def test_a_summary_after_the_task_longer_than_what_it_replaced_is_compaction(tmp
     task are gone. With a summary longer than those turns the prompt did not shrink, and the fork
     read as a history rewrite."""
     conv = Conversation(rollout_id="r1")
-    conv.user("fix the failing test")
-    rows = []
-    for k in range(3):
-        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
-        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    rows = _listing_session(conv)
     summary = "Another model worked on this. " + " ".join(f"Point {i}: dir{i % 3} was listed." for i in range(120))
     conv.messages = [conv.messages[0], conv.messages[1], {"role": "user", "content": summary}]
     rows.append(conv.assistant("Continuing."))
@@ -822,11 +825,7 @@ def test_a_rewrite_that_keeps_the_later_turns_stays_a_history_rewrite(tmp_path):
     """An argument re-serialised in an early reply (Claude Code adds a default) or the last user
     message edited: the turns after it are kept, or there is only one to miss."""
     conv = Conversation(rollout_id="r1")
-    conv.user("fix the failing test")
-    rows = []
-    for k in range(3):
-        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": f"dir{k}"})]))
-        conv.tool(f"file{k}.py\n" + "\n".join(f"line {k}.{j} of a long listing" for j in range(8)))
+    rows = _listing_session(conv)
     conv.messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"path": "dir0", "all": False})
     conv.user("and the docs too, with every detail of the listings")
     rows.append(conv.assistant("Docs done."))
