@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .schema import CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, COMPACT_TEXT_COLUMNS, delta_columns, missing_columns
+from .schema import (CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, CALL_LOG_VERSION, COMPACT_TEXT_COLUMNS, delta_columns,
+                     missing_columns)
 from .text_delta import BadDelta, apply_text_delta, delta_length
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,15 @@ def _check_schema(path: Path) -> str | None:
         schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
         return f"not a readable Parquet file ({_short(exc)})"
+    metadata = schema.metadata or {}
+    version = metadata.get(b"polar_train.version")
+    if metadata.get(b"polar_train.table") == b"calls" and version is not None \
+            and version.decode(errors="replace") != CALL_LOG_VERSION:
+        # a later version may mean its columns otherwise (the trainer refuses such trajectories too)
+        shown = version.decode(errors="replace")
+        newer = shown.isdigit() and int(shown) > int(CALL_LOG_VERSION)
+        return (f"call-log version {shown}, this polar-train reads version {CALL_LOG_VERSION}"
+                + ("; upgrade polar-train" if newer else ""))
     problems = missing_columns(schema, CALL_LOG_SCHEMA, optional=CALL_LOG_ADDED_COLUMNS)
     if problems and {"trajectory_id", "completion_ids"} <= set(schema.names):
         return "trajectories (what `polar-train build` writes), not a call log"

@@ -81,6 +81,23 @@ def test_a_part_name_that_is_no_file_is_named_not_passed_over(tmp_path, session_
         f"{calls / 'part-gone.parquet'}: a broken link",
         f"{calls / 'part-zero.parquet'}: a device, not a part file"]
 
+
+def test_a_part_of_a_later_call_log_version_is_named_not_read(tmp_path, session_rows):
+    """A part a later polar-train wrote may mean its columns otherwise: build and inspect read it
+    as this version's (the trainer refuses trajectories of another version the same way)."""
+    import pyarrow.parquet as pq
+
+    from tests.support.calls import calls_table
+
+    write_parts(tmp_path, session_rows[:2], "part-a")
+    table = calls_table(session_rows[2:])
+    later = tmp_path / "calls" / "part-later.parquet"
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"polar_train.version": b"99"}), later)
+    log = read_call_log(tmp_path)
+    assert log.table.num_rows == 2
+    assert [str(p) for p in log.problems] == [
+        f"{later}: call-log version 99, this polar-train reads version 1; upgrade polar-train"]
+
 def test_folder_of_parts_itself_and_single_file(tmp_path, session_rows):
     path = write_parts(tmp_path, session_rows, "part-x")
     assert read_calls(path.parent).num_rows == 4  # <folder>/calls given directly
