@@ -697,6 +697,35 @@ def test_codex_takes_its_context_window_from_the_server(tmp_path, models_server)
     mine = Codex(extra_config={"model_context_window": 7, "model_auto_compact_token_limit": 5})
     assert config("own", mine, f"http://127.0.0.1:{port}")["model_context_window"] == 7  # the caller's own wins
 
+
+def test_claude_code_compacts_within_the_servers_context(tmp_path, models_server, monkeypatch) -> None:
+    """Claude Code assumes a 200k window for a model it does not know (and raises a smaller
+    auto-compaction window to 100k): a session past a 32k server's context ended in its 400. The
+    threshold is set from the server's context; the caller's own --env wins."""
+    from polar_train.harnesses.claude_code import compaction_env
+
+    port, _ = models_server
+    url = f"http://127.0.0.1:{port}"
+    assert compaction_env(32768) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000",
+                                     "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "26.21"}  # 80 % of 32,768 tokens
+    assert compaction_env(262144) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "262144"}
+    env = ClaudeCode().configure(tmp_path / "big", ModelServer(url, model="big"), None)
+    assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "26.21"
+    small = ClaudeCode().configure(tmp_path / "small", ModelServer(url, model="tiny"), None)  # 4096: too
+    assert not set(small) & {"CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"}  # small
+
+    @dataclass
+    class _Printing(ClaudeCode):  # the real environment, a shell in place of claude
+        def __post_init__(self) -> None:
+            self.name, self.binary = "claude-code", "sh"
+
+        def command(self, exe, prompt, workdir, home, server):
+            return [str(exe), "-c", 'echo "$CLAUDE_CODE_AUTO_COMPACT_WINDOW $CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"']
+
+    run = _Printing().run(tmp_path, "x", ModelServer(url, model="big"), timeout=30,
+                          extra_env={"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "5"})
+    assert run.ok and run.stdout.strip() == "100000 5"
+
 def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, models_server, monkeypatch,
                                                                      capsys) -> None:
     """Before the session: one GET /v1/models through the proxy (a model call it is not), which also

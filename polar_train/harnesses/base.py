@@ -250,6 +250,9 @@ class Harness(ABC):
     name: str = field(init=False, default="")
     binary: str = field(init=False, default="")
     prefix: Path | None = None
+    #: Variables the session sets that a caller's ``extra_env`` may set otherwise (the harness's
+    #: own settings, such as a compaction threshold derived from the server).
+    overridable_env: tuple[str, ...] = field(init=False, default=())
 
     @abstractmethod
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
@@ -339,7 +342,8 @@ class Harness(ABC):
                 if name.upper() in ("NO_PROXY", "ALL_PROXY"):  # the session sets none: they would
                     raise HarnessError(f"environment variable {name} would send the {self.name} session "
                                        "around the capture proxy: it cannot be given")  # (not) reach it
-                if name == SESSION_VAR or (name in env and name not in _PASSTHROUGH_ENV):
+                if name == SESSION_VAR or (name in env and name not in _PASSTHROUGH_ENV
+                                           and name not in self.overridable_env):
                     raise HarnessError(f"environment variable {name} is set by the {self.name} session itself "
                                        "(its home, proxy, CA, server, key or settings): it cannot be given")
             env.update(extra_env or {})

@@ -12,16 +12,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Harness, ModelServer, Proxy
+from .pi import served_window
+
+#: Claude Code raises a smaller auto-compaction window to this; a server's shorter context is
+#: reached through the percentage instead.
+CLAUDE_MIN_WINDOW = 100_000
+#: Compact at this share of the server's context, leaving room for the reply.
+COMPACT_AT = 0.8
+#: The smallest server window given to Claude Code: below it the conversation after a compaction
+#: (its system prompt and tools, the summary, the last turn) can still be over the threshold, and
+#: Claude Code gives up ("Autocompact is thrashing", exit 1).
+MIN_COMPACTING_WINDOW = 16384
+#: The variables that set the threshold: the caller's own (``--env``) win over ours.
+COMPACT_ENV = ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE")
+
+
+def compaction_env(window: int) -> dict[str, str]:
+    """Claude Code's auto-compaction settings for a server context of ``window`` tokens: without
+    them it assumes a window of 200k tokens for a model it does not know, and a session past the
+    server's context ends in the server's 400 instead of a compaction."""
+    if window >= CLAUDE_MIN_WINDOW / COMPACT_AT:
+        return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window)}
+    return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(CLAUDE_MIN_WINDOW),
+            "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{100 * COMPACT_AT * window / CLAUDE_MIN_WINDOW:.2f}"}
 
 
 @dataclass
 class ClaudeCode(Harness):
-    """``claude -p PROMPT``; ``tools`` limits the built-in tools offered (None = Claude's defaults)."""
+    """``claude -p PROMPT``; ``tools`` limits the built-in tools offered (None = Claude's defaults).
+
+    ``context_window``: the server's context length, from which the auto-compaction threshold is
+    set (:func:`compaction_env`; None: asked from the server the way the session reaches it; left
+    to Claude Code where the server does not say or says less than :data:`MIN_COMPACTING_WINDOW`).
+    """
 
     tools: tuple[str, ...] | None = ("Bash", "Read", "Edit")
     allowed_tools: tuple[str, ...] = ("Bash", "Read", "Edit")
     max_output_tokens: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    context_window: int | None = None
+    overridable_env: tuple[str, ...] = field(init=False, default=COMPACT_ENV)
 
     def __post_init__(self) -> None:
         self.name, self.binary = "claude-code", "claude"
@@ -40,6 +70,9 @@ class ClaudeCode(Harness):
         }
         if self.max_output_tokens is not None:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_output_tokens)
+        window = self.context_window or served_window(server, proxy)
+        if window and window >= MIN_COMPACTING_WINDOW:
+            env.update(compaction_env(window))
         return env
 
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:

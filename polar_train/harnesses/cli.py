@@ -133,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
             except HarnessError as exc:
                 raise UserError(f"{where} at {proxy.host}:{proxy.port} did not pass a request on to the "
                                 f"model server: {exc}") from None
-            if args.name in ("pi", "codex") and (window := served_context_length(models, server.model)):
+            if window := served_context_length(models, server.model):
                 options["context_window"] = window  # asked already: the harness runner need not ask again
         run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout,
                                                     extra_env=extra_env)
