@@ -203,6 +203,18 @@ def test_capture_notebook_on_rendered_calls_only(sample_calls, tmp_path: Path,
     assert plots(nb) == 2
 
 
+
+def test_capture_notebook_on_calls_without_rollout_ids(sample_calls, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls without a rollout id were one rollout here ("0 of 1 rollout(s) hold a single call",
+    calls of different conversations paired as turns) where the build grouped them into 16."""
+    capture = _write_capture(tmp_path / "anonymous", [dict(r, rollout_id=None) for r in sample_calls])
+    out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture))
+    n = len(sample_calls)
+    assert f"{n} call(s) without a rollout id: counted one rollout each here" in out
+    assert f"{n} of {n} rollout(s) hold a single call" in out and "nothing extends" in out
+    assert re.search(r"^rollouts\s+16$", out, re.M), out  # the build's conversations
+
 def test_capture_notebook_on_failed_calls_only(sample_calls, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     capture = _write_capture(tmp_path / "errors", [
@@ -217,13 +229,49 @@ def test_capture_notebook_on_failed_calls_only(sample_calls, tmp_path: Path,
 def test_run_notebook_on_an_unfinished_run(run_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     nb = execute(RUN_NB, monkeypatch, POLAR_RUN=run_dirs["unfinished"])
     out = text(nb)
-    assert "holds no train_summary.json: the run did not finish" in out
+    assert "holds no readable train_summary.json: the run did not finish" in out
     assert "metrics.jsonl has 3 step(s)" in out
     assert "no build report in" in out and "the build report is not shown" in out
     assert "1 of 3 step(s) have no |logp trainer - logp sampler|" in out
     assert "mismatch at step 1 (metrics.jsonl" in out
     assert plots(nb) == 1
 
+
+
+def test_run_notebook_on_runs_that_ended_early_or_late(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe's runs: the newest checkpoint folder was offered for --resume though its save was cut
+    short (the trainer refuses it); a run that finished training without its summary was called
+    unfinished; a run stopped before step 1 (its marker, no metrics.jsonl) was said not to be a run;
+    a summary cut off and a metrics line that is no record were tracebacks."""
+    lines = (SAMPLE / "run" / "metrics.jsonl").read_text().splitlines()
+    early = tmp_path / "early"  # three steps logged, checkpoint-2 complete, checkpoint-3 cut short
+    early.mkdir()
+    (early / "metrics.jsonl").write_text("\n".join(lines[:3] + ["[1, 2]", "\udcff"]) + "\n", errors="surrogateescape")
+    (early / "checkpoint-2").mkdir()
+    (early / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (early / "checkpoint-2" / "adapter_model.safetensors").write_bytes(b"")
+    (early / "checkpoint-3").mkdir()
+    nb = execute(RUN_NB, monkeypatch, POLAR_RUN=early)
+    out = text(nb)
+    assert "2 unreadable line(s) in metrics.jsonl skipped" in out
+    assert "not resumable: checkpoint-3 (no readable trainer_state.json" in out
+    assert "not resumable: checkpoint-2 (adapter_model.safetensors cut short or unreadable" in out
+    assert "No complete checkpoint was saved: nothing to resume." in out
+
+    late = tmp_path / "late"  # finished training; the summary cut off when the disk filled
+    late.mkdir()
+    (late / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (late / "train_summary.json").write_text((SAMPLE / "run" / "train_summary.json").read_text()[:60])
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=late))
+    assert "train_summary.json is unreadable (" in out
+    assert "training finished (the end line of metrics.jsonl:" in out
+    assert "its adapter was not, and no checkpoint holds the weights" in out
+
+    stopped = tmp_path / "stopped"  # Ctrl-C before step 1: the run marker only
+    stopped.mkdir()
+    (stopped / ".polar-train-run").write_text("{}\n")
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=stopped))
+    assert "metrics.jsonl has 0 step(s)" in out and "no optimizer step in metrics.jsonl yet" in out
 
 def test_run_notebook_reads_the_trajectories_its_summary_names(run_dirs: dict[str, Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
