@@ -851,6 +851,12 @@ def test_more_environment_variables_reach_the_harness_but_not_the_sessions_own(t
         for bad, message in (("WINDOW", "--env: expected NAME=VALUE with NAME of letters, digits and _, got 'WINDOW'"),
                              ("1X=2", "--env: expected NAME=VALUE with NAME of letters, digits and _, got '1X=2'"),
                              ("HOME=/x", "environment variable HOME is set by the shell session itself (its home, "
-                                         "proxy, CA, server, key or settings): it cannot be given")):
+                                         "proxy, CA, server, key or settings): it cannot be given"),
+                             ("no_proxy=127.0.0.1", "--env no_proxy: it would send the session around the capture "
+                                                    "proxy")):
             assert main([*base, "--env", bad]) == 2
             assert capsys.readouterr().err == f"polar-train harness: error: {message}\n"
+        # said before the proxy is tried: a proxy that is down is not what the user hears of first
+        assert main([*base, "--proxy-port", str(free_port()), "--rollout", "r", "--env", "NO_PROXY=x"]) == 2
+        assert capsys.readouterr().err == ("polar-train harness: error: --env NO_PROXY: it would send the session "
+                                           "around the capture proxy\n")

@@ -58,6 +58,8 @@ def _named_values(items: list[str]) -> dict[str, str]:
             raise UserError(f"--env: expected NAME=VALUE with NAME of letters, digits and _, got {item!r}")
         if "\0" in value:
             raise UserError(f"--env {name}: a value cannot hold a NUL character")
+        if name.upper() in ("NO_PROXY", "ALL_PROXY"):  # before the connection checks: said first
+            raise UserError(f"--env {name}: it would send the session around the capture proxy")
         out[name] = value
     return out
 
