@@ -50,6 +50,8 @@ _PASSTHROUGH_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME
 #: Set to a fresh id in every session's environment: the processes that carry it are the session's,
 #: also those that left its process group (Claude Code and Pi start their tools with ``setsid``).
 SESSION_VAR = "POLAR_HARNESS_SESSION"
+#: Variables (any case) that would send a session around the capture proxy: never given to one.
+BYPASS_ENV = ("NO_PROXY", "ALL_PROXY")
 
 #: Rollout ids travel in a URL's user part and a Basic auth header: keep them to unreserved characters.
 _ROLLOUT_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
@@ -204,6 +206,38 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
     return models
 
 
+def served_context_length(models: dict[str, Any], model: str) -> int | None:
+    """``max_model_len`` of ``model`` in a /v1/models answer (vLLM and ``polar-train serve`` give
+    it; the only entry's when none has that id), else None."""
+    entries = [m for m in models.get("data") or [] if isinstance(m, dict)]
+    chosen = [m for m in entries if m.get("id") == model] or (entries if len(entries) == 1 else [])
+    value = chosen[0].get("max_model_len") if chosen else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None:
+    """The server's context length for ``server.model``, or None when it does not say or cannot be
+    asked (asked the way the session reaches it: through ``proxy``)."""
+    try:
+        return served_context_length(server_models(server, proxy), server.model)
+    except HarnessError:
+        return None
+
+
+#: The smallest server context a harness is told of as its own window: below it the conversation
+#: after a compaction (first prompt, summary, last turn) can still be over the limit - Codex then
+#: compacts again and again until the timeout (a probe: 276 calls), Claude Code gives up
+#: ("Autocompact is thrashing") - where the server's 400 ended the session at once.
+MIN_COMPACTING_WINDOW = 16384
+
+
+def compacting_window(given: int | None, server: ModelServer, proxy: Proxy | None) -> int | None:
+    """The window a harness should compact within: ``given``, else the server's context length;
+    None where neither is known or it is below :data:`MIN_COMPACTING_WINDOW`."""
+    window = given or served_window(server, proxy)
+    return window if window and window >= MIN_COMPACTING_WINDOW else None
+
+
 @dataclass
 class HarnessRun:
     """What one harness session did: its exit status, its output and its final answer."""
@@ -339,7 +373,7 @@ class Harness(ABC):
                 raise HarnessError(f"cannot make the home {home}: {_reason(exc)}") from None
             env = self.environment(home, server, proxy)
             for name in extra_env or {}:
-                if name.upper() in ("NO_PROXY", "ALL_PROXY"):  # the session sets none: they would
+                if name.upper() in BYPASS_ENV:  # the session sets none: they would
                     raise HarnessError(f"environment variable {name} would send the {self.name} session "
                                        "around the capture proxy: it cannot be given")  # (not) reach it
                 if name == SESSION_VAR or (name in env and name not in _PASSTHROUGH_ENV

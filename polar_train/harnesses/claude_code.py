@@ -11,18 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Harness, ModelServer, Proxy
-from .pi import served_window
+from .base import Harness, ModelServer, Proxy, compacting_window
 
 #: Claude Code raises a smaller auto-compaction window to this; a server's shorter context is
 #: reached through the percentage instead.
 CLAUDE_MIN_WINDOW = 100_000
 #: Compact at this share of the server's context, leaving room for the reply.
 COMPACT_AT = 0.8
-#: The smallest server window given to Claude Code: below it the conversation after a compaction
-#: (its system prompt and tools, the summary, the last turn) can still be over the threshold, and
-#: Claude Code gives up ("Autocompact is thrashing", exit 1).
-MIN_COMPACTING_WINDOW = 16384
 #: The variables that set the threshold: the caller's own (``--env``) win over ours.
 COMPACT_ENV = ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE")
 
@@ -43,7 +38,7 @@ class ClaudeCode(Harness):
 
     ``context_window``: the server's context length, from which the auto-compaction threshold is
     set (:func:`compaction_env`; None: asked from the server the way the session reaches it; left
-    to Claude Code where the server does not say or says less than :data:`MIN_COMPACTING_WINDOW`).
+    to Claude Code where the server does not say or says less than :data:`~polar_train.harnesses.base.MIN_COMPACTING_WINDOW`).
     """
 
     tools: tuple[str, ...] | None = ("Bash", "Read", "Edit")
@@ -70,8 +65,7 @@ class ClaudeCode(Harness):
         }
         if self.max_output_tokens is not None:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_output_tokens)
-        window = self.context_window or served_window(server, proxy)
-        if window and window >= MIN_COMPACTING_WINDOW:
+        if window := compacting_window(self.context_window, server, proxy):
             env.update(compaction_env(window))
         return env
 

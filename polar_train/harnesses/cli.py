@@ -50,6 +50,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _named_values(items: list[str]) -> dict[str, str]:
     """``--env NAME=VALUE`` items as a mapping (a later NAME wins, as in ``env(1)``)."""
     from ..cli import UserError
+    from .base import BYPASS_ENV
 
     out: dict[str, str] = {}
     for item in items:
@@ -58,7 +59,7 @@ def _named_values(items: list[str]) -> dict[str, str]:
             raise UserError(f"--env: expected NAME=VALUE with NAME of letters, digits and _, got {item!r}")
         if "\0" in value:
             raise UserError(f"--env {name}: a value cannot hold a NUL character")
-        if name.upper() in ("NO_PROXY", "ALL_PROXY"):  # before the connection checks: said first
+        if name.upper() in BYPASS_ENV:  # before the connection checks: said first
             raise UserError(f"--env {name}: it would send the session around the capture proxy")
         out[name] = value
     return out
@@ -91,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
     from .base import absolute, check_timeout, server_models
-    from .pi import served_context_length
+    from .base import served_context_length
 
     run = None
     try:

@@ -12,18 +12,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Harness, ModelServer, Proxy
-from .pi import served_window
+from .base import Harness, ModelServer, Proxy, compacting_window
 
 #: Name of the environment variable that carries the API key (``env_key`` in config.toml).
 API_KEY_ENV = "POLAR_API_KEY"
 PROVIDER = "polar"
 LAST_MESSAGE_FILE = "last-message.txt"
-#: The smallest server window given to Codex as its own: below it the conversation after a
-#: compaction (Codex's ~6 k-token first prompt and the summary) is still over the limit, and Codex
-#: compacts again and again until the session's timeout (a probe: 276 calls) where the server's 400
-#: ended the session at once.
-MIN_COMPACTING_WINDOW = 16384
 
 
 def _toml_value(value: object) -> str:
@@ -84,7 +78,7 @@ class Codex(Harness):
     ``context_window``: ``model_context_window`` in config.toml, so that Codex compacts the
     conversation before the server refuses it (None: the server's ``max_model_len``, asked the
     way the session reaches it; left out where the server does not say, or says less than
-    :data:`MIN_COMPACTING_WINDOW`). Without it, Codex knows
+    :data:`~polar_train.harnesses.base.MIN_COMPACTING_WINDOW`). Without it, Codex knows
     no window for a model it does not know: a session past the server's context length ended in
     the server's 400 instead of a compaction.
     """
@@ -102,8 +96,7 @@ class Codex(Harness):
         codex_home.mkdir(parents=True, exist_ok=True)
         extra = dict(self.extra_config)
         if "model_context_window" not in extra:
-            window = self.context_window or served_window(server, proxy)
-            if window and window >= MIN_COMPACTING_WINDOW:
+            if window := compacting_window(self.context_window, server, proxy):
                 extra["model_context_window"] = window
         if self.freeform_apply_patch:
             catalog = codex_home / MODEL_CATALOG_FILE

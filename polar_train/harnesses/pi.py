@@ -14,32 +14,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from typing import Any
-
-from .base import Harness, HarnessError, ModelServer, Proxy, server_models
+from .base import Harness, ModelServer, Proxy, served_context_length, served_window  # noqa: F401 (re-exported)
 
 API_KEY_ENV = "POLAR_API_KEY"
 PROVIDER = "polar"
 #: The context window when the server does not say its own (no ``max_model_len`` in /v1/models).
 DEFAULT_CONTEXT_WINDOW = 65536
-
-
-def served_context_length(models: dict[str, Any], model: str) -> int | None:
-    """``max_model_len`` of ``model`` in a /v1/models answer (vLLM and ``polar-train serve`` give
-    it; the only entry's when none has that id), else None."""
-    entries = [m for m in models.get("data") or [] if isinstance(m, dict)]
-    chosen = [m for m in entries if m.get("id") == model] or (entries if len(entries) == 1 else [])
-    value = chosen[0].get("max_model_len") if chosen else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None:
-    """The server's context length for ``server.model``, or None when it does not say or cannot be
-    asked (asked the way the session reaches it: through ``proxy``)."""
-    try:
-        return served_context_length(server_models(server, proxy), server.model)
-    except HarnessError:
-        return None
 
 
 def context_window_of(server: ModelServer, proxy: Proxy | None = None) -> int:

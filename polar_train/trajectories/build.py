@@ -20,8 +20,8 @@ import pyarrow as pa
 from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
-from .stitch import _MAX_PROMPT_TAIL, SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix
-from .tokenbytes import TokenBytes
+from .stitch import Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
+from .tokenbytes import TokenBytes, bytes_cover, default_token_bytes, ids_bytes
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -146,7 +146,7 @@ class _ContinuedAttempts:
     def __init__(self, table: pa.Table, rollout: list, status: list, when,
                  token_bytes: Callable[[], TokenBytes] | None = None) -> None:
         self.table, self.rollout, self.status, self.when = table, rollout, status, when
-        self._token_bytes_factory = token_bytes
+        self._token_bytes = token_bytes or default_token_bytes  # called only where text is compared
         self._rows_of: dict | None = None
         self._ids: dict = {}  # rollout -> {row: (prompt, completion)} as numpy arrays (None: unknown)
         self._said: dict[int, bytes] = {}  # attempts found by their text -> what their completion says
@@ -200,47 +200,17 @@ class _ContinuedAttempts:
             if prompt is None or completion is None or not len(completion):
                 continue
             history = np.concatenate([prompt, completion])
-            lo = len(prompt)
-            while lo > max(0, len(prompt) - _MAX_PROMPT_TAIL) and prompt[lo - 1] < SPECIAL_START_ID:
-                lo -= 1
+            lo = text_tail_start(prompt, len(prompt))
             for later in self._later_prompts(a, attempts, ids):
                 d = common_prefix(later, history)
-                if lo <= d < len(history) and self._starts_with(later[d:], history[d:]):
-                    self._said[a] = self._bytes(completion) or b""
-                    out.append(a)
-                    break
+                if lo <= d < len(history):
+                    tb = self._token_bytes()
+                    want = ids_bytes(tb, history[d:])  # the later prompt's bytes start with them
+                    if want and bytes_cover(tb, later[d:], want) is not None:
+                        self._said[a] = ids_bytes(tb, completion) or b""
+                        out.append(a)
+                        break
         return out
-
-    def _token_bytes(self) -> TokenBytes:
-        if self._token_bytes_factory is None:
-            from .tokenbytes import default_token_bytes
-
-            self._token_bytes_factory = default_token_bytes
-        return self._token_bytes_factory()
-
-    def _bytes(self, ids: np.ndarray) -> bytes | None:
-        tb = self._token_bytes()
-        pieces = [tb(int(x)) for x in ids]
-        return None if None in pieces else b"".join(pieces)
-
-    def _starts_with(self, later: np.ndarray, tail: np.ndarray) -> bool:
-        """Whether the bytes of ``later`` start with those of ``tail`` (an id that names no
-        token says nothing that matches)."""
-        want = self._bytes(tail)
-        if not want:
-            return False
-        tb = self._token_bytes()
-        got = bytearray()
-        for x in later:
-            piece = tb(int(x))
-            if piece is None:
-                return False
-            got += piece
-            if len(got) >= len(want):
-                return bytes(got[:len(want)]) == want
-            if not want.startswith(bytes(got)):
-                return False
-        return False
 
     def distinct(self, rows: list[int], key: Callable[[int], Any]) -> list[int]:
         """Of ``rows`` (attempts :meth:`of` found gone on from), one per distinct prompt +

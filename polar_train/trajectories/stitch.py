@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .tokenbytes import TokenBytes
+from .tokenbytes import TokenBytes, bytes_cover, ids_bytes
 
 SPECIAL_START_ID = 248044  # Qwen3.5 special tokens are 248044..248076
 IM_START_ID = 248045
@@ -199,6 +199,15 @@ class Trajectory:
                                for c, s in zip(self.ids, self.sampled)])
         lps = np.concatenate(self.logprobs).astype(np.float32, copy=False)
         return ids, mask, lps
+
+
+def text_tail_start(ids: np.ndarray, end: int) -> int:
+    """Where the text that ``ids[:end]`` ends with starts: back to the last special token, at most
+    ``_MAX_PROMPT_TAIL`` ids (a prompt's ``assistant\n`` after its ``<|im_start|>``)."""
+    lo = end
+    while lo > max(0, end - _MAX_PROMPT_TAIL) and ids[lo - 1] < SPECIAL_START_ID:
+        lo -= 1
+    return lo
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -423,29 +432,16 @@ class Stitcher:
         of the completion: a completion that begins with newlines re-tokenises ``"\n" + "\n\n"``
         as one ``"\n\n\n"`` token. Returns the index in ``prompt`` or None.
         """
-        lo = t.last_prompt_len
-        while lo > max(0, t.last_prompt_len - _MAX_PROMPT_TAIL) and t.match_at(lo - 1) < SPECIAL_START_ID:
-            lo -= 1
-        if d < lo or d >= t.match_len:
+        if d < text_tail_start(t.buf, t.last_prompt_len) or d >= t.match_len:
             return None
         if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
             return None  # a special token on either side: no tokenisation of text produces it
         tb = self.token_bytes()
-        pieces = [tb(int(x)) for x in t.match_tail(d)]
-        if None in pieces:
+        want = ids_bytes(tb, t.match_tail(d))
+        if want is None:
             return None  # an id that names no token: nothing to compare
-        want = b"".join(pieces)
-        got = bytearray()
-        for j in range(d, len(prompt)):
-            piece = tb(int(prompt[j]))
-            if piece is None:
-                return None
-            got += piece
-            if len(got) >= len(want):
-                return j + 1 if bytes(got) == want else None
-            if not want.startswith(bytes(got)):
-                return None
-        return None
+        covered = bytes_cover(tb, prompt[d:], want)
+        return d + covered[0] if covered is not None and covered[1] else None
 
     def _classify(self, t: Trajectory, prompt: np.ndarray, d: int) -> tuple[str, int | None]:
         if d == len(prompt):

@@ -58,6 +58,29 @@ def token_bytes_of(tokenizer) -> TokenBytes:
     return token_bytes
 
 
+def ids_bytes(token_bytes: TokenBytes, ids) -> bytes | None:
+    """What ``ids`` say, as bytes; None where an id names no token (nothing to compare)."""
+    pieces = [token_bytes(int(x)) for x in ids]
+    return None if None in pieces else b"".join(pieces)
+
+
+def bytes_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | None:
+    """Walk ``ids`` until their bytes cover ``want``: how many ids that took and whether they end
+    exactly there (the last may run on); None where they say something else first, an id names
+    no token, or they end short. Linear: each id's bytes are looked at once."""
+    got = bytearray()
+    for j, x in enumerate(ids):
+        piece = token_bytes(int(x))
+        if piece is None:
+            return None
+        got += piece
+        if len(got) >= len(want):
+            return (j + 1, len(got) == len(want)) if got.startswith(want) else None
+        if not want.startswith(got):
+            return None
+    return None
+
+
 @lru_cache(maxsize=1)
 def default_token_bytes() -> TokenBytes:
     """Token bytes of the project's tokenizer (Qwen3.5 vocabulary), built on first use."""
