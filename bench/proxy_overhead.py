@@ -107,14 +107,24 @@ def spawn(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -
         return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def stop(*procs: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM every process group at once, SIGKILL what is left after ``grace_s``: one slow
+    shutdown (the addon's last part) no longer delays the next one's start, so stopping
+    everything takes at most the slowest, not the sum of 60 s waits in turn."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in live:
         try:
-            proc.wait(60)
+            p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            print(f"warning: pid {p.pid} ({Path(p.args[0]).name}) ignored SIGTERM for {grace_s:g} s; killing it",
+                  file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def history(kb: int) -> list[dict]:
@@ -870,8 +880,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
-        for p in proxy_procs["addon"]:  # the addon's last part is written on exit
-            stop(p)
+        stop(*proxy_procs["addon"])  # the addon's last part is written on exit
         if args.hook_times:
             report_hook_times(tmp / "hook-times.json")
         import pyarrow.dataset as ds
@@ -884,8 +893,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {len(parts)} part(s)")
         return 0 if all(st.failed == 0 for st in runs) and rows.count("ok") == expected else 1
     finally:
-        for p in reversed(procs):
-            stop(p)
+        stop(*procs)
         if not args.keep:
             import shutil
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,7 @@ def test_sigterm_stops_the_proxies_and_upstream_and_removes_the_temp_folder(tmp_
     """``kill``/``timeout`` used to leave both mitmdumps and the fake upstream running (in sessions
     of their own) and the temp folder behind: SIGTERM now unwinds like Ctrl-C."""
     import signal
+    import threading
     import time
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -140,8 +142,19 @@ def test_sigterm_stops_the_proxies_and_upstream_and_removes_the_temp_folder(tmp_
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                     text=True).stdout.split()]
         assert len(children) >= 3, children  # the fake upstream, bare mitmdump, the addon's mitmdump
+        rest: list[str] = []  # read on: a bench blocked on a full pipe would not be the bench's fault
+        reader = threading.Thread(target=lambda: rest.extend(proc.stdout), daemon=True)
+        reader.start()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 143
+        try:
+            rc = proc.wait(120)
+        except subprocess.TimeoutExpired:  # say where it hangs, for a failure seen once in CI only
+            stacks = "\n".join(subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(pid)],
+                                              capture_output=True, text=True).stdout for pid in [proc.pid, *children])
+            tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "--ppid", str(proc.pid)],
+                                  capture_output=True, text=True).stdout
+            raise AssertionError(f"no exit 120 s after SIGTERM\n{stacks}\n{tree}\n{''.join(rest)[-3000:]}")
+        assert rc == 143, "".join(rest)[-3000:]
     finally:
         if proc.poll() is None:  # a failed assertion above: still leave nothing running
             proc.terminate()
