@@ -43,8 +43,8 @@ def _sample_turn(model, ids: list[int], n: int, temperature: float, raw_logprobs
     inp = torch.tensor([ids])
     with torch.no_grad():
         for _ in range(n):
-            out = model(input_ids=inp, past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
+            out = model(input_ids=inp, cache=past, use_cache=True, logits_to_keep=1)
+            past = out.cache
             logits = out.logits[0, -1].float()
             scaled = torch.log_softmax(logits / temperature, dim=-1)
             u = torch.rand(scaled.shape, generator=gen).clamp_(min=1e-20)
