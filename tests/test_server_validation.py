@@ -321,6 +321,18 @@ VLLM_ANSWERS = [
      400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.tools.1.input_schema', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.tools.1.input_schema', 'code': 400}}),
     ('/v1/messages', {'model': 'nope', 'max_tokens': 2},
      400, {'error': {'message': "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 2 items>'}", 'type': 'Bad Request', 'param': 'body.messages', 'code': 400}}),
+    # recorded 2026-12-05 from vLLM 0.32 (CPU build, same tiny model): a Responses request in the
+    # background with store left at true is refused (nothing is stored), as are both previous fields
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'background': True},
+     400, {'error': {'message': 'This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.', 'type': 'invalid_request_error', 'param': 'background', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'background': True, 'store': False},
+     400, {'error': {'message': 'background can only be used when `store` is true (parameter=background)', 'type': 'BadRequestError', 'param': 'background', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'previous_response_id': 'resp_x', 'previous_input_messages': [{'role': 'user', 'content': 'a'}]},
+     400, {'error': {'message': 'Only one of `previous_input_messages` and `previous_response_id` can be set.', 'type': 'invalid_request_error', 'param': 'previous_response_id', 'code': 400}}),
+    ('/v1/responses', {'model': 'tiny', 'input': 'hi', 'max_output_tokens': 2, 'previous_response_id': 'abc'},
+     404, {'error': {'message': "Response with id 'abc' not found.", 'type': 'invalid_request_error', 'param': 'response_id', 'code': 404}}),
+    ('/v1/responses', {'model': 'nope', 'input': 'hi', 'background': True},
+     404, {'error': {'message': 'The model `nope` does not exist. Valid aliases: tiny.', 'type': 'NotFoundError', 'param': 'model', 'code': 404}}),
 ]
 
 

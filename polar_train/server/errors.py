@@ -13,7 +13,7 @@ from typing import Any
 
 from ..wire.errors import ApiError, BadRequest, NotFound
 
-__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound",
+__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound", "ResponsesInvalidRequest",
            "UnsupportedMediaType", "VllmError", "field_error", "missing", "validation_error", "value_error"]
 
 
@@ -43,6 +43,13 @@ class UnsupportedMediaType(BadRequest):
 
 class ResponseNotFound(NotFound):
     """vLLM's Responses API names an unknown stored response with OpenAI's error type."""
+
+    type = "invalid_request_error"
+
+
+class ResponsesInvalidRequest(BadRequest):
+    """A check of vLLM's Responses serving (``create_error_response(err_type="invalid_request_error")``):
+    OpenAI's error type, the message as written, no ``(parameter=…)`` suffix."""
 
     type = "invalid_request_error"
 

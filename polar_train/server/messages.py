@@ -202,9 +202,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
             return []
         evs = []
         if open_kind == "thinking":
-            evs.append(sse_event("content_block_delta", {
-                "type": "content_block_delta", "index": index,
-                "delta": {"type": "signature_delta", "signature": uuid.uuid4().hex}}))
+            evs.append(delta({"type": "signature_delta", "signature": uuid.uuid4().hex}))
         evs.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
         open_kind = None
         return evs

@@ -18,7 +18,7 @@ from . import constraints
 from .common import (check_model, integer, keep_specials, max_logprobs, number, refuse_images,
                      sampling)
 from .completion import CompletionState
-from .errors import ResponseNotFound, VllmError
+from .errors import ResponseNotFound, ResponsesInvalidRequest, VllmError
 from .fields import flag, list_of, required, str_or_list
 from .fields import text as text_field
 from .parse import random_id
@@ -99,6 +99,13 @@ def prepare(server, body: dict) -> dict[str, Any]:
     tools = list_of(body, "tools") or []
     include = list_of(body, "include") or []
     model = check_model(body, server.served_name)
+    if body.get("background") and body.get("store", True):  # vLLM without VLLM_ENABLE_RESPONSES_API_STORE
+        raise ResponsesInvalidRequest("This vLLM engine does not support `store=True` and therefore does not support the "
+                        "background mode. To enable these features, set the environment variable "
+                        "`VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.", param="background")
+    if body.get("previous_input_messages") and body.get("previous_response_id"):
+        raise ResponsesInvalidRequest("Only one of `previous_input_messages` and `previous_response_id` can be set.",
+                        param="previous_response_id")
     if body.get("previous_response_id") is not None:  # nothing is stored, so no id is ever found (as vLLM's)
         raise ResponseNotFound(f"Response with id '{body['previous_response_id']}' not found.",
                                param="response_id")
@@ -260,7 +267,8 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
 
     def ev(kind: str, payload: dict[str, Any]) -> bytes:
         nonlocal seq
-        data = {**payload, "sequence_number": seq, "type": kind}
+        # top-level keys in name order, as vLLM's (OpenAI's pydantic event types declare them so)
+        data = dict(sorted({**payload, "sequence_number": seq, "type": kind}.items()))
         seq += 1
         return sse_event(kind, data)
 
