@@ -677,6 +677,23 @@ def test_pi_takes_its_context_window_from_the_server(tmp_path, models_server) ->
 
 
 
+def test_an_adapter_served_by_vllm_has_its_base_models_window() -> None:
+    """vLLM lists a LoRA adapter (``--lora-modules r1=DIR``, round 2 onwards) without a length,
+    under its ``parent``: the harnesses were told no window (Pi assumed 65536 against a 4096
+    server, Codex and Claude Code none), so a long session ended in the server's 400."""
+    from polar_train.harnesses.base import served_context_length
+
+    models = {"object": "list", "data": [
+        {"id": "tiny", "object": "model", "owned_by": "vllm", "root": "/m/tiny", "parent": None,
+         "max_model_len": 4096},
+        {"id": "r1", "object": "model", "owned_by": "vllm", "root": "runs/r1/adapter", "parent": "tiny",
+         "max_model_len": None}]}
+    assert served_context_length(models, "r1") == 4096
+    assert served_context_length(models, "tiny") == 4096
+    orphan = {"data": [{"id": "r1", "parent": "gone", "max_model_len": None}, {"id": "x", "max_model_len": 9}]}
+    assert served_context_length(orphan, "r1") is None
+
+
 def test_codex_takes_its_context_window_from_the_server(tmp_path, models_server) -> None:
     """Codex knows no window for a model it does not know: a session past the server's context
     length ended in the server's 400 ("maximum context length is 10000 tokens") where, told the

@@ -208,11 +208,21 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
 
 def served_context_length(models: dict[str, Any], model: str) -> int | None:
     """``max_model_len`` of ``model`` in a /v1/models answer (vLLM and ``polar-train serve`` give
-    it; the only entry's when none has that id), else None."""
+    it; the only entry's when none has that id), else None. A LoRA adapter that vLLM serves
+    (``--lora-modules r1=DIR``) is listed without one, under its ``parent``: the base model's
+    length is the adapter's (round 2 onwards samples from the adapter)."""
     entries = [m for m in models.get("data") or [] if isinstance(m, dict)]
+
+    def length(entry: dict[str, Any]) -> int | None:
+        value = entry.get("max_model_len")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     chosen = [m for m in entries if m.get("id") == model] or (entries if len(entries) == 1 else [])
-    value = chosen[0].get("max_model_len") if chosen else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if not chosen:
+        return None
+    if (value := length(chosen[0])) is None and (parent := chosen[0].get("parent")):
+        value = next((length(m) for m in entries if m.get("id") == parent and length(m)), None)
+    return value
 
 
 def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None:
