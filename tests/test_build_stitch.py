@@ -283,6 +283,28 @@ def test_a_restart_is_seen_where_the_session_forked_after_its_first_call(tmp_pat
     assert result.report.restarted_rollouts == []
 
 
+def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
+    """Round 2 reused a round-1 rollout id in the same capture folder; its first prompt differed
+    (Pi's names the work folder), so no restart was seen: two sessions under one reward, unnamed.
+    The models the calls asked for (base, then the adapter vLLM serves as ``r1``) say it."""
+    one = Conversation(rollout_id="pi-a", model="tiny", name="round1")
+    one.user("fix add() in /tmp/w1")
+    first = one.assistant("Done.")
+    two = Conversation(rollout_id="pi-a", model="r1", name="round2")
+    two.user("fix add() in /tmp/w2")
+    second = two.assistant("Fixed.")
+    other = Conversation(rollout_id="pi-b", model="r1", name="other")
+    other.user("fix add() in /tmp/w3")
+    third = other.assistant("Ok.")
+    result = build(tmp_path, [first, second, third])
+    assert result.report.models == {"tiny": 1, "r1": 2}
+    assert result.report.mixed_model_rollouts == {"pi-a": ["r1", "tiny"]}
+    table = result.report.table()
+    assert "models" in table and "r1 2, tiny 1 (trajectories)" in table
+    assert "rollouts of several models  1 (pi-a: r1, tiny): a rollout id reused in a later round?" in table
+    result = build(tmp_path / "one-round", [first, third])
+    assert result.report.mixed_model_rollouts == {} and "several models" not in result.report.table()
+
 def test_temperature_change_forks_as_sampler_change(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("go")

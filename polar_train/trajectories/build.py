@@ -362,6 +362,13 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.rollouts = len({t.rollout_id for t in trajectories})
     report.forks = dict(stitcher.stats.forks)
     report.restarted_rollouts = sorted(stitcher.stats.restarts)
+    models_of: dict[str, set[str]] = {}
+    for t in trajectories:
+        name = t.model if t.model is not None else "(none)"
+        report.models[name] = report.models.get(name, 0) + 1
+        if t.rollout_id:
+            models_of.setdefault(t.rollout_id, set()).add(name)
+    report.mixed_model_rollouts = {r: sorted(m) for r, m in sorted(models_of.items()) if len(m) > 1}
     report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in table.column("rollout_id").to_pylist() if r is not None}

@@ -47,6 +47,11 @@ class BuildReport:
     #: conversation had gone on: a rollout id reused for another session (next round) makes its
     #: sessions branches of one rollout, with one reward and one group.
     restarted_rollouts: list[str] = field(default_factory=list)
+    #: Trajectories by the model name their calls asked for (the sampler: base or adapter).
+    models: dict[str, int] = field(default_factory=dict)
+    #: Rollouts whose trajectories asked for different models: a rollout id reused in a later
+    #: round (served from its adapter) joins two rounds' sessions under one reward.
+    mixed_model_rollouts: dict[str, list[str]] = field(default_factory=dict)
     #: Open trajectories closed because more conversations were live in one rollout (256) or
     #: among calls without a rollout (1,024) than the builder follows: a later call of theirs forks.
     closed_at_cap: int = 0
@@ -80,6 +85,7 @@ class BuildReport:
                                           if self.sampled_without_logprob else "")
                                        + (f"; {self.usage_mismatch_calls} calls whose rendered ids the server "
                                           "counted otherwise" if self.usage_mismatch_calls else "")),
+            ("models", counts(self.models) + " (trajectories)" if self.models else "none"),
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"),
@@ -96,6 +102,11 @@ class BuildReport:
             names = ", ".join(self.restarted_rollouts[:5]) + (" ..." if len(self.restarted_rollouts) > 5 else "")
             rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "
                                                f"({names}): one rollout id for several sessions? each needs its own"))
+        if self.mixed_model_rollouts:
+            named = "; ".join(f"{r}: {', '.join(m)}" for r, m in list(self.mixed_model_rollouts.items())[:5])
+            rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}"
+                         + (" ..." if len(self.mixed_model_rollouts) > 5 else "")
+                         + "): a rollout id reused in a later round? each session needs its own"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         if self.singleton_groups:
