@@ -190,7 +190,9 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys
     (tmp_path / "bad" / "calls").mkdir(parents=True)
     (tmp_path / "bad" / "calls" / "part-0.parquet").write_bytes(b"PAR1 but not really")
     assert main(["build", str(tmp_path / "bad"), "--out", str(tmp_path / "out")]) == 2  # unusable, as docs say
-    assert f"error: no readable call-log part in {tmp_path / 'bad'}" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"error: no readable call-log part in {tmp_path / 'bad'}; skipped " in err and "part-0.parquet" in err
+    assert out == "" and len(err.strip().splitlines()) == 1  # one line, no table of zeros before it
     assert not (tmp_path / "out").exists()
 
 
