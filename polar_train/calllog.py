@@ -223,6 +223,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         hint = ""
         if root.is_dir() and any((root / name).exists() for name in _RUN_FILES):
             hint = f": {root} is a training run (what `polar-train train` writes), not a capture"
+        elif part_folder(root).name == "calls" and part_folder(root).is_dir():  # the addon's: no part yet?
+            hint = ("; a running capture proxy writes a part every polar_flush_seconds (10 s by default) and "
+                    "when it stops: wait, or stop mitmdump")
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -123,8 +125,11 @@ def test_ignores_temporary_and_private_files(tmp_path, session_rows):
 def test_missing_and_empty_folders_are_clear_errors(tmp_path):
     with pytest.raises(CallLogError, match="call-log folder not found: .*nope"):
         read_calls(tmp_path / "nope")
-    (tmp_path / "calls").mkdir()
-    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in .*calls"):
+    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in " + re.escape(str(tmp_path)) + "$"):
+        read_calls(tmp_path)  # no calls/ folder: no proxy wrote here
+    (tmp_path / "calls").mkdir()  # what the addon makes at its start: parts follow every 10 s and at exit
+    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in .*calls; a running capture "
+                                           r"proxy writes a part every polar_flush_seconds"):
         read_calls(tmp_path)
 
 
