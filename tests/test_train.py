@@ -365,6 +365,34 @@ def test_a_step_without_sampler_logprobs_logs_no_mismatch(sampled, tiny_model_di
     assert len(trainer.first_epoch_mismatch) == 1 and math.isnan(trainer.first_epoch_mismatch[0])
 
 
+def test_the_data_report_names_the_sampling_models(sampled, tiny_model_dir, tmp_path):
+    """Round 2's data trained without its adapter passed silently when the adapter had moved little
+    (first-step mismatch under the 0.1 warning): the model names the calls asked for are shown,
+    and two samplers in one run are warned about."""
+    def two_rounds(cols):
+        cols["model"] = ["tiny"] * 4 + ["r1"] * 4
+        return cols
+
+    _, _, report = prepare(ns(rewrite(sampled, tmp_path / "two", two_rounds), tiny_model_dir, tmp_path / "r2"))
+    lines = report.lines()
+    assert "data: sampled by r1 4, tiny 4 (model names as served; trajectories)" in lines
+    assert any(line.startswith("data: warning: several samplers in one run") for line in lines)
+
+    def one_round(cols):
+        cols["model"] = ["r1"] * 8
+        return cols
+
+    _, _, report = prepare(ns(rewrite(sampled, tmp_path / "one", one_round), tiny_model_dir, tmp_path / "r1"))
+    assert "data: sampled by r1 8 (model names as served; trajectories)" in report.lines()
+    assert not any("several samplers" in line for line in report.lines())
+    table = pq.read_table(next((tmp_path / "one").glob("*.parquet")))
+    other = tmp_path / "other-tool"
+    other.mkdir()
+    pq.write_table(table.set_column(table.schema.get_field_index("model"), "model",  # another tool's ints
+                                    pa.array(list(range(8)), pa.int64())), other / "part-0.parquet")
+    _, _, report = prepare(ns(other, tiny_model_dir, tmp_path / "r3"))  # only ever shown: not an error
+    assert report.models == {} and not any("sampled by" in line for line in report.lines())
+
 def test_the_data_report_counts_what_is_trained_not_what_groups_dropped(sampled, tiny_model_dir, tmp_path):
     """One task group of 4 plus a rollout with a reward but no task (a group of 1, dropped): the
     report's trainable tokens, tokens without a sampler logprob and temperatures were counted at

@@ -26,7 +26,7 @@ from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns
 _LOGPROB_SLACK = 1e-3
 
 REQUIRED = ("trajectory_id", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward")
-_OPTIONAL = ("group_id", "task_id", "temperature", "truncated")
+_OPTIONAL = ("group_id", "task_id", "temperature", "truncated", "model")
 
 
 @dataclass
@@ -69,6 +69,8 @@ class DataReport:
     groups_dropped: int = 0
     trajectories_dropped_in_groups: int = 0
     zero_reward_std_rows: int = 0
+    #: trajectories kept, by the model name their calls asked for (the sampler as the server named it)
+    models: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         sizes = ", ".join(f"{n}x{s}" for s, n in sorted(self.group_sizes.items()))
@@ -93,6 +95,13 @@ class DataReport:
         out += [f"data: {n} {what}" for n, what in notes if n]
         if not self.temperatures:
             out.append("data: no sampling temperature recorded: `temperature` cannot be checked")
+        if self.models:
+            named = ", ".join(f"{m} {n}" for m, n in sorted(self.models.items(), key=lambda kv: (-kv[1], kv[0])))
+            out.append(f"data: sampled by {named} (model names as served; trajectories)")
+            if len(self.models) > 1:
+                out.append("data: warning: several samplers in one run: their old logprobs are each their own "
+                           "policy's, one policy is trained here; train each round's data on its own, from the "
+                           "adapter that sampled it (init_adapter)")
         return out
 
 
@@ -126,7 +135,8 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
                                 "capture folder first and train on its --out folder")
             raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
         _check_version(f, schema)
-        cols = [c for c in wanted if c in schema.names]
+        cols = [c for c in wanted if c in schema.names
+                and (c != "model" or _same_kind(schema.field(c).type, pa.string()))]  # only ever shown
         try:
             table = pq.read_table(f, columns=cols, page_checksum_verification=True)
         except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
@@ -185,6 +195,7 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
     groups = cols.get("group_id") or [None] * n
     tasks = cols.get("task_id") or [None] * n
     temps = cols.get("temperature") or [None] * n
+    models = cols.get("model") or [None] * n
     out: list[Trajectory] = []
     any_reward = False
     seen: set[str] = set()
@@ -241,6 +252,8 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         temperature = None if temps[i] is None else round(float(temps[i]), 4)
         out.append(Trajectory(tid, group if group is not None else f"<single {tid}>",
                               list(prompt), list(comp), mask, lps, float(reward), temperature))
+        if models[i] is not None:
+            report.models[models[i]] = report.models.get(models[i], 0) + 1
     if not any_reward:
         raise UserError(f"no trajectory in {path} has a reward: attach rewards before training")
     if not out:
