@@ -302,8 +302,13 @@ def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     table = result.report.table()
     assert "models" in table and "r1 2, tiny 1 (trajectories)" in table
     assert "rollouts of several models  1 (pi-a: r1, tiny): a rollout id reused in a later round?" in table
-    result = build(tmp_path / "one-round", [first, third])
+    assert "1 without; training needs them: build again with --rewards FILE" not in table  # one has none
+    assert "0 rollouts (broadcast), 2 without; training needs them: build again with --rewards FILE" in table
+    rewards = tmp_path / "rewards.jsonl"
+    rewards.write_text('{"rollout_id": "pi-b", "reward": 1}\n')
+    result = build(tmp_path / "one-round", [first, third], rewards=rewards)
     assert result.report.mixed_model_rollouts == {} and "several models" not in result.report.table()
+    assert "1 rollouts (broadcast), 1 without\n" in result.report.table() + "\n"
 
 def test_temperature_change_forks_as_sampler_change(tmp_path):
     conv = Conversation(rollout_id="r1")

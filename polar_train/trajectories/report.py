@@ -88,7 +88,9 @@ class BuildReport:
             ("models", counts(self.models) + " (trajectories)" if self.models else "none"),
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
-                        f"{self.rollouts_without_reward} without"),
+                        f"{self.rollouts_without_reward} without"
+                        + ("; training needs them: build again with --rewards FILE"
+                           if self.trajectories and not self.rollouts_with_reward else "")),
             ("groups (tasks)", f"{self.groups}; size 1: {len(self.singleton_groups)}; "
                                f"all-equal rewards: {len(self.equal_reward_groups)}"),
         ]
