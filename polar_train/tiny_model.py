@@ -30,7 +30,7 @@ class TinyModelSpec:
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     head_dim: int = 32
-    max_position_embeddings: int = 8192
+    max_position_embeddings: int = 65536  # a harness session needs 16k+ (vLLM refuses a longer --max-model-len)
     seed: int = 0
     #: Initial weight of the final RMSNorm. A random model's logits are tiny (|logit| < 2 with
     #: the default 1.0), so its policy is ~uniform over 248k tokens; a larger value gives sampling

@@ -743,6 +743,49 @@ def test_claude_code_compacts_within_the_servers_context(tmp_path, models_server
                           extra_env={"CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "5"})
     assert run.ok and run.stdout.strip() == "100000 5"
 
+
+def test_claude_codes_output_budget_fits_a_small_server(tmp_path, models_server) -> None:
+    """Claude Code asks max_tokens 32000 of a model it does not know: a server of less context
+    refused every call ("max_tokens=32000 cannot be greater than max_model_len=4096"); a probe's
+    sessions ran from 6k up with a quarter of the context. The caller's own value wins."""
+    port, _ = models_server
+    url = f"http://127.0.0.1:{port}"
+    small = ClaudeCode().configure(tmp_path / "small", ModelServer(url, model="tiny"), None)
+    assert small["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1024"  # a quarter of 4,096
+    big = ClaudeCode().configure(tmp_path / "big", ModelServer(url, model="big"), None)
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" not in big  # 32,768: the default fits
+    unknown = ClaudeCode().configure(tmp_path / "unknown", ModelServer(f"http://127.0.0.1:{free_port()}"), None)
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" not in unknown
+    mine = ClaudeCode(max_output_tokens=300).configure(tmp_path / "mine", ModelServer(url, model="tiny"), None)
+    assert mine["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "300"
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS" in ClaudeCode().overridable_env  # --env wins too
+
+
+def test_pis_compaction_fits_a_small_server(tmp_path, models_server) -> None:
+    """Pi compacts past contextWindow - 16384 and asks its summary call for 13,107 tokens: below
+    64k it summarised after its answer, a call a 4k-16k server refused. A quarter of the context
+    each; a home's own settings stay and win; a broken settings file is one clear error."""
+    port, _ = models_server
+    url = f"http://127.0.0.1:{port}"
+
+    def settings(folder: str, model: str = "tiny") -> dict:
+        Pi().configure(tmp_path / folder, ModelServer(url, model=model), None)
+        path = tmp_path / folder / ".pi" / "agent" / "settings.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    assert settings("small") == {"compaction": {"reserveTokens": 1024, "keepRecentTokens": 1024}}
+    assert settings("big", "big") == {"compaction": {"reserveTokens": 8192, "keepRecentTokens": 8192}}
+    Pi().configure(tmp_path / "default", ModelServer(f"http://127.0.0.1:{free_port()}"), None)  # 65536 assumed
+    assert not (tmp_path / "default" / ".pi" / "agent" / "settings.json").exists()
+    own = tmp_path / "own" / ".pi" / "agent"
+    own.mkdir(parents=True)
+    (own / "settings.json").write_text('{"theme": "dark", "compaction": {"reserveTokens": 2000}}')
+    assert settings("own") == {"theme": "dark", "compaction": {"reserveTokens": 2000, "keepRecentTokens": 1024}}
+    (own / "settings.json").write_text("{oops")
+    with pytest.raises(HarnessError, match=r"settings.json: not readable JSON"):
+        settings("own")
+    assert (own / "settings.json").read_text() == "{oops"  # left as it was
+
 def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, models_server, monkeypatch,
                                                                      capsys) -> None:
     """Before the session: one GET /v1/models through the proxy (a model call it is not), which also
@@ -760,8 +803,13 @@ def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, mo
         assert main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server_port}", "--workdir", str(tmp_path),
                      "--home", str(tmp_path / "home"), "--proxy-port", str(port), "--rollout", "r-7",
                      "--ca-cert", str(ca)]) == 0, capsys.readouterr().err
+        err = capsys.readouterr().err
     assert seen == [{"path": f"http://127.0.0.1:{server_port}/v1/models", "proxy_auth": "Basic ci03Ong="}]  # r-7:x
     assert chosen == [{"context_window": 4096}]
+    # a 4k server: the session would end at its limit (Codex's first request alone did not fit)
+    assert err.startswith("polar-train harness: warning: the server's context length is 4,096 tokens: below "
+                          "16,384 a session cannot compact and ends at the server's limit; serve with "
+                          "--max-model-len 16384 or more"), err
 
 
 def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_session(tmp_path, refusing_server,

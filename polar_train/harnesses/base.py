@@ -297,6 +297,9 @@ class Harness(ABC):
     #: Variables the session sets that a caller's ``extra_env`` may set otherwise (the harness's
     #: own settings, such as a compaction threshold derived from the server).
     overridable_env: tuple[str, ...] = field(init=False, default=())
+    #: About how many tokens (Qwen vocabulary) the first request of a session takes: instructions
+    #: and tool schemas, before any work (measured through the proxy; for the small-context warning).
+    first_request_tokens: int = field(init=False, default=0)
 
     @abstractmethod
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:

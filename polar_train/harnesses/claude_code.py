@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Harness, ModelServer, Proxy, compacting_window
+from .base import MIN_COMPACTING_WINDOW, Harness, ModelServer, Proxy, served_window
 
 #: Claude Code raises a smaller auto-compaction window to this; a server's shorter context is
 #: reached through the percentage instead.
@@ -20,6 +20,17 @@ CLAUDE_MIN_WINDOW = 100_000
 COMPACT_AT = 0.8
 #: The variables that set the threshold: the caller's own (``--env``) win over ours.
 COMPACT_ENV = ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE")
+#: Claude Code asks ``max_tokens: 32000`` of a model it does not know; a vLLM-style server refuses
+#: a budget above its context length ("max_tokens=32000 cannot be greater than max_model_len").
+DEFAULT_MAX_TOKENS = 32000
+OUTPUT_ENV = "CLAUDE_CODE_MAX_OUTPUT_TOKENS"
+
+
+def output_cap(window: int | None) -> int | None:
+    """The output budget for a server context of ``window`` tokens: a quarter of it where Claude
+    Code's default would be refused (a probe: sessions then ran at 6k-16k, each call refused
+    before); None where the default fits or the window is unknown."""
+    return max(1, window // 4) if window and window < DEFAULT_MAX_TOKENS else None
 
 
 def compaction_env(window: int) -> dict[str, str]:
@@ -46,10 +57,11 @@ class ClaudeCode(Harness):
     max_output_tokens: int | None = None
     extra_args: list[str] = field(default_factory=list)
     context_window: int | None = None
-    overridable_env: tuple[str, ...] = field(init=False, default=COMPACT_ENV)
+    overridable_env: tuple[str, ...] = field(init=False, default=(*COMPACT_ENV, OUTPUT_ENV))
 
     def __post_init__(self) -> None:
         self.name, self.binary = "claude-code", "claude"
+        self.first_request_tokens = 3000  # with the Bash, Read, Edit tools (a probe: 3,003)
 
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         config_dir = home / ".claude"
@@ -63,10 +75,11 @@ class ClaudeCode(Harness):
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_ERROR_REPORTING": "1",
         }
-        if self.max_output_tokens is not None:
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.max_output_tokens)
-        if window := compacting_window(self.context_window, server, proxy):
-            env.update(compaction_env(window))
+        served = self.context_window or served_window(server, proxy)
+        if (cap := self.max_output_tokens or output_cap(served)) is not None:
+            env[OUTPUT_ENV] = str(cap)
+        if served and served >= MIN_COMPACTING_WINDOW:  # below it Claude Code would compact in vain
+            env.update(compaction_env(served))
         return env
 
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:

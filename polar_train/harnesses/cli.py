@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
     from .base import absolute, check_timeout, server_models
-    from .base import served_context_length
+    from .base import MIN_COMPACTING_WINDOW, served_context_length, served_window
 
     run = None
     try:
@@ -136,9 +136,20 @@ def _run(args: argparse.Namespace) -> int:
             except HarnessError as exc:
                 raise UserError(f"{where} at {proxy.host}:{proxy.port} did not pass a request on to the "
                                 f"model server: {exc}") from None
-            if window := served_context_length(models, server.model):
-                options["context_window"] = window  # asked already: the harness runner need not ask again
-        run = get_harness(args.name, **options).run(workdir, args.prompt, server, proxy, home, args.timeout,
+            window = served_context_length(models, server.model)
+        else:
+            window = served_window(server)
+        if window:
+            options["context_window"] = window  # asked already: the harness runner need not ask again
+        harness = get_harness(args.name, **options)
+        if window and window < MIN_COMPACTING_WINDOW:
+            first = (f", and {args.name}'s first request alone is ~{harness.first_request_tokens:,} tokens"
+                     if harness.first_request_tokens else "")
+            print(f"polar-train harness: warning: the server's context length is {window:,} tokens: below "
+                  f"{MIN_COMPACTING_WINDOW:,} a session cannot compact and ends at the server's limit{first}; "
+                  f"serve with --max-model-len {MIN_COMPACTING_WINDOW} or more (docs/harnesses.md)",
+                  file=sys.stderr, flush=True)
+        run = harness.run(workdir, args.prompt, server, proxy, home, args.timeout,
                                                     extra_env=extra_env)
     except HarnessError as exc:
         raise UserError(str(exc)) from None

@@ -90,6 +90,7 @@ class Codex(Harness):
 
     def __post_init__(self) -> None:
         self.name, self.binary = "codex", "codex"
+        self.first_request_tokens = 8800  # a probe: 8,692-8,772
 
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         codex_home = home / ".codex"

@@ -22,6 +22,21 @@ PROVIDER = "polar"
 DEFAULT_CONTEXT_WINDOW = 65536
 
 
+#: Pi's compaction defaults: it compacts when the context passes ``contextWindow - reserveTokens``,
+#: keeps the last ``keepRecentTokens`` and asks the summary call for 0.8 x ``reserveTokens``.
+PI_RESERVE_TOKENS, PI_KEEP_RECENT_TOKENS = 16384, 20000
+
+
+def compaction_settings(window: int) -> dict[str, int]:
+    """Pi's compaction settings for a server context of ``window`` tokens: a quarter of it each
+    where the defaults do not fit. Below 64k the default reserve made Pi summarise after its
+    answer (context > window - 16384) and ask that call for 13,107 tokens, which a 4k-16k server
+    refused or spent; a quarter kept the sessions of a probe to their own calls from 8k up."""
+    if window >= 4 * PI_RESERVE_TOKENS:
+        return {}
+    return {"reserveTokens": max(1, window // 4), "keepRecentTokens": max(1, window // 4)}
+
+
 def context_window_of(server: ModelServer, proxy: Proxy | None = None) -> int:
     """:func:`served_window`, or :data:`DEFAULT_CONTEXT_WINDOW` where the server does not say."""
     return served_window(server, proxy) or DEFAULT_CONTEXT_WINDOW
@@ -50,6 +65,7 @@ class Pi(Harness):
 
     def __post_init__(self) -> None:
         self.name, self.binary = "pi", "pi"
+        self.first_request_tokens = 1400  # a probe: 1,393
 
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         agent_dir = home / ".pi" / "agent"
@@ -57,6 +73,8 @@ class Pi(Harness):
         window = self.context_window or context_window_of(server, proxy)
         spec = models_json(server, window, self.max_tokens, self.reasoning)
         (agent_dir / "models.json").write_text(json.dumps(spec, indent=2) + "\n", "utf-8")
+        if compaction := compaction_settings(window):
+            _merge_settings(agent_dir / "settings.json", compaction)
         return {"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1",
                 "PI_TELEMETRY": "0", API_KEY_ENV: server.api_key}
 
@@ -68,3 +86,20 @@ class Pi(Harness):
         """Pi's parser has no ``--``: it refuses an argument that starts with ``-`` and reads one that
         starts with ``@`` as a file to attach. Piped stdin is taken as the message as it is (trimmed)."""
         return prompt
+
+
+def _merge_settings(path: Path, compaction: dict[str, int]) -> None:
+    """Add ``compaction`` values to Pi's settings.json where it sets none (a ``--home`` of the
+    caller's may hold settings of its own: they stay, and win)."""
+    from .base import HarnessError
+
+    settings: object = {}
+    if path.exists():
+        try:
+            settings = json.loads(path.read_text("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise HarnessError(f"{path}: not readable JSON ({exc}); fix or remove it") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("compaction", {}), dict):
+        raise HarnessError(f"{path}: expected a JSON object with an object `compaction`; fix or remove it")
+    settings["compaction"] = {**compaction, **settings.get("compaction", {})}
+    path.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
