@@ -149,8 +149,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"{MIN_COMPACTING_WINDOW:,} a session cannot compact and ends at the server's limit{first}; "
                   f"serve with --max-model-len {MIN_COMPACTING_WINDOW} or more (docs/harnesses.md)",
                   file=sys.stderr, flush=True)
-        run = harness.run(workdir, args.prompt, server, proxy, home, args.timeout,
-                                                    extra_env=extra_env)
+        run = harness.run(workdir, args.prompt, server, proxy, home, args.timeout, extra_env=extra_env)
     except HarnessError as exc:
         raise UserError(str(exc)) from None
     except (KeyboardInterrupt, SystemExit) as exc:

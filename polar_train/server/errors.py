@@ -13,8 +13,9 @@ from typing import Any
 
 from ..wire.errors import ApiError, BadRequest, NotFound
 
-__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound", "ResponsesInvalidRequest",
-           "UnsupportedMediaType", "VllmError", "field_error", "missing", "validation_error", "value_error"]
+__all__ = ["ApiError", "BadRequest", "BodyParseError", "NotFound", "PydanticError", "ResponseNotFound",
+           "ResponsesInvalidRequest", "UnsupportedMediaType", "VllmError", "field_error", "missing",
+           "validation_error", "value_error"]
 
 
 class VllmError(BadRequest):

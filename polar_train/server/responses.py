@@ -100,12 +100,13 @@ def prepare(server, body: dict) -> dict[str, Any]:
     include = list_of(body, "include") or []
     model = check_model(body, server.served_name)
     if body.get("background") and body.get("store", True):  # vLLM without VLLM_ENABLE_RESPONSES_API_STORE
-        raise ResponsesInvalidRequest("This vLLM engine does not support `store=True` and therefore does not support the "
-                        "background mode. To enable these features, set the environment variable "
-                        "`VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.", param="background")
+        raise ResponsesInvalidRequest(
+            "This vLLM engine does not support `store=True` and therefore does not support the background mode. "
+            "To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
+            "launching the vLLM server.", param="background")
     if body.get("previous_input_messages") and body.get("previous_response_id"):
         raise ResponsesInvalidRequest("Only one of `previous_input_messages` and `previous_response_id` can be set.",
-                        param="previous_response_id")
+                                      param="previous_response_id")
     if body.get("previous_response_id") is not None:  # nothing is stored, so no id is ever found (as vLLM's)
         raise ResponseNotFound(f"Response with id '{body['previous_response_id']}' not found.",
                                param="response_id")
