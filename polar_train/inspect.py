@@ -93,7 +93,8 @@ def summarize(table, top: int = 20) -> str:
         c[col["status"][i] or "(none)"] += 1
         c["prompt"] += prompt[i]
         c["completion"] += completion[i]
-        c[f"src:{col['token_source'][i] or 'none'}"] += 1
+        if col["status"][i] == "ok":  # a failed call has no ids whatever the setup: not counted as "none"
+            c[f"src:{col['token_source'][i] or 'none'}"] += 1
         if col["usage_match"][i] is False:
             c["usage_mismatch"] += 1
     statuses = ["ok", "upstream_error", "client_disconnected", "proxy_error"]
@@ -102,15 +103,24 @@ def summarize(table, top: int = 20) -> str:
     for api, c in sorted(by_api.items()):
         calls = c["calls"]
         api_rows.append([api, calls, *[c[s] for s in statuses], c["prompt"], c["completion"],
-                         *[f"{100 * c['src:' + s] / calls:.0f}%" for s in sources], c["usage_mismatch"]])
+                         *[f"{100 * c['src:' + s] / c['ok']:.0f}%" if c["ok"] else "-" for s in sources],
+                         c["usage_mismatch"]])
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
-                                    *sources, "usage_mismatch"], api_rows))
+                                    *sources, "usage_mismatch"], api_rows))  # sources: shares of the ok calls
     per_rollout: dict[str, Counter] = {}
+    # a request seen before in its rollout is a retry, also where another proxy (or a restarted
+    # one) counted its attempts afresh: each proxy numbers only the attempts it saw
+    hashes = table.column("request_hash").to_pylist() if "request_hash" in table.column_names else [None] * n
+    seen: set[tuple[str, str]] = set()
     for i in range(n):
-        c = per_rollout.setdefault(col["rollout_id"][i] or "(none)", Counter())
+        rollout = col["rollout_id"][i]
+        c = per_rollout.setdefault(rollout or "(none)", Counter())
         c["calls"] += 1
         c["ok"] += col["status"][i] == "ok"
-        c["retries"] += (col["attempt"][i] or 1) > 1
+        key = (rollout, hashes[i]) if rollout is not None and hashes[i] is not None else None
+        c["retries"] += key in seen if key is not None else (col["attempt"][i] or 1) > 1
+        if key is not None:
+            seen.add(key)
         c["tokens"] += prompt[i] + completion[i]
     ranked = sorted(per_rollout.items(), key=lambda kv: -kv[1]["calls"])
     if top == 0:  # totals only: the count, no table of rollouts

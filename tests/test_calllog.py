@@ -233,6 +233,30 @@ def test_inspect_summarises_rows_without_an_api_or_status(tmp_path, session_rows
     assert "4 calls" in out and "\n(none) " in out
 
 
+def test_inspect_counts_a_retry_another_proxy_numbered_afresh_and_shares_sources_of_ok_calls(
+        tmp_path, session_rows, capsys):
+    """A call cut off when its proxy stopped, sent again through the restarted proxy: both rows
+    say attempt 1 (each proxy numbers what it saw), and inspect said `retries 0`; the cut call
+    (no ids: it failed) counted as token source "none", which reads as a missing tokenizer."""
+    from polar_train.cli import main
+
+    first = session_rows[0]
+    cut = dict(first, call_id="cut", status="proxy_error", token_source="none", completion_token_ids=[],
+               error="proxy shut down before the call finished", request_hash="h-1", attempt=1)
+    again = dict(first, call_id="again", request_hash="h-1", attempt=1)
+    other = dict(session_rows[1], request_hash="h-2", attempt=1)
+    elsewhere = dict(session_rows[2], rollout_id="r-other", request_hash="h-1", attempt=1)  # another rollout's
+    (tmp_path / "calls").mkdir()
+    pq.write_table(pa.Table.from_pylist([cut, again, other, elsewhere], schema=CALL_LOG_SCHEMA),
+                   tmp_path / "calls" / "part-0.parquet")
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rollouts = {line.split()[0]: line.split()[1:4] for line in out.splitlines()
+                if line.startswith(("r-read ", "r-other "))}
+    assert rollouts == {"r-read": ["3", "2", "1"], "r-other": ["1", "1", "0"]}  # calls, ok, retries
+    api = next(line.split() for line in out.splitlines() if line.startswith("openai.chat "))
+    assert api[-4:-1] == ["100%", "0%", "0%"]  # server, rendered, none: of the 3 ok calls
+
 def test_inspect_names_a_run_folder_and_a_missing_path(tmp_path, capsys):
     """Two common slips: a training run's folder given for a capture, and a mistyped path (it said
     "is not a folder")."""
