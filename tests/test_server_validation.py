@@ -372,3 +372,18 @@ def test_a_null_max_tokens_on_the_messages_api_is_pydantics_int_type(polar_base_
     assert error["type"] == "Bad Request" and error["param"] == "body.max_tokens"
     assert error["message"] == ("1 validation error:\n  {'type': 'int_type', 'loc': 'body.max_tokens', "
                                 "'msg': 'Input should be a valid integer', 'input': 'None'}")  # vLLM: str(input)
+
+
+def test_the_access_log_names_each_request_without_its_query_string(tiny_model_dir, tmp_path):
+    """With --log-level info, a request line per call as vLLM logs them (a user counts what the
+    server answered beside the capture); a client's ``?key=`` never reaches the log."""
+    from tests.support.procs import polar_server
+
+    with polar_server(tiny_model_dir, tmp_path, extra=["--log-level", "info"]) as base:
+        assert httpx.get(base + "/v1/models?key=sk-secret-in-query-9", timeout=30).status_code == 200
+        assert post(base, "/v1/chat/completions?api-key=sk-other-secret-7", CHAT).status_code == 200
+        assert post(base, "/v1/chat/completions", {**CHAT, "max_tokens": 0}).status_code == 400
+    log = next(tmp_path.glob("polar-serve-*.log")).read_text()
+    assert '"GET /v1/models?… HTTP/1.1" 200' in log, log[-2000:]
+    assert '"POST /v1/chat/completions?… HTTP/1.1" 200' in log and '"POST /v1/chat/completions HTTP/1.1" 400' in log
+    assert "sk-secret-in-query-9" not in log and "sk-other-secret-7" not in log

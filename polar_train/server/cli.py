@@ -122,8 +122,9 @@ def _serve(args: argparse.Namespace) -> int:
     engine = Engine(model, adapter=args.adapter, seed=args.seed, max_model_len=args.max_model_len)
     name = args.served_model_name or model.resolve().name
     app = build_app(Server(engine, name, script, args.chunk_delay_ms))
-    # no access log: its request lines carry query strings (a client's ?key=...) into the log
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                timeout_keep_alive=30, access_log=False)
+    from .access_log import log_config
+
+    # vLLM's request lines, their query strings (a client's ?key=...) cut off
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(),
+                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_keep_alive=30)
     return 0
