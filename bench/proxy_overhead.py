@@ -107,10 +107,10 @@ def spawn(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -
         return subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def stop(*procs: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM every process group at once, SIGKILL what is left after ``grace_s``: one slow
-    shutdown (the addon's last part) no longer delays the next one's start, so stopping
-    everything takes at most the slowest, not the sum of 60 s waits in turn."""
+def stop(*procs: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM every process group at once, SIGKILL what is left after ``grace_s`` (the addon's
+    own limit for its last part): one slow shutdown no longer delays the next one's start, so
+    stopping everything takes at most the slowest, not the sum of 60 s waits in turn."""
     live = [p for p in procs if p.poll() is None]
     for p in live:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -124,7 +124,8 @@ def stop(*procs: subprocess.Popen, grace_s: float = 30.0) -> None:
                   file=sys.stderr, flush=True)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: nothing more to do
+                p.wait(10)
 
 
 def history(kb: int) -> list[dict]:

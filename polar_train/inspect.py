@@ -118,7 +118,7 @@ def summarize(table, top: int = 20) -> str:
         c["calls"] += 1
         c["ok"] += col["status"][i] == "ok"
         key = (rollout, hashes[i]) if rollout is not None and hashes[i] is not None else None
-        c["retries"] += key in seen if key is not None else (col["attempt"][i] or 1) > 1
+        c["retries"] += (key is not None and key in seen) or (col["attempt"][i] or 1) > 1
         if key is not None:
             seen.add(key)
         c["tokens"] += prompt[i] + completion[i]

@@ -149,8 +149,10 @@ def test_sigterm_stops_the_proxies_and_upstream_and_removes_the_temp_folder(tmp_
         try:
             rc = proc.wait(120)
         except subprocess.TimeoutExpired:  # say where it hangs, for a failure seen once in CI only
-            stacks = "\n".join(subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(pid)],
-                                              capture_output=True, text=True).stdout for pid in [proc.pid, *children])
+            spy = Path(sys.executable).parent / "py-spy"
+            stacks = "\n".join(subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                                              text=True).stdout for pid in [proc.pid, *children]) \
+                if spy.exists() else "(no py-spy for the stacks)"
             tree = subprocess.run(["ps", "-o", "pid,ppid,stat,etime,args", "--ppid", str(proc.pid)],
                                   capture_output=True, text=True).stdout
             raise AssertionError(f"no exit 120 s after SIGTERM\n{stacks}\n{tree}\n{''.join(rest)[-3000:]}")

@@ -785,6 +785,16 @@ def test_pis_compaction_fits_a_small_server(tmp_path, models_server) -> None:
     with pytest.raises(HarnessError, match=r"settings.json: not readable JSON"):
         settings("own")
     assert (own / "settings.json").read_text() == "{oops"  # left as it was
+    # a home used again against a larger server: the 4k server's values do not stay (Pi would
+    # compact a 128k context with an 819-token summary); the caller's own value does
+    reused = tmp_path / "reused" / ".pi" / "agent"
+    assert settings("reused") == {"compaction": {"reserveTokens": 1024, "keepRecentTokens": 1024}}
+    Pi(context_window=131072).configure(tmp_path / "reused", ModelServer(url, model="tiny"), None)
+    assert json.loads((reused / "settings.json").read_text()) == {}
+    (reused / "settings.json").write_text('{"compaction": {"keepRecentTokens": 500}}')
+    assert settings("reused", "big") == {"compaction": {"reserveTokens": 8192, "keepRecentTokens": 500}}
+    Pi(context_window=131072).configure(tmp_path / "reused", ModelServer(url, model="tiny"), None)
+    assert json.loads((reused / "settings.json").read_text()) == {"compaction": {"keepRecentTokens": 500}}
 
 def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, models_server, monkeypatch,
                                                                      capsys) -> None:
@@ -808,8 +818,22 @@ def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, mo
     assert chosen == [{"context_window": 4096}]
     # a 4k server: the session would end at its limit (Codex's first request alone did not fit)
     assert err.startswith("polar-train harness: warning: the server's context length is 4,096 tokens: below "
-                          "16,384 a session cannot compact and ends at the server's limit; serve with "
-                          "--max-model-len 16384 or more"), err
+                          "16,384 pi is not told to compact, so a session ends at the server's limit; serve with "
+                          "--max-model-len 32768 or more"), err  # _QuickSession: the base class's floor
+    from polar_train.harnesses.base import MIN_COMPACTING_WINDOW
+
+    assert Pi().smallest_context == 8192 and Codex().smallest_context == ClaudeCode().smallest_context == \
+        MIN_COMPACTING_WINDOW
+    like_pi = _QuickSession()  # what Pi's floor says: it compacts, a long tool output overflows
+    like_pi.smallest_context, like_pi.first_request_tokens = Pi().smallest_context, Pi().first_request_tokens
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: like_pi)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        assert main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{server.getsockname()[1]}", "--workdir",
+                     str(tmp_path), "--home", str(tmp_path / "home"), "--proxy-port", str(port), "--rollout", "r-8",
+                     "--ca-cert", str(ca)]) == 0
+    assert capsys.readouterr().err.startswith(
+        "polar-train harness: warning: the server's context length is 4,096 tokens: pi compacts, but one long tool "
+        "output overflows less than 8,192; its first request alone is ~1,400 tokens; serve with --max-model-len 32768")
 
 
 def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_session(tmp_path, refusing_server,

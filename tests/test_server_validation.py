@@ -387,3 +387,18 @@ def test_the_access_log_names_each_request_without_its_query_string(tiny_model_d
     assert '"GET /v1/models?… HTTP/1.1" 200' in log, log[-2000:]
     assert '"POST /v1/chat/completions?… HTTP/1.1" 200' in log and '"POST /v1/chat/completions HTTP/1.1" 400' in log
     assert "sk-secret-in-query-9" not in log and "sk-other-secret-7" not in log
+
+
+def test_the_log_filter_cuts_the_query_of_websocket_handshake_lines_too():
+    """uvicorn logs a WebSocket handshake through its error logger with the path and query (where
+    ``websockets`` is installed): the key of a ``?key=`` there was not cut."""
+    import logging
+
+    from polar_train.server.access_log import DropQuery, log_config
+
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+                               (("127.0.0.1", 5), "/v1/responses?key=sk-ws-secret"), None)
+    assert DropQuery().filter(record) and record.getMessage() == "('127.0.0.1', 5) - \"WebSocket /v1/responses?…\" [accepted]"
+    config = log_config()
+    assert all("drop_query" in h["filters"] for h in config["handlers"].values())
+

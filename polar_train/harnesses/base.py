@@ -300,6 +300,9 @@ class Harness(ABC):
     #: About how many tokens (Qwen vocabulary) the first request of a session takes: instructions
     #: and tool schemas, before any work (measured through the proxy; for the small-context warning).
     first_request_tokens: int = field(init=False, default=0)
+    #: Below this server context ``polar-train harness`` warns: the harness is not told to compact
+    #: there (Codex, Claude Code), or compacts but a long tool output overflows it (Pi).
+    smallest_context: int = field(init=False, default=MIN_COMPACTING_WINDOW)
 
     @abstractmethod
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:

@@ -76,7 +76,8 @@ class ClaudeCode(Harness):
             "DISABLE_ERROR_REPORTING": "1",
         }
         served = self.context_window or served_window(server, proxy)
-        if (cap := self.max_output_tokens or output_cap(served)) is not None:
+        cap = self.max_output_tokens if self.max_output_tokens is not None else output_cap(served)
+        if cap is not None:
             env[OUTPUT_ENV] = str(cap)
         if served and served >= MIN_COMPACTING_WINDOW:  # below it Claude Code would compact in vain
             env.update(compaction_env(served))

@@ -142,12 +142,15 @@ def _run(args: argparse.Namespace) -> int:
         if window:
             options["context_window"] = window  # asked already: the harness runner need not ask again
         harness = get_harness(args.name, **options)
-        if window and window < MIN_COMPACTING_WINDOW:
-            first = (f", and {args.name}'s first request alone is ~{harness.first_request_tokens:,} tokens"
+        if window and window < harness.smallest_context:
+            why = (f"below {MIN_COMPACTING_WINDOW:,} {args.name} is not told to compact, so a session ends at the "
+                   "server's limit" if harness.smallest_context >= MIN_COMPACTING_WINDOW else
+                   f"{args.name} compacts, but one long tool output overflows less than "
+                   f"{harness.smallest_context:,}")
+            first = (f"; its first request alone is ~{harness.first_request_tokens:,} tokens"
                      if harness.first_request_tokens else "")
-            print(f"polar-train harness: warning: the server's context length is {window:,} tokens: below "
-                  f"{MIN_COMPACTING_WINDOW:,} a session cannot compact and ends at the server's limit{first}; "
-                  f"serve with --max-model-len {MIN_COMPACTING_WINDOW} or more (docs/harnesses.md)",
+            print(f"polar-train harness: warning: the server's context length is {window:,} tokens: {why}{first}; "
+                  "serve with --max-model-len 32768 or more (docs/harnesses.md, \"Server context\")",
                   file=sys.stderr, flush=True)
         run = harness.run(workdir, args.prompt, server, proxy, home, args.timeout, extra_env=extra_env)
     except HarnessError as exc:

@@ -66,6 +66,7 @@ class Pi(Harness):
     def __post_init__(self) -> None:
         self.name, self.binary = "pi", "pi"
         self.first_request_tokens = 1400  # a probe: 1,393
+        self.smallest_context = 8192  # a probe's session ran from 6,144; 4,096 overflowed mid-session
 
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:
         agent_dir = home / ".pi" / "agent"
@@ -73,8 +74,7 @@ class Pi(Harness):
         window = self.context_window or context_window_of(server, proxy)
         spec = models_json(server, window, self.max_tokens, self.reasoning)
         (agent_dir / "models.json").write_text(json.dumps(spec, indent=2) + "\n", "utf-8")
-        if compaction := compaction_settings(window):
-            _merge_settings(agent_dir / "settings.json", compaction)
+        _merge_settings(agent_dir, compaction_settings(window))
         return {"PI_CODING_AGENT_DIR": str(agent_dir), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1",
                 "PI_TELEMETRY": "0", API_KEY_ENV: server.api_key}
 
@@ -88,18 +88,42 @@ class Pi(Harness):
         return prompt
 
 
-def _merge_settings(path: Path, compaction: dict[str, int]) -> None:
-    """Add ``compaction`` values to Pi's settings.json where it sets none (a ``--home`` of the
-    caller's may hold settings of its own: they stay, and win)."""
+#: What polar-train last wrote into settings.json's ``compaction`` (a reused home's next session
+#: replaces it; values the file held otherwise are the caller's and stay).
+_WRITTEN = ".polar-compaction.json"
+
+
+def _merge_settings(agent_dir: Path, compaction: dict[str, int]) -> None:
+    """Put ``compaction`` values into Pi's settings.json where the caller sets none: a ``--home``
+    of the caller's may hold settings of its own (they stay, and win). Values an earlier session
+    wrote for another server are taken back first (they would hold a 4k server's reserve against a
+    128k one)."""
     from .base import HarnessError
 
+    path, written_path = agent_dir / "settings.json", agent_dir / _WRITTEN
     settings: object = {}
-    if path.exists():
-        try:
+    try:
+        written = json.loads(written_path.read_text("utf-8")) if written_path.exists() else {}
+        if path.exists():
             settings = json.loads(path.read_text("utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HarnessError(f"{path}: not readable JSON ({exc}); fix or remove it") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"{path if path.exists() else written_path}: not readable JSON ({exc}); "
+                           "fix or remove it") from None
     if not isinstance(settings, dict) or not isinstance(settings.get("compaction", {}), dict):
         raise HarnessError(f"{path}: expected a JSON object with an object `compaction`; fix or remove it")
-    settings["compaction"] = {**compaction, **settings.get("compaction", {})}
+    if not compaction and not written:
+        return  # nothing of ours there, nothing to add: the file is not touched
+    own = dict(settings.get("compaction", {}))
+    if isinstance(written, dict):
+        own = {k: v for k, v in own.items() if not (k in written and written[k] == v)}
+    ours = {k: v for k, v in compaction.items() if k not in own}
+    merged = {**ours, **own}
+    if merged:
+        settings["compaction"] = merged
+    else:
+        settings.pop("compaction", None)
     path.write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
+    if ours:
+        written_path.write_text(json.dumps(ours) + "\n", "utf-8")
+    else:
+        written_path.unlink(missing_ok=True)

@@ -13,21 +13,23 @@ from typing import Any
 
 
 class DropQuery(logging.Filter):
-    """Cut the query string off the path of uvicorn's access record (its args: client address,
-    method, path with query, HTTP version, status code)."""
+    """Cut the query string off every path among a record's arguments: uvicorn's access lines
+    (client, method, path with query, version, status) and its WebSocket handshake lines, which
+    go to its error logger (``'%s - "WebSocket %s" [accepted]'``: client, path with query)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
-            record.args = (*args[:2], args[2].split("?", 1)[0] + "?…", *args[3:])
+        if isinstance(record.args, tuple):
+            record.args = tuple(a.split("?", 1)[0] + "?…" if isinstance(a, str) and a.startswith("/") and "?" in a
+                                else a for a in record.args)
         return True
 
 
 def log_config() -> dict[str, Any]:
-    """uvicorn's default logging config with :class:`DropQuery` on the access handler."""
+    """uvicorn's default logging config with :class:`DropQuery` on both its handlers."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["drop_query"] = {"()": f"{__name__}.DropQuery"}
-    config["handlers"]["access"]["filters"] = ["drop_query"]
+    for handler in config["handlers"].values():
+        handler["filters"] = [*handler.get("filters", []), "drop_query"]
     return config
