@@ -385,6 +385,14 @@ def test_the_data_report_names_the_sampling_models(sampled, tiny_model_dir, tmp_
     _, _, report = prepare(ns(rewrite(sampled, tmp_path / "one", one_round), tiny_model_dir, tmp_path / "r1"))
     assert "data: sampled by r1 8 (model names as served; trajectories)" in report.lines()
     assert not any("several samplers" in line for line in report.lines())
+
+    def a_lonely_other(cols):  # the other sampler's one trajectory is a group of 1: dropped, not trained
+        cols["model"] = ["tiny"] * 7 + ["r1"]
+        cols["group_id"][7] = cols["task_id"][7] = None
+        return cols
+
+    _, _, report = prepare(ns(rewrite(sampled, tmp_path / "lonely", a_lonely_other), tiny_model_dir, tmp_path / "r4"))
+    assert report.models == {"tiny": 7} and not any("several samplers" in line for line in report.lines())
     table = pq.read_table(next((tmp_path / "one").glob("*.parquet")))
     other = tmp_path / "other-tool"
     other.mkdir()

@@ -39,6 +39,7 @@ class Trajectory:
     logprobs: list[float]
     reward: float
     temperature: float | None = None  # the sampler's, as recorded (None: not recorded)
+    model: str | None = None  # the model name its calls asked for (None: not recorded)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class DataReport:
     groups_dropped: int = 0
     trajectories_dropped_in_groups: int = 0
     zero_reward_std_rows: int = 0
-    #: trajectories kept, by the model name their calls asked for (the sampler as the server named it)
+    #: trajectories trained (until ``make_groups``: kept), by the model name their calls asked for
     models: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
@@ -251,16 +252,20 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         group = groups[i] if groups[i] is not None else tasks[i]
         temperature = None if temps[i] is None else round(float(temps[i]), 4)
         out.append(Trajectory(tid, group if group is not None else f"<single {tid}>",
-                              list(prompt), list(comp), mask, lps, float(reward), temperature))
-        if models[i] is not None:
-            report.models[models[i]] = report.models.get(models[i], 0) + 1
+                              list(prompt), list(comp), mask, lps, float(reward), temperature, models[i]))
     if not any_reward:
         raise UserError(f"no trajectory in {path} has a reward: attach rewards before training")
     if not out:
         raise UserError(f"no trajectory in {path} has a trainable (loss_mask 1) token")
     # the trajectories kept so far; make_groups narrows this to the trained ones
     report.temperatures = _temperatures(out)
+    report.models = _models(out)
     return out
+
+
+def _models(trajs) -> dict[str, int]:
+    """Trajectories by sampler name (each once, a padding copy not again)."""
+    return dict(Counter(t.model for t in {id(t): t for t in trajs}.values() if t.model is not None))
 
 
 def _temperatures(trajs) -> list[float]:
@@ -330,6 +335,7 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
     report.trainable_tokens_without_logprob = sum(
         sum(1 for m, v in zip(t.loss_mask, t.logprobs) if m and math.isnan(v)) for t in trained)
     report.temperatures = _temperatures(trained)
+    report.models = _models(trained)
     if not rows:
         raise UserError(f"no group of at least {min_group_size} trajectories to train on with "
                         f"num_generations={num_generations} and unequal_groups={policy} "
