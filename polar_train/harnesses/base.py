@@ -241,11 +241,15 @@ def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None
 MIN_COMPACTING_WINDOW = 16384
 
 
-def compacting_window(given: int | None, server: ModelServer, proxy: Proxy | None) -> int | None:
-    """The window a harness should compact within: ``given``, else the server's context length;
-    None where neither is known or it is below :data:`MIN_COMPACTING_WINDOW`."""
-    window = given or served_window(server, proxy)
+def compacting(window: int | None) -> int | None:
+    """``window`` where a harness should compact within it; None where it is unknown or below
+    :data:`MIN_COMPACTING_WINDOW`."""
     return window if window and window >= MIN_COMPACTING_WINDOW else None
+
+
+def compacting_window(given: int | None, server: ModelServer, proxy: Proxy | None) -> int | None:
+    """:func:`compacting` of ``given``, else of the server's context length."""
+    return compacting(given or served_window(server, proxy))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import MIN_COMPACTING_WINDOW, Harness, ModelServer, Proxy, served_window
+from .base import Harness, ModelServer, Proxy, compacting, served_window
 
 #: Claude Code raises a smaller auto-compaction window to this; a server's shorter context is
 #: reached through the percentage instead.
@@ -79,8 +79,8 @@ class ClaudeCode(Harness):
         cap = self.max_output_tokens if self.max_output_tokens is not None else output_cap(served)
         if cap is not None:
             env[OUTPUT_ENV] = str(cap)
-        if served and served >= MIN_COMPACTING_WINDOW:  # below it Claude Code would compact in vain
-            env.update(compaction_env(served))
+        if window := compacting(served):  # the server asked once for both settings
+            env.update(compaction_env(window))
         return env
 
     def command(self, exe: Path, prompt: str, workdir: Path, home: Path, server: ModelServer) -> list[str]:
