@@ -535,6 +535,62 @@ def test_anonymous_sessions_with_the_same_first_request_are_separate_rollouts(tm
     assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
 
 
+def _forked_session_gone_on(conv: Conversation) -> list[dict]:
+    """A session whose second call forked (retokenization) and went on: the fork closed the
+    trajectory that held its first prompt."""
+    rows = _retokenized_session(conv)
+    conv.user("and once more")
+    rows.append(conv.assistant("Done."))
+    return rows
+
+
+@pytest.mark.parametrize("rollout_id", [None, "r1"])
+def test_a_second_session_from_the_first_prompt_is_seen_after_the_first_forked_and_went_on(tmp_path, rollout_id):
+    """The first session forked (retokenization) and went on, which closed the trajectory holding
+    its first prompt: the second session's first call was classified against the fork and was
+    neither a new anonymous rollout (a GRPO group's sessions shared one reward) nor a restart."""
+    rows = _forked_session_gone_on(Conversation(rollout_id=rollout_id, name="a"))
+    b = Conversation(rollout_id=rollout_id, name="b")
+    b.user("greet")
+    b1 = b.assistant("Howdy.", request_hash="next-round")  # (the same hash: a retry of the first call)
+    assert b1["prompt_token_ids"] == rows[0]["prompt_token_ids"]
+    result = build(tmp_path, [*rows, b1])
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    if rollout_id is None:
+        assert by_first[b1["call_id"]].rollout_id == f"conv-{b1['call_id']}"
+        assert by_first[b1["call_id"]].fork_cause is None and result.report.rollouts == 2
+    else:
+        assert by_first[b1["call_id"]].fork_cause == "branch"
+        assert result.report.restarted_rollouts == ["r1"]
+    assert_aligned(by_first[b1["call_id"]], [b1])
+
+
+@pytest.mark.parametrize("rollout_id", ["r1", None])
+def test_an_attempt_gone_on_from_by_text_is_kept_beside_one_gone_on_from_by_ids(tmp_path, rollout_id):
+    """Two sessions, the same first request (attempts 1 and 2 of its hash): the first session went
+    on from its answer's ids, the second from its answer re-tokenised. Only where no attempt's ids
+    went on was text compared, so the second session's first call was dropped as a superseded
+    retry; and its next call, tied with the first session's at the first prompt, was taken for a
+    compaction of the first session (of its rollout, where calls carry no rollout id)."""
+    a, b = Conversation(rollout_id=rollout_id, name="a"), Conversation(rollout_id=rollout_id, name="b")
+    a.user("greet")
+    b.user("greet")
+    a1 = a.assistant("Hi.")
+    drifted = _drifted(b.tok, Conversation(rollout_id="x"), "Hel", "lo")
+    b1 = b.assistant("Hello there", completion_ids=drifted, request_hash=a1["request_hash"], attempt=2)
+    assert b1["prompt_token_ids"] == a1["prompt_token_ids"]
+    a.user("again")
+    b.user("again")
+    rows = [a1, b1, a.assistant("Bye."), b.assistant("Bye!")]
+    result = build(tmp_path, rows)
+    assert result.report.skipped == {} and result.report.calls_used == 4
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert by_first[a1["call_id"]].call_ids == [a1["call_id"], rows[2]["call_id"]]
+    (fork,) = [t for t in result.trajectories if rows[3]["call_id"] in t.call_ids]
+    assert fork.fork_cause == "retokenization" and result.report.forks.get("compaction") is None
+    assert fork.rollout_id == (rollout_id or f"conv-{b1['call_id']}")
+
+
 @pytest.mark.parametrize("cut", ["length", "max_tokens"])  # chat and Responses; Anthropic Messages
 def test_interleaved_rollouts_and_truncation(tmp_path, cut):
     r1, r2 = Conversation(rollout_id="r1", name="x"), Conversation(rollout_id="r2", name="y")

@@ -138,10 +138,11 @@ class _ContinuedAttempts:
     completed attempts (rare); the prompts of that rollout alone are read then (compact ones
     resolved within it), as arrays: never the whole capture's.
 
-    Where no attempt's ids go on, the later prompts are compared by text: a harness sends the
+    An attempt whose ids no later prompt goes on from is compared by text: a harness sends the
     answer back as text, and the server's tokenisation of it need not be the sampled one
     (``Hel`` + ``lo`` sampled, ``Hello`` in the next prompt). Without that, the highest attempt
-    was kept whichever the harness had used."""
+    was kept whichever the harness had used; and where only the attempts no id matched were
+    compared, a second session's re-tokenised attempt of the same request was dropped."""
 
     def __init__(self, table: pa.Table, rollout: list, status: list, when,
                  token_bytes: Callable[[], TokenBytes] | None = None) -> None:
@@ -187,15 +188,16 @@ class _ContinuedAttempts:
             if any(len(later) >= len(history) and np.array_equal(later[:len(history)], history)
                    for later in self._later_prompts(a, attempts, ids)):
                 out.append(a)
-        return out or self._of_by_text(attempts, ids)
+        by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids)
+        return sorted(out + by_text, key=attempts.index)
 
-    def _of_by_text(self, attempts: list[int], ids: dict) -> list[int]:
+    def _of_by_text(self, candidates: list[int], attempts: list[int], ids: dict) -> list[int]:
         """The attempts a later prompt goes on from by what it says: its ids agree up to the
         prompt's last text at least (the generation prompt's ``assistant\\n`` may merge with a
         completion that starts with a newline), and from where they part its bytes start with
         the attempt's. The tokenizer is loaded only where some later prompt gets that far."""
         out = []
-        for a in attempts:
+        for a in candidates:
             prompt, completion = ids[a]
             if prompt is None or completion is None or not len(completion):
                 continue

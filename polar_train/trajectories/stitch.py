@@ -349,6 +349,10 @@ class Stitcher:
         self._clock = 0
         self._counter: Counter = Counter()
         self._went_on: set[str | None] = set()  # rollouts that went past their first prompt
+        #: rollout -> the first prompts of its conversations: a trajectory that opened one may be
+        #: closed (a retokenization fork went on from it), and its first prompt lives on only as a
+        #: prefix of the fork's, where its length was no longer known
+        self._opening_prompts: dict[str | None, list[np.ndarray]] = {}
         #: call id -> (trajectory, prompt-space buffer, prompt end, prompt + completion end)
         self._where: dict[str, tuple[Trajectory, np.ndarray, int, int]] = {}
 
@@ -367,6 +371,12 @@ class Stitcher:
         self._counter[rollout] += 1
         return f"{rollout}#{n}"
 
+    def _opens_conversation(self, rollout_id: str | None, prompt: np.ndarray) -> bool:
+        """Whether ``prompt`` is the first prompt of one of the rollout's conversations (a second
+        session of an anonymous GRPO group, or a rollout id used again for the next session)."""
+        return any(len(first) == len(prompt) and np.array_equal(first, prompt)
+                   for first in self._opening_prompts.get(rollout_id, ()))
+
     def _record(self, t: Trajectory, call: Call) -> None:
         self._where[call.call_id] = (t, t.buf, t.last_prompt_len, t.match_len)
 
@@ -382,6 +392,8 @@ class Stitcher:
         t.last_used = self._clock
         self._record(t, call)
         self.trajectories.append(t)
+        if cause in (None, "new_conversation"):
+            self._opening_prompts.setdefault(rollout_id, []).append(call.prompt)
         pool = self.open.setdefault(key, [])
         pool.append(t)
         cap = MAX_OPEN_PER_ROLLOUT if key is not None else MAX_OPEN_ANONYMOUS
@@ -442,6 +454,19 @@ class Stitcher:
             return None  # an id that names no token: nothing to compare
         covered = bytes_cover(tb, prompt[d:], want)
         return d + covered[0] if covered is not None and covered[1] else None
+
+    def _retokenized_sibling(self, pool: list[Trajectory], parent: Trajectory, prompt: np.ndarray,
+                             d: int) -> tuple[Trajectory, int] | None:
+        """Another open trajectory that shares as long a prefix and whose last reply ``prompt``
+        says again in other tokens. Sessions that send one first prompt (a GRPO group, with or
+        without rollout ids) tie there: the first of them was taken, and another session's
+        re-tokenised reply read as a compaction of it (of its rollout, for anonymous calls)."""
+        for t in pool:
+            if t is parent or not d < t.match_len or d < text_tail_start(t.buf, t.last_prompt_len):
+                continue  # O(1) first: the divergence must lie in t's last reply
+            if common_prefix(prompt, t.match()) == d and (j := self._retokenized_at(t, prompt, d)) is not None:
+                return t, j
+        return None
 
     def _classify(self, t: Trajectory, prompt: np.ndarray, d: int) -> tuple[str, int | None]:
         if d == len(prompt):
@@ -547,7 +572,12 @@ class Stitcher:
                 parent, d = t, dt
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
-        from_the_start = cause == "branch" and parent.fork_cause is None and len(call.prompt) == len(parent.prompt)
+        if cause not in ("branch", "retokenization"):
+            sibling = self._retokenized_sibling(pool, parent, prompt, d)
+            if sibling is not None:
+                parent, resume = sibling
+                cause = "retokenization"
+        from_the_start = cause == "branch" and self._opens_conversation(parent.rollout_id, call.prompt)
         if from_the_start and key is None:  # anonymous: the same first request again is another session
             return self._start(call, f"conv-{call.call_id}", None)  # (a GRPO group sent without ids)
         if from_the_start and key in self._went_on:  # the rollout had gone on (in any of its trajectories)
