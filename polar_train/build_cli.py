@@ -146,7 +146,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read the call log under CAPTURES, stitch calls into trajectories by token "
                     "prefix, attach rewards and task groups, and write Parquet parts plus "
                     f"{REPORT_NAME} under --out.")
-    p.add_argument("captures", help="capture folder (holding calls/*.parquet) or a folder of parts")
+    p.add_argument("captures", help="capture folder (holding calls/*.parquet) or a folder of parts; parts in "
+                   "subfolders are read too, so a parent folder builds several captures together")
     p.add_argument("--out", required=True, help="output folder for part-*.parquet and the report")
     p.add_argument("--rewards", help="JSONL/CSV/Parquet with rollout_id, reward[, task_id]")
     p.add_argument("--tasks", help="JSONL/CSV/Parquet with rollout_id, task_id (the GRPO group)")

@@ -121,6 +121,50 @@ def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captur
     assert per["r2"][0].reward is None and len(result.trajectories) == 5
 
 
+def test_rewards_the_trainer_cannot_use_or_no_script_meant_are_named(tmp_path, captures):
+    """A reward of 1e39 (finite in float64) became inf in the trainer's float32 group statistics
+    and a run "trained" with zero gradients; "1_000" was read as 1000 (Python's float); a CSV
+    line with a field past its header's was read as if it had none."""
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "r1", "reward": 1e39},
+                                               {"rollout_id": "r2", "reward": -1e300},
+                                               {"rollout_id": "r3", "reward": "1_000"},
+                                               {"rollout_id": "r4", "reward": -1e15}])
+    result = build_trajectories(captures, BuildOptions(rewards=path))
+    problems = result.report.problems
+    assert any(p.startswith(f"{path}: line 1: reward 1e+39 for rollout 'r1' is beyond ±1e+15") for p in problems)
+    assert any(p.startswith(f"{path}: line 2: reward -1e+300 for rollout 'r2' is beyond") for p in problems)
+    assert f"{path}: line 3: non-numeric reward '1_000' for rollout 'r3'" in problems
+    assert len(problems) == 3
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": None, "r2": None, "r3": None,
+                                                                        "r4": -1e15}
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_text("rollout_id,reward\nr1,1\nr2,0,5\n")  # 0,5: a decimal comma
+    result = build_trajectories(captures, BuildOptions(rewards=csv_path))
+    assert result.report.problems == [f"{csv_path}: line 3: 3 fields where the header names 2 (a comma "
+                                      "inside a value? quote it)"]
+    assert by_rollout(result)["r2"][0].reward is None
+
+
+def test_a_rewarded_rollout_whose_calls_all_failed_is_named(tmp_path):
+    """Its reward was accepted and the rollout vanished without a word: a crashed session (often
+    a low score) gone from its group's baseline, and the table said to build with --rewards."""
+    from tests.support.calls import make_row
+
+    ok = Conversation(rollout_id="ok")
+    ok.user("task")
+    rows = [ok.assistant("done"),
+            make_row(call_id="cut", rollout_id="cut", prompt_ids=None, completion_ids=None, status="proxy_error")]
+    write_parts(tmp_path / "cap", rows)
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "cut", "reward": 0.0}])
+    result = build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
+    assert result.report.rewarded_without_calls == ["cut"]
+    assert "rollout 'cut' has a reward but no usable call (each failed or was skipped): it is missing from its " \
+           "group" in result.report.problems
+    table = result.report.table()
+    assert "1 rewarded without a usable call" in table and "build again with --rewards" not in table
+    assert result.report.to_json()["rewarded_without_calls"] == ["cut"]
+
+
 def test_a_rollout_listed_twice_in_the_tasks_file_keeps_its_first_task(tmp_path, captures):
     """As for rewards: the first row counts and the conflict is named (the last one won silently)."""
     path = tmp_path / "tasks.jsonl"

@@ -165,6 +165,11 @@ def _inf_reward(c):
     return c
 
 
+def _huge_reward(c):
+    c["reward"][0] = 1e39  # finite here, inf in float32
+    return c
+
+
 def _probabilities(c):
     c["logprobs"][0] = [0.5 if m else math.nan for m in c["loss_mask"][0]]  # probabilities, not logs
     return c
@@ -185,6 +190,7 @@ def _null_mask(c):
     (_null_mask, r"trajectory .*: loss_mask is null"),
     (_no_rewards, "no trajectory .* has a reward"),
     (_inf_reward, r"reward inf is not finite"),
+    (_huge_reward, r"reward 1e\+39 is beyond ±1e\+15: the group's mean and standard deviation \(float32\)"),
     (_probabilities, r"logprob 0.5 is above 0 \(a probability above 1\)"),
     (_no_trainable, r"no trajectory .* has a trainable \(loss_mask 1\) token"),
     (_big_id, "token id 10000000 is outside the model's vocabulary"),

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..cli import UserError
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns
+from ..trajectories.rewards import MAX_ABS_REWARD
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
 #: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
@@ -239,6 +240,9 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         if math.isinf(reward):  # one inf makes its group's mean and std inf: every advantage NaN or 0
             raise UserError(f"trajectory {tid}: reward {reward} is not finite: fix the reward script "
                             "(a missing reward may be null or NaN: such trajectories are left out)")
+        if abs(reward) > MAX_ABS_REWARD:  # finite, but inf in the group's float32 mean or std
+            raise UserError(f"trajectory {tid}: reward {reward:g} is beyond ±{MAX_ABS_REWARD:g}: the group's "
+                            "mean and standard deviation (float32) would overflow; scale the rewards")
         any_reward = True
         if max_completion_length is not None and len(comp) > max_completion_length:
             comp, mask, lps = (comp[:max_completion_length], mask[:max_completion_length],

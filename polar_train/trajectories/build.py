@@ -378,6 +378,10 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     labels = load_labels(options.rewards, options.tasks, known)
     report.problems.extend(labels.problems)
     groups = attach(trajectories, labels, options.reward_mode)
+    built = {t.rollout_id for t in trajectories}
+    report.rewarded_without_calls = sorted(r for r in labels.rewards if r not in built)
+    report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
+                           "it is missing from its group" for r in report.rewarded_without_calls)
     report.groups = groups.groups
     report.singleton_groups = groups.singleton_groups
     report.equal_reward_groups = groups.equal_reward_groups

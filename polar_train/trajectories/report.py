@@ -52,6 +52,9 @@ class BuildReport:
     #: Rollouts whose trajectories asked for different models: a rollout id reused in a later
     #: round (served from its adapter) joins two rounds' sessions under one reward.
     mixed_model_rollouts: dict[str, list[str]] = field(default_factory=dict)
+    #: Rollouts the rewards file scores that no trajectory has (every call failed or was skipped):
+    #: a crashed session, often a low score, gone from its GRPO group's baseline.
+    rewarded_without_calls: list[str] = field(default_factory=list)
     #: Open trajectories closed because more conversations were live in one rollout (256) or
     #: among calls without a rollout (1,024) than the builder follows: a later call of theirs forks.
     closed_at_cap: int = 0
@@ -89,8 +92,11 @@ class BuildReport:
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"
+                        + (f"; {len(self.rewarded_without_calls)} rewarded without a usable call (problems)"
+                           if self.rewarded_without_calls else "")
                         + ("; training needs them: build again with --rewards FILE"
-                           if self.trajectories and not self.rollouts_with_reward else "")),
+                           if self.trajectories and not self.rollouts_with_reward
+                           and not self.rewarded_without_calls else "")),
             ("groups (tasks)", f"{self.groups}; size 1: {len(self.singleton_groups)}; "
                                f"all-equal rewards: {len(self.equal_reward_groups)}"),
         ]

@@ -24,6 +24,13 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv
            ".parquet": "parquet"}
 
 
+#: The largest reward magnitude accepted. GRPO's group mean and standard deviation are computed in
+#: float32 (largest ~3.4e38): a reward of 1e39 became inf there, and ±1e300 overflowed the squares
+#: of the standard deviation, so a run "trained" with every advantage NaN or 0 and said nothing.
+#: 1e15 leaves room for the squares of groups of many thousands.
+MAX_ABS_REWARD = 1e15
+
+
 class RewardFileError(ValueError):
     """The file cannot be used at all (missing, unknown format, not one usable row); printed as one
     line."""
@@ -77,6 +84,10 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                                 "the file must be comma-separated with a header line")
                 return
             for rec in reader:
+                if None in rec:  # csv.DictReader's key for fields past the header's: a shifted row
+                    problems.append(f"{path}: line {reader.line_num}: {len(names) + len(rec[None])} fields where "
+                                    f"the header names {len(names)} (a comma inside a value? quote it)")
+                    continue
                 rec = {k.strip() if isinstance(k, str) else k: v for k, v in rec.items()}
                 yield f"{path}: line {reader.line_num}", rec
     else:
@@ -102,6 +113,8 @@ def _reward_value(value: Any) -> float | None:
         except OverflowError:  # an integer of hundreds of digits
             return math.inf
     if isinstance(value, str):
+        if "_" in value:  # Python's float() reads "1_000" as 1000; no reward script means that
+            return None
         try:
             return float(value.strip())
         except ValueError:
@@ -164,6 +177,10 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             if value is None or not math.isfinite(value):
                 what = "non-numeric" if value is None else "non-finite"
                 labels.problems.append(f"{loc}: {what} reward {rec['reward']!r} for rollout {rid!r}")
+                continue
+            if abs(value) > MAX_ABS_REWARD:
+                labels.problems.append(f"{loc}: reward {value:g} for rollout {rid!r} is beyond ±{MAX_ABS_REWARD:g}: "
+                                       "the trainer's float32 group statistics would overflow; scale the rewards")
                 continue
             if rid in seen:
                 labels.problems.append(f"{loc}: rollout {rid!r} listed again; the first reward is kept")
