@@ -73,7 +73,7 @@ def _check_out(out: Path, captures: Path) -> None:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .cli import UserError
+    from .cli import UserError, said_interrupted
     from .trajectories import BuildOptions
 
     if not args.out.strip():
@@ -101,7 +101,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         state = (f"the new build is complete in {out}" if done else
                  f"{out} holds what it held before" if out.exists() else f"nothing was written to {out}")
         print(f"polar-train build: interrupted; {state}", file=sys.stderr, flush=True)
-        raise
+        raise said_interrupted(exc) from None
 
 
 def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespace, report_bytes: list[bytes]) -> int:

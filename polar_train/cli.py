@@ -143,12 +143,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     with _sigterm_unwinds():
-        return _run_command(args)
+        status = _run_command(args)
+    if argv is None:  # the program itself (console script, ``-m``): the process ends after this
+        _finish_on_signal(status)
+    return status
+
+
+def _finish_on_signal(status: int) -> None:
+    """The command's work is done and said; the interpreter's teardown (freeing a build's arrays,
+    pyarrow's and torch's pools) takes up to half a second. A SIGTERM or Ctrl-C then ended the
+    process with 143 and no line after "wrote N trajectories": a finished build read as failed by
+    the script that sent it. It now ends with the command's own status."""
+    def finish(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, finish)
+
+
+def said_interrupted(exc: BaseException) -> BaseException:
+    """Mark an interrupt whose command printed its own line (what is left, how to go on), so the
+    CLI adds none; returns ``exc`` for ``raise said_interrupted(exc)``."""
+    exc.polar_said = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _signal_status(exc: BaseException) -> int | None:
+    """The exit status of an interrupt: 130 for Ctrl-C, 128 + N for :class:`_Unwinding`'s
+    ``SystemExit`` of signal N; None for any other exit."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code > 128:
+        return exc.code
+    return None
 
 
 def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        status = _signal_status(exc)
+        if status is None:
+            raise
+        if not getattr(exc, "polar_said", False):  # stopped while importing, checking or loading:
+            try:  # a word, not a silent 130 (docs promise one line)
+                name = signal.Signals(status - 128).name
+            except ValueError:
+                name = f"signal {status - 128}"
+            print(f"polar-train {args.command}: interrupted ({name})", file=sys.stderr, flush=True)
+        return status
     except UserError as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -156,8 +205,6 @@ def _run_command(args: argparse.Namespace) -> int:
             ValueError) as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError as exc:
         try:
             sys.stdout.flush()

@@ -85,3 +85,51 @@ def test_a_third_signal_quits_at_once() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_signal_after_the_command_finished_keeps_its_status() -> None:
+    """A SIGTERM in the interpreter's teardown (half a second after a build's "wrote N
+    trajectories") ended the process with 143: a finished build read as failed by its script."""
+    script = textwrap.dedent("""
+        import signal, sys
+        from polar_train import cli
+        sys.argv = ["polar-train", "inspect", "data/samples/demo/captures"]
+        status = cli.main()
+        print("status", status, flush=True)
+        signal.raise_signal(signal.SIGTERM)  # as if sent now, while the process winds down
+        print("not reached", flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and "status 0" in proc.stdout and "not reached" not in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("exc, status, line", [
+    (KeyboardInterrupt(), 130, "polar-train inspect: interrupted (SIGINT)"),
+    (SystemExit(128 + signal.SIGTERM), 143, "polar-train inspect: interrupted (SIGTERM)"),
+])
+def test_an_interrupt_a_command_did_not_report_gets_one_line(exc, status, line, capsys) -> None:
+    """Ctrl-C while a command imported, checked or loaded (train's first seconds) and SIGTERM in
+    a demo exited 130/143 without a word."""
+    import argparse
+
+    from polar_train.cli import _run_command, said_interrupted
+
+    def raising(args):
+        raise exc
+
+    assert _run_command(argparse.Namespace(command="inspect", func=raising)) == status
+    assert capsys.readouterr().err.strip() == line
+    said = said_interrupted(type(exc)(*exc.args))
+
+    def reported(args):
+        print("polar-train inspect: interrupted; what is left", file=sys.stderr)
+        raise said
+
+    assert _run_command(argparse.Namespace(command="inspect", func=reported)) == status
+    assert capsys.readouterr().err.strip() == "polar-train inspect: interrupted; what is left"
+
+    def exits(args):
+        raise SystemExit(2)  # no signal: not an interrupt
+
+    with pytest.raises(SystemExit):
+        _run_command(argparse.Namespace(command="inspect", func=exits))

@@ -362,7 +362,18 @@ def test_a_failed_save_or_non_finite_weights_is_one_line_exit_1(trajectories, ti
         train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r4", "save_steps=50"))
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "polar-train train: interrupted at step 0, before any checkpoint was saved (save_steps=50): nothing to "
-        "resume; start again with another --output")
+        "resume; run again (the same --output is fine: nothing was logged there yet)")
+    # and so it is: nothing there refuses a new run
+    assert train_cli._check_output(tmp_path / "r4", False, None, {}) is None
+
+    def terminated(self, *args, **kwargs):  # SIGTERM (timeout, a scheduler), as polar_train.cli raises it
+        raise SystemExit(143)
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", terminated)
+    with pytest.raises(SystemExit) as stopped:  # it ended with 143 and no line, where Ctrl-C said what was left
+        train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "r5", "save_steps=50"))
+    assert stopped.value.code == 143 and stopped.value.polar_said
+    assert "polar-train train: interrupted at step 0" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_same_data(

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..cli import UserError
+from ..cli import UserError, said_interrupted
 from ..paths import cannot_write_folder, holds_other_files, make_private_dir
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
@@ -417,13 +417,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     try:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM (timeout, a scheduler) as SystemExit
+        if isinstance(exc, SystemExit) and not (isinstance(exc.code, int) and exc.code > 128):
+            raise  # not a signal
         if trainer.accelerator.is_main_process:
             for callback in trainer.callback_handler.callbacks:  # end tqdm's line before ours
                 if getattr(callback, "training_bar", None) is not None:
                     callback.training_bar.close()
             _report_interrupt(out, trainer.state.global_step, trainer.args.save_steps)
-        raise
+        raise said_interrupted(exc) from None
     trained = {n: p.detach() for n, p in trainer.model.named_parameters() if n in before}
     broken = [n for n, p in trained.items() if not bool(_all_finite(p))]
     if broken:  # an adapter of NaNs "trained successfully" (e.g. an inf learning rate, a NaN bound)
@@ -483,12 +485,12 @@ def _save_adapter(trainer, adapter_dir: Path) -> None:
 
     try:
         trainer.save_model(str(partial))
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:
         if main:
             shutil.rmtree(partial, ignore_errors=True)
             print(f"polar-train train: interrupted while writing the adapter, none written"
                   f"{'; ' + k if (k := kept()) else ''}", file=sys.stderr, flush=True)
-        raise
+        raise said_interrupted(exc) from None
     except Exception as exc:  # noqa: BLE001 - a full disk: OSError from torch, a plain Exception from tokenizers
         if main:
             shutil.rmtree(partial, ignore_errors=True)
@@ -541,8 +543,10 @@ def _report_interrupt(out: Path, step: int, save_steps: float) -> None:
         print(f"polar-train train: interrupted at step {step}; continue with --resume (from {last.name})",
               file=sys.stderr, flush=True)
     else:
+        again = ("start again with another --output" if (out / "metrics.jsonl").exists() else
+                 "run again (the same --output is fine: nothing was logged there yet)")  # as _check_output says
         print(f"polar-train train: interrupted at step {step}, before any checkpoint was saved (save_steps="
-              f"{save_steps:g}): nothing to resume; start again with another --output", file=sys.stderr, flush=True)
+              f"{save_steps:g}): nothing to resume; {again}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
