@@ -23,7 +23,7 @@ class UserError(Exception):
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
+    from .tiny_model import MARKER, MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
 
     target = Path(args.dir).expanduser()
     if target.exists() and not target.is_dir():
@@ -34,13 +34,16 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 2**63:  # torch's seed is an int64: refused here, before the folder exists
         raise UserError(f"--seed: 0 to {2**63 - 1}, got {args.seed}")
     spec = TinyModelSpec(seed=args.seed, final_norm_weight=args.final_norm_weight)
+    from safetensors import SafetensorError
+
     try:
-        if holds_other_files(target, "polar_tiny_model.json"):
+        if holds_other_files(target, MARKER):
             # a real model's folder named by mistake would lose its config and weights
             raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
         out = write_tiny_model(target, spec)
-    except OSError as exc:
-        raise UserError(f"cannot write the tiny model to {target}: {exc.strerror or exc}") from None
+    except (OSError, SafetensorError) as exc:  # safetensors' own error for a full disk
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"cannot write the tiny model to {target}: {reason}; the folder is as it was") from None
     print(f"wrote tiny model to {out}")
     return 0
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cli import UserError
-from .paths import holds_other_files
+from .paths import cannot_write_folder, holds_other_files
 from .tiny_model import MAX_FINAL_NORM_WEIGHT
 
 BIN = Path(sys.executable).parent
@@ -299,6 +299,8 @@ def _check(args: argparse.Namespace) -> Path:
     work = Path(args.workdir).expanduser()
     if work.exists() and not work.is_dir():
         raise UserError(f"--workdir is a file, not a folder: {work}")
+    if (problem := cannot_write_folder(work, "--workdir")) is not None:  # a read-only file system: a traceback
+        raise UserError(problem)
     # older demos left no marker: their summary or tiny model says the folder is a demo's
     if holds_other_files(work, WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json"):
         # the demo replaces round<N>/ and tiny-model/ in it: someone else's would be lost

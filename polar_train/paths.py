@@ -50,7 +50,7 @@ def cannot_write_folder(folder: str | Path, what: str) -> str | None:
         if not out.is_dir():
             return f"{what} is a file, not a folder: {out}"
         if not os.access(out, os.W_OK | os.X_OK):
-            return f"{what} {out}: permission denied (the folder is not writable)"
+            return f"{what} {out}: {_denied(out)} (the folder is not writable)"
         return None
     parent = out.absolute().parent
     while not parent.exists() and not parent.is_symlink():
@@ -58,5 +58,15 @@ def cannot_write_folder(folder: str | Path, what: str) -> str | None:
     if not parent.is_dir():
         return f"{what} {out}: {parent} is a file, not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{what} {out}: permission denied (cannot create it in {parent})"
+        return f"{what} {out}: {_denied(parent)} (cannot create it in {parent})"
     return None
+
+
+def _denied(folder: Path) -> str:
+    """Why a folder is not writable, in the words of ``EROFS`` where that is why."""
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "permission denied"

@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+#: The file that marks a folder as a tiny model of ours (its spec), written last.
+MARKER = "polar_tiny_model.json"
+#: Files are written into a hidden folder of this prefix inside the model folder, then renamed into
+#: place: a full disk left config.json beside no weights (a new folder the next run refused as not
+#: ours), or an old model's config rewritten beside its old weights.
+_PARTIAL = ".tiny-model.partial-"
 
 
 #: ``--final-norm-weight`` above this only makes the random policy more deterministic: from 32 up
@@ -39,7 +48,8 @@ class TinyModelSpec:
 
 
 def write_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec | None = None) -> Path:
-    """Write a model directory loadable offline by ``AutoModelForCausalLM``/``AutoTokenizer``."""
+    """Write a model directory loadable offline by ``AutoModelForCausalLM``/``AutoTokenizer``.
+    A write that fails (a full disk) leaves the folder as it was: removed if this call made it."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -47,7 +57,6 @@ def write_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec | None = No
 
     spec = spec or TinyModelSpec()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     vocab_size = len(tok)
     config = Qwen3Config(
@@ -77,7 +86,20 @@ def write_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec | None = No
         top_p=1.0,
         top_k=0,
     )
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
-    (out / "polar_tiny_model.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f"{_PARTIAL}*"):  # a write that was killed outright
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = Path(tempfile.mkdtemp(prefix=_PARTIAL, dir=out))
+    try:
+        model.save_pretrained(str(partial), safe_serialization=True)
+        tok.save_pretrained(str(partial))
+        (partial / MARKER).write_text(json.dumps(asdict(spec), indent=2) + "\n")
+        # each file replaces its old self in one rename; the marker last: a folder marked ours is whole
+        for path in sorted(partial.iterdir(), key=lambda p: p.name == MARKER):
+            os.replace(path, out / path.name)
+    except BaseException:
+        shutil.rmtree(out if created else partial, ignore_errors=True)
+        raise
+    partial.rmdir()
     return out

@@ -101,6 +101,25 @@ def test_a_file_as_workdir_is_refused_and_left_alone(tmp_path: Path) -> None:
     assert work.read_text() == "mine"
 
 
+def test_a_workdir_on_a_read_only_file_system_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was a traceback (OSError: Read-only file system) where build, train and tiny-model said
+    one line; and theirs said "permission denied" for a read-only file system."""
+    import argparse
+    import os
+    from types import SimpleNamespace
+
+    from polar_train.cli import UserError
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=os.ST_RDONLY))
+    args = argparse.Namespace(workdir=str(tmp_path / "demo"), rounds=1, group_size=2, max_tokens=12, train_steps=1,
+                              learning_rate=1e-3, final_norm_weight=1.0)
+    with pytest.raises(UserError, match=rf"--workdir {tmp_path / 'demo'}: read-only file system \(cannot create it in"):
+        _check(args)
+    assert not (tmp_path / "demo").exists()
+
+
 def test_a_model_built_with_another_spec_is_not_reused(tmp_path: Path) -> None:
     assert _built_spec(tmp_path) is None  # nothing there: build
     (tmp_path / "polar_tiny_model.json").write_text("{not json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 
@@ -75,3 +76,36 @@ def test_a_folder_holding_something_else_is_not_overwritten(tmp_path, capsys):
     assert json.loads((tmp_path / "t" / "polar_tiny_model.json").read_text())["seed"] == 3
     (tmp_path / "empty").mkdir()
     assert main(["tiny-model", str(tmp_path / "empty")]) == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == sorted(p.name for p in (tmp_path / "empty").iterdir())
+
+
+def test_a_full_disk_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    """A full disk gave a traceback (safetensors' own error) and left config.json without weights,
+    a folder the next run refused as not ours; over an old model, its config was rewritten beside
+    its old weights."""
+    from safetensors import SafetensorError
+    from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
+
+    def disk_full(self, folder, *args, **kwargs):
+        (Path(folder) / "config.json").write_text("{}")  # what a save writes before its weights
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with monkeypatch.context() as m:
+        m.setattr(Qwen3ForCausalLM, "save_pretrained", disk_full)
+        assert main(["tiny-model", str(tmp_path / "new")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"polar-train tiny-model: error: cannot write the tiny model to {tmp_path / 'new'}: Error while "
+        "serializing: I/O error: No space left on device (os error 28); the folder is as it was")
+    assert not (tmp_path / "new").exists()
+
+    assert main(["tiny-model", str(tmp_path / "old")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()}
+
+    def tokenizer_disk_full(self, folder, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(PreTrainedTokenizerBase, "save_pretrained", tokenizer_disk_full)
+        assert main(["tiny-model", str(tmp_path / "old"), "--seed", "3"]) == 2
+    assert "No space left on device; the folder is as it was" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()} == before  # no partial folder either

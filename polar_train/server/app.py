@@ -17,7 +17,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from . import chat, messages, responses
@@ -29,6 +29,7 @@ from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, Unsupp
 from .fields import flag, list_of
 from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
+from .sse import WireJSONResponse as JSONResponse
 
 log = logging.getLogger("polar_train.server")
 #: the vLLM release whose wire this server speaks (``/version``)

@@ -1,7 +1,13 @@
-"""Server-sent events framing, byte-exact with vLLM: compact JSON, ``ensure_ascii=False``.
+"""Server-sent events and JSON bodies, byte-exact with vLLM: compact JSON, ``ensure_ascii=False``.
 
 vLLM writes ``data: {json}\\n\\n`` for chat and ``event: NAME\\ndata: {json}\\n\\n`` for the
 Responses and Messages APIs.
+
+Why a fallback: JSON may carry a lone surrogate (``"\\ud800"``), which Python reads into a string
+that UTF-8 cannot encode. A request's ``metadata``, ``user`` or model name is echoed back: the
+answer failed to encode, a 500 with a traceback (a plain-text one where the error's own message
+held it), and a stream that had sent its headers ended with no event. Such a body is written with
+``\\u`` escapes instead, which a client's JSON parser reads as the same string.
 """
 
 from __future__ import annotations
@@ -9,14 +15,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+def _utf8(template: str, obj: Any) -> bytes:
+    """``template`` with the JSON of ``obj`` in place of ``{}``, as UTF-8."""
+    try:
+        return template.format(dumps(obj)).encode()
+    except UnicodeEncodeError:  # a lone surrogate echoed from the request: escaped, not a 500
+        return template.format(json.dumps(obj, separators=(",", ":"))).encode()
+
+
 def sse_data(obj: Any) -> bytes:
-    return f"data: {dumps(obj)}\n\n".encode()
+    return _utf8("data: {}\n\n", obj)
 
 
 def sse_event(event: str, obj: Any) -> bytes:
-    return f"event: {event}\ndata: {dumps(obj)}\n\n".encode()
+    return _utf8(f"event: {event}\n" + "data: {}\n\n", obj)
+
+
+class WireJSONResponse(JSONResponse):
+    """Starlette's JSON response (vLLM's bytes), with lone surrogates written as ``\\u`` escapes."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
