@@ -19,6 +19,7 @@ import torch
 from polar_train.cli import UserError
 from polar_train.schema import TRAJECTORY_SCHEMA
 from polar_train.train.cli import build_trainer, prepare
+from polar_train.train.config import load_config
 from polar_train.train.data import DataReport, Trajectory, make_groups
 from polar_train.train.sampling import sample_trajectories
 
@@ -599,8 +600,18 @@ def test_options_that_would_generate_or_train_nothing_are_refused(sampled, tiny_
 
 
 def test_errors_name_the_users_option_not_a_derived_one(sampled, tiny_model_dir, tmp_path):
-    with pytest.raises(UserError, match=r"argument --num_generations.*invalid int value: 'four'"):
-        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "num_generations=four"))
+    with pytest.raises(UserError, match=r"^--set num_generations: invalid int value: 'four'$"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "num_generations=four"))  # named TRL's --num-generations
+    # a value with a leading '-' was taken for an option: "expected one argument"
+    with pytest.raises(UserError, match=r"^learning_rate must be a finite number >= 0, got -inf$"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "learning_rate=-inf"))
+    with pytest.raises(UserError, match=r"^seed must be in 0 \.\. 4294967295 \(numpy's range\), got -1$"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "seed=-1"))  # said by numpy after the weights loaded
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("learning_rate: 1.0e-5\nmax_steps: 2\nlearning_rate: 2.0e-5\n")
+    with pytest.raises(UserError, match=rf"^{twice}: line 3: learning_rate is given twice"):
+        load_config(str(twice), [], str(tmp_path / "r"))  # the last value won unsaid
+    assert not (tmp_path / "r").exists()
     with pytest.raises(UserError, match=r"^per_device_train_batch_size \(3\) x gradient_accumulation_steps \(1\) x "
                                         r"processes \(1\) = 3 must be a multiple of num_generations \(4\)"):
         prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "per_device_train_batch_size=3"))

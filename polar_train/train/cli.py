@@ -391,7 +391,10 @@ def build_trainer(args: argparse.Namespace):
             adapter_config.base_model_name_or_path = _resolved(args.model)
     else:
         peft_config = config.lora_config()
-    make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
+    try:
+        make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
+    except OSError as exc:  # what the check before could not foresee (/proc, a folder made meanwhile)
+        raise UserError(f"--output {out}: cannot make it: {exc.strerror or exc}") from None
     if os.environ.get("RANK", "0") == "0":
         try:
             _write_marker(out, identity)

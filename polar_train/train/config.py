@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,7 @@ class TrainConfig(GRPOConfig):
         need(self.lora_alpha > 0, "lora_alpha must be above 0 (the LoRA scale is alpha / r)", self.lora_alpha)
         need(self.min_group_size >= 1, "min_group_size must be at least 1", self.min_group_size)
         need(0 <= self.lora_dropout < 1, "lora_dropout must be in [0, 1)", self.lora_dropout)
+        need(0 <= self.seed < 2**32, "seed must be in 0 .. 4294967295 (numpy's range)", self.seed)
 
     def _check_importance_bounds(self) -> None:
         """The importance-weight bounds, as TRL will use them: a cap <= 0 (also one given through the
@@ -238,6 +240,11 @@ class _Parser(TrlParser):
         self.yaml_values = yaml_values or {}
 
     def error(self, message: str):  # noqa: D401 - argparse hook
+        # argparse names TRL's option ("argument --max_steps/--max-steps: invalid int value: 'nan'");
+        # its values come from --set (the YAML's are defaults, not parsed): name the user's words
+        m = re.fullmatch(r"argument --(\w+)(?:/--[\w-]+)?: (.*)", message, flags=re.S)
+        if m and m[1] in _FIELDS:
+            raise UserError(f"--set {m[1]}: {m[2]}")
         raise UserError(f"bad configuration: {message}")
 
     def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
@@ -365,6 +372,26 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
     return out
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML lets the last one win
+    without a word, so an edit below an old value of the same option did nothing visible."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -372,7 +399,9 @@ def read_yaml(path: str | None) -> dict[str, Any]:
     if (problem := not_a_file(p, "config file")) is not None:
         raise UserError(problem)
     try:
-        data = yaml.safe_load(p.read_text("utf-8")) or {}
+        data = yaml.load(p.read_text("utf-8"), Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as exc:
+        raise UserError(f"{p}: line {exc.line}: {exc.key} is given twice (the last one would win unsaid)") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except UnicodeDecodeError as exc:  # a binary file given by mistake: the codec's words named no file
@@ -420,8 +449,8 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
         ftype = str(_FIELDS[key].type)
         if "list" in ftype and "," in str(value):
             args += [v.strip() for v in str(value).split(",") if v.strip()]
-        else:
-            args.append(str(value))
+        else:  # one word: a value such as -inf or -1 was taken for an option ("expected one argument")
+            args[-1] = f"--{key}={value}"
     args += ["--output_dir", str(output_dir)]
     try:
         parser = _Parser(dataclass_types=[TrainConfig], yaml_values={k: v for k, v in user.items() if k != "env"})
