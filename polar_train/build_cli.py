@@ -133,8 +133,8 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     except FileExistsError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
-        raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}; the folder holds what it held "
-                        "before") from None
+        state = "the folder holds what it held before" if out.exists() else "nothing was written"
+        raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}; {state}") from None
     print_out(f"{report.table()}\nwrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to {out}"
               f" (report: {out / REPORT_NAME})")
     return 0

@@ -25,6 +25,8 @@ class UserError(Exception):
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from .tiny_model import MARKER, MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
 
+    if not args.dir.strip():  # Path("") is the current folder, which other commands refuse to guess
+        raise UserError('DIR is empty: name the folder ("." for the current one)')
     target = Path(args.dir).expanduser()
     if target.exists() and not target.is_dir():
         raise UserError(f"{target} exists and is not a folder")

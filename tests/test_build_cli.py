@@ -296,6 +296,10 @@ def test_a_write_that_fails_leaves_the_earlier_build_whole(tmp_path, capture, mo
     assert err == (f"polar-train build: error: cannot write to --out {out}: No space left on device; "
                    "the folder holds what it held before\n")
     assert _snapshot(out) == before and not _temps(out)
+    written.append("full from the start")
+    assert main(["build", str(capture), "--out", str(tmp_path / "new")]) == 2  # a folder that was not there
+    assert capsys.readouterr().err.endswith("No space left on device; nothing was written\n")
+    assert not (tmp_path / "new").exists()
     monkeypatch.setattr(writer.pq, "write_table", real_write)
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process id no process has any more: its writer was killed

@@ -111,6 +111,7 @@ def _base_logits(model_dir, prompt):
     (["--model", "{tmp}/no-weights"], "cannot load the model in"),
     (["--model", "{tmp}/broken-config"], "config.json cannot be read as JSON"),
     (["--model", "{model}", "--max-model-len", "0"], "--max-model-len must be >= 1"),
+    (["--model", "{model}", "--served-model-name", " "], "--served-model-name is empty"),
     (["--model", "{model}", "--chunk-delay-ms", "inf"], "--chunk-delay-ms must be a finite number"),
     (["--model", "{model}", "--chunk-delay-ms", "nan"], "--chunk-delay-ms must be a finite number"),
     (["--model", "{model}", "--ssl-certfile", "{tmp}/junk.pem", "--ssl-keyfile", "{tmp}/junk.pem"],

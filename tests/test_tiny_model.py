@@ -45,6 +45,8 @@ def test_same_seed_same_weights_other_seed_other(tiny_model_dir, tmp_path, capsy
 
 
 def test_bad_targets_and_settings_are_refused(tmp_path, capsys):
+    assert main(["tiny-model", ""]) == 2  # the current folder, unsaid
+    assert 'DIR is empty: name the folder ("." for the current one)' in capsys.readouterr().err
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("keep me")
     assert main(["tiny-model", str(a_file)]) == 2

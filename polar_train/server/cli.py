@@ -14,8 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model on CPU with vLLM's wire format (OpenAI chat, "
                                      "responses, Anthropic messages)")
     p.add_argument("--model", required=True, help="model directory (e.g. from `polar-train tiny-model`)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
@@ -23,11 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--script", default=None,
                    help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
     p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
-    p.add_argument("--seed", type=int, default=None, help="seed of requests that bring none")
-    p.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion)")
+    p.add_argument("--seed", type=int, default=None, help="seed of requests that bring none (default: none, a random sample)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion; default: 4096)")
     p.add_argument("--chunk-delay-ms", type=float, default=0.0,
-                   help="wait this long between streamed tokens (benchmarks)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+                   help="wait this long between streamed tokens (benchmarks; default: 0)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="uvicorn's log level; info logs a line per request (default: warning)")
     p.set_defaults(func=_serve)
 
 
@@ -100,6 +101,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError("--port must be in 1..65535")
     if args.max_model_len < 1:
         raise UserError(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise UserError("--served-model-name is empty: give the name clients send (left out: the model "
+                        "folder's name)")  # a model named "" served: a client could name it in no header
     _check_model_config(model)
     _check_can_listen(args.host, args.port)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
