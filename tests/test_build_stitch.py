@@ -124,6 +124,46 @@ def test_retokenization_forks_by_default(tmp_path):
     assert_aligned(result.trajectories[1], rows[1:])
 
 
+@pytest.mark.parametrize("realign", [False, True])
+def test_a_sampled_text_the_tokenizer_normalises_is_a_retokenization(tmp_path, realign):
+    """The model sampled ``e`` + a combining acute; the client sent the text back unchanged and the
+    tokenizer (NFC, as Qwen's) made it one ``é``: other bytes, no edit. It forked as a
+    ``history_rewrite``, and ``--realign`` could not continue across it."""
+    conv = Conversation(rollout_id="r1")
+    tok = conv.tok
+    conv.user("greet in French")
+    text = conv.completion_text(conv.assistant_message("cafe\u0301 ok"))
+    head, tail = text.split("\u0301")
+    sampled = encode(tok, head) + encode(tok, "\u0301") + encode(tok, tail)
+    first = conv.assistant("cafe\u0301 ok", completion_ids=sampled)
+    conv.user("again")
+    second = conv.assistant("Oui.")
+    said = tok.decode(second["prompt_token_ids"])  # the next prompt holds the composed form
+    assert "caf\u00e9 ok" in said and "\u0301" not in said
+    result = build(tmp_path, [first, second], realign=realign)
+    if realign:
+        (t,) = result.trajectories
+        assert t.realigned and result.report.realigned_calls == 1
+        assert_aligned(t, [first, second])
+    else:
+        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+
+
+@pytest.mark.parametrize("sampled, sent_back, same", [
+    ("Tie\u0302\u0301ng Vie\u0323\u0302t ok", "Ti\u1ebfng Vi\u1ec7t ok", True),  # Vietnamese, decomposed
+    ("\u1100\u1161\u11a8 ok", "\uac01 ok", True),  # Hangul jamo -> one syllable
+    ("cafe\u0301 ok", "caf\u00e9 no", False),  # composed, then other text
+    ("cafe ok", "caf\u00e9 ok", False),  # an ASCII text: bytes only, nothing to normalise
+])
+def test_text_cover_takes_the_composed_form_only_for_the_same_text(sampled, sent_back, same):
+    from polar_train.trajectories.tokenbytes import default_token_bytes, ids_bytes, text_cover
+
+    tok, tb = chat_tokenizer(), default_token_bytes()
+    ids = [i for ch in sampled for i in encode(tok, ch)]  # one character at a time: kept decomposed
+    back = encode(tok, sent_back)
+    assert text_cover(tb, back, ids_bytes(tb, ids)) == ((len(back), True) if same else None)
+
+
 def test_realign_keeps_sampled_ids_and_resumes_after_the_same_text(tmp_path):
     rows = _retokenized_session(Conversation(rollout_id="r1"))
     result = build(tmp_path, rows, realign=True)

@@ -21,7 +21,7 @@ from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
 from .stitch import Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
-from .tokenbytes import TokenBytes, bytes_cover, default_token_bytes, ids_bytes
+from .tokenbytes import TokenBytes, default_token_bytes, ids_bytes, text_cover
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -208,7 +208,7 @@ class _ContinuedAttempts:
                 if lo <= d < len(history):
                     tb = self._token_bytes()
                     want = ids_bytes(tb, history[d:])  # the later prompt's bytes start with them
-                    if want and bytes_cover(tb, later[d:], want) is not None:
+                    if want and text_cover(tb, later[d:], want) is not None:
                         self._said[a] = ids_bytes(tb, completion) or b""
                         out.append(a)
                         break

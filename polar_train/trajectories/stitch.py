@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .tokenbytes import TokenBytes, bytes_cover, ids_bytes
+from .tokenbytes import TokenBytes, ids_bytes, text_cover
 
 SPECIAL_START_ID = 248044  # Qwen3.5 special tokens are 248044..248076
 IM_START_ID = 248045
@@ -452,7 +452,7 @@ class Stitcher:
         want = ids_bytes(tb, t.match_tail(d))
         if want is None:
             return None  # an id that names no token: nothing to compare
-        covered = bytes_cover(tb, prompt[d:], want)
+        covered = text_cover(tb, prompt[d:], want)
         return d + covered[0] if covered is not None and covered[1] else None
 
     def _retokenized_sibling(self, pool: list[Trajectory], parent: Trajectory, prompt: np.ndarray,

@@ -7,6 +7,7 @@ and let the stitcher walk two sequences side by side in linear time (retokenizat
 
 from __future__ import annotations
 
+import unicodedata
 from functools import lru_cache
 from typing import Protocol
 
@@ -77,6 +78,36 @@ def bytes_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] |
         if len(got) >= len(want):
             return (j + 1, len(got) == len(want)) if got.startswith(want) else None
         if not want.startswith(got):
+            return None
+    return None
+
+
+def text_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | None:
+    """:func:`bytes_cover`, or where the bytes differ, whether ``ids`` say ``want``'s text in
+    Unicode's composed form (NFC) and end exactly there: ``(ids taken, True)``.
+
+    Why: the tokenizer normalises text (NFC, as Qwen's does) before it encodes. A sampled
+    ``e`` + combining acute sent back as it was comes back as one ``é`` in the next prompt: no
+    edit, yet the bytes differ, and the fork read as a history rewrite. Only a sampled text that
+    NFC changes is compared so (an ASCII or composed one never is: no cost on the usual path)."""
+    covered = bytes_cover(token_bytes, ids, want)
+    if covered is not None:
+        return covered
+    target = want.decode("utf-8", "surrogateescape")  # a tail may begin or end inside a character
+    if target.isascii() or unicodedata.is_normalized("NFC", target):
+        return None
+    target = unicodedata.normalize("NFC", target)
+    got = bytearray()
+    for j, x in enumerate(ids):
+        piece = token_bytes(int(x))
+        if piece is None:
+            return None
+        got += piece
+        text = unicodedata.normalize("NFC", got.decode("utf-8", "surrogateescape"))
+        if text == target:
+            return j + 1, True
+        # the last two characters may still compose with what follows, or be half a character
+        if not target.startswith(text[:max(0, len(text) - 2)]) or len(text) > len(target) + 2:
             return None
     return None
 
