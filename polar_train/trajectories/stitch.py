@@ -349,9 +349,9 @@ class Stitcher:
         self._clock = 0
         self._counter: Counter = Counter()
         self._went_on: set[str | None] = set()  # rollouts that went past their first prompt
-        #: rollout -> the first prompts of its conversations: a trajectory that opened one may be
-        #: closed (a retokenization fork went on from it), and its first prompt lives on only as a
-        #: prefix of the fork's, where its length was no longer known
+        #: rollout -> the first prompt of its first trajectory: that trajectory may be closed (a
+        #: retokenization fork went on from it), and its first prompt lives on only as a prefix
+        #: of the fork's, where its length was no longer known
         self._opening_prompts: dict[str | None, list[np.ndarray]] = {}
         #: call id -> (trajectory, prompt-space buffer, prompt end, prompt + completion end)
         self._where: dict[str, tuple[Trajectory, np.ndarray, int, int]] = {}
@@ -372,8 +372,8 @@ class Stitcher:
         return f"{rollout}#{n}"
 
     def _opens_conversation(self, rollout_id: str | None, prompt: np.ndarray) -> bool:
-        """Whether ``prompt`` is the first prompt of one of the rollout's conversations (a second
-        session of an anonymous GRPO group, or a rollout id used again for the next session)."""
+        """Whether ``prompt`` is the rollout's very first prompt (a second session of an anonymous
+        GRPO group, or a rollout id used again for the next session)."""
         return any(len(first) == len(prompt) and np.array_equal(first, prompt)
                    for first in self._opening_prompts.get(rollout_id, ()))
 
@@ -392,7 +392,7 @@ class Stitcher:
         t.last_used = self._clock
         self._record(t, call)
         self.trajectories.append(t)
-        if cause in (None, "new_conversation"):
+        if cause is None:  # (not a sub-agent's or side request's: sent again, it is no new session)
             self._opening_prompts.setdefault(rollout_id, []).append(call.prompt)
         pool = self.open.setdefault(key, [])
         pool.append(t)
