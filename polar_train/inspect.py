@@ -8,6 +8,7 @@ none), and whether rendered ids matched the server's usage counts.
 from __future__ import annotations
 
 import argparse
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,10 +47,23 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def _columns(text: str) -> int:
+    """Terminal columns of ``text``: an emoji or CJK character takes two, a combining mark none
+    (``len`` counted one each, and a rollout id holding an emoji pushed its row's columns right)."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
+
+
 def _table(title: str, header: list[str], rows: list[list[object]]) -> str:
     cells = [header] + [[printable(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    widths = [max(_columns(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        pads = [" " * (w - _columns(c)) for c, w in zip(row, widths)]
+        return "  ".join(c + pad if i == 0 else pad + c for i, (c, pad) in enumerate(zip(row, pads)))
+
     return "\n".join([title, line(header), line(["-" * w for w in widths]), *map(line, cells[1:])])
 
 

@@ -367,6 +367,21 @@ def test_inspect_escapes_what_a_terminal_would_act_on(tmp_path, session_rows, ca
     assert "a\\nb\\u202ec" in out and odd not in out
 
 
+def test_inspect_columns_stay_aligned_for_wide_characters(tmp_path, session_rows, capsys):
+    """A rollout id holding an emoji (two terminal columns, one ``len``) pushed its row right."""
+    from polar_train.cli import main
+    from polar_train.inspect import _columns
+
+    assert (_columns("key\U0001F600"), _columns("e\u0301"), _columns("任务")) == (5, 1, 4)
+    rows = [dict(r, rollout_id="key\U0001F600") for r in session_rows[:2]] + session_rows[2:]
+    write_parts(tmp_path, rows)
+    assert main(["inspect", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index(next(x for x in lines if x.startswith("per rollout"))) + 1:]
+    table = table[:next((i for i, x in enumerate(table) if not x.strip()), len(table))]
+    assert len({_columns(x) for x in table}) == 1, table  # every row as wide as the header
+
+
 def test_a_linked_folder_below_the_capture_is_read_once(tmp_path, session_rows, capsys):
     """``ln -s other/calls cap/calls/run2``: the linked calls went missing from inspect and build
     without a word. Linked folders are followed, each real folder once (a loop ends)."""
