@@ -55,27 +55,19 @@ def test_head_on_get_routes_is_405(polar_base_url):
         assert "GET" in r.headers["allow"]
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2, "metadata": {"k": "\ud83d"}}),
-    ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 2, "user": "\ud800", "stream": True}),
-    ("/v1/chat/completions", {"model": "tiny\ud800", "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/messages", {"model": "tiny\ud800", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
-])
-def test_a_lone_surrogate_echoed_back_is_escaped_not_a_500(polar_base_url, path, body):
-    """JSON may hold a lone surrogate (``"\\ud800"``), which UTF-8 cannot encode: echoed in an answer
-    (metadata, user) or an error (the model name), it gave a 500 with a traceback (plain text for
-    the error), and a stream that had sent its headers ended without an event."""
+@pytest.mark.parametrize("echoed", [{"metadata": {"k": "\ud83d"}}, {"user": "\ud800"}])
+def test_a_lone_surrogate_a_stream_echoes_is_escaped(polar_base_url, echoed):
+    """JSON may hold a lone surrogate (``"\\ud800"``), which UTF-8 cannot encode. Echoed in a
+    stream's events, it cut the stream after its headers, before any event (vLLM 0.32 does that
+    too: a broken stream); its events now carry it as its escape. (A body is answered with vLLM's
+    400: tests/test_server_validation.py.)"""
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "stream": True, **echoed}
     data = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as its \u escape
-    assert b"\\ud8" in data
-    with httpx.stream("POST", polar_base_url + path, content=data, timeout=120,
+    with httpx.stream("POST", polar_base_url + "/v1/responses", content=data, timeout=120,
                       headers={"content-type": "application/json"}) as r:
         raw = r.read()
-    assert r.status_code == (404 if "\ud800" in body["model"] else 200), raw[:300]
-    texts = [raw] if not body.get("stream") else [line[6:] for line in raw.splitlines() if line.startswith(b"data: ")]
-    answers = [json.loads(t) for t in texts]
-    echoed = json.dumps(answers, ensure_ascii=False)
-    assert "\ud800" in echoed or "\ud83d" in echoed  # the same string back, as its escape
-    if body.get("stream"):
-        assert answers[-1]["type"] == "response.completed" and answers[-1]["response"]["user"] == "\ud800"
-    elif r.status_code == 200:
-        assert answers[0]["metadata"] == {"k": "\ud83d"}
+    assert r.status_code == 200, raw[:300]
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith(b"data: ")]
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    (key, value), = echoed.items()
+    assert events[-1]["response"][key] == value  # the same string back, from its escape
