@@ -48,6 +48,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     from transformers import TrainerCallback
 
+    from polar_train.cli import UserError
+    from polar_train.model_load import first_line
     from polar_train.tiny_model import write_tiny_model
     from polar_train.train.cli import build_trainer
     from polar_train.train.sampling import sample_trajectories
@@ -56,8 +58,11 @@ def main() -> None:
     try:
         model = a.model or str(write_tiny_model(tmp / "tiny"))
         t0 = time.perf_counter()
-        sample_trajectories(model, tmp / "traj", num_tasks=a.groups, group_size=a.group_size,
-                            turn_tokens=(a.tokens, a.tokens // 2), seed=0)
+        try:
+            sample_trajectories(model, tmp / "traj", num_tasks=a.groups, group_size=a.group_size,
+                                turn_tokens=(a.tokens, a.tokens // 2), seed=0)
+        except (OSError, ValueError) as exc:  # no weights, a config.json that is no JSON: a traceback
+            raise UserError(f"--model {model}: cannot load it ({first_line(exc)})") from None
         sample_s = time.perf_counter() - t0
         args = argparse.Namespace(data=str(tmp / "traj"), model=model, output=str(tmp / "run"), config=None,
                                   resume=False, sets=[f"max_steps={a.steps}", "learning_rate=1e-4",

@@ -139,9 +139,12 @@ def run_script(main_function: Callable[[], int | None]) -> int:
         except UserError as exc:  # e.g. a model folder the trainer refuses, in bench/train_step.py
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
+        except (KeyboardInterrupt, SystemExit) as exc:  # SIGTERM as SystemExit(143): it ended unsaid
+            status = _signal_status(exc)
+            if status is None:
+                raise
+            print(f"interrupted ({_signal_name(status)})", file=sys.stderr)
+            return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,6 +192,13 @@ def _signal_status(exc: BaseException) -> int | None:
     return None
 
 
+def _signal_name(status: int) -> str:
+    try:
+        return signal.Signals(status - 128).name
+    except ValueError:
+        return f"signal {status - 128}"
+
+
 def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
@@ -197,11 +207,8 @@ def _run_command(args: argparse.Namespace) -> int:
         if status is None:
             raise
         if not getattr(exc, "polar_said", False):  # stopped while importing, checking or loading:
-            try:  # a word, not a silent 130 (docs promise one line)
-                name = signal.Signals(status - 128).name
-            except ValueError:
-                name = f"signal {status - 128}"
-            print(f"polar-train {args.command}: interrupted ({name})", file=sys.stderr, flush=True)
+            # a word, not a silent 130 (docs promise one line)
+            print(f"polar-train {args.command}: interrupted ({_signal_name(status)})", file=sys.stderr, flush=True)
         return status
     except UserError as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)

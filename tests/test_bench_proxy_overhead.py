@@ -157,6 +157,8 @@ def test_sigterm_stops_the_proxies_and_upstream_and_removes_the_temp_folder(tmp_
                                   capture_output=True, text=True).stdout
             raise AssertionError(f"no exit 120 s after SIGTERM\n{stacks}\n{tree}\n{''.join(rest)[-3000:]}")
         assert rc == 143, "".join(rest)[-3000:]
+        reader.join(60)  # the output to its end (the pipe closes with the bench's exit)
+        assert "".join(rest).rstrip().endswith("interrupted (SIGTERM)"), "".join(rest)[-3000:]  # it ended unsaid
     finally:
         if proc.poll() is None:  # a failed assertion above: still leave nothing running
             proc.terminate()

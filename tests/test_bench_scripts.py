@@ -58,3 +58,11 @@ def test_bad_arguments_are_refused(script: str, args: list[str], message: str) -
     proc = bench(script, *args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_train_step_names_a_model_that_does_not_load(tmp_path) -> None:
+    """A folder with a config.json but no weights passed the check and ended in a traceback."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    proc = bench("train_step.py", "--groups", "1", "--group-size", "2", "--tokens", "4", "--model", str(tmp_path))
+    assert proc.returncode == 2 and f"error: --model {tmp_path}: cannot load it (" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
