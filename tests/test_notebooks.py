@@ -226,6 +226,16 @@ def test_capture_notebook_on_failed_calls_only(sample_calls, tmp_path: Path,
     assert "no trajectory could be built" in out and "no trajectories: nothing to show" in out
 
 
+def test_capture_notebook_on_a_folder_whose_parts_are_all_unreadable(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No part read: it said no successful call among 0 calls, "all failed or text only"."""
+    (tmp_path / "cap" / "calls").mkdir(parents=True)
+    (tmp_path / "cap" / "calls" / "part-1.parquet").write_bytes(b"PAR1 cut short")
+    out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=tmp_path / "cap"))
+    assert "no call was read from" in out and "(see the skipped parts above)" in out
+    assert "all failed or text only" not in out
+
+
 def test_run_notebook_on_an_unfinished_run(run_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     nb = execute(RUN_NB, monkeypatch, POLAR_RUN=run_dirs["unfinished"])
     out = text(nb)
@@ -265,13 +275,34 @@ def test_run_notebook_on_runs_that_ended_early_or_late(tmp_path: Path, monkeypat
     out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=late))
     assert "train_summary.json is unreadable (" in out
     assert "training finished (the end line of metrics.jsonl:" in out
-    assert "its adapter was not, and no checkpoint holds the weights" in out
+    assert "no adapter was saved, and no checkpoint holds the weights" in out
 
     stopped = tmp_path / "stopped"  # Ctrl-C before step 1: the run marker only
     stopped.mkdir()
     (stopped / ".polar-train-run").write_text("{}\n")
     out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=stopped))
-    assert "metrics.jsonl has 0 step(s)" in out and "no optimizer step in metrics.jsonl yet" in out
+    assert "metrics.jsonl has 0 step(s)" in out and "metrics.jsonl holds no optimizer step yet" in out
+
+    ended = tmp_path / "ended"  # the end-of-training line alone: "finished", then "no step yet"
+    ended.mkdir()
+    (ended / "metrics.jsonl").write_text(lines[-1] + "\n")
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=ended))
+    assert "training finished" in out and "metrics.jsonl holds no optimizer step (only the end-of-training line)" in out
+
+
+def test_run_notebook_finds_an_unfinished_runs_trajectories_by_its_marker(
+        run_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker held a count and a hash, not the data's folder: an interrupted run always needed
+    POLAR_TRAJECTORIES."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dirs["unfinished"], run)
+    (run / ".polar-train-run").write_text(json.dumps({"trajectories": 31, "trajectories_folder":
+                                                      str(SAMPLE / "trajectories")}) + "\n")
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run))
+    assert "build report of data/samples/demo/trajectories (the run's .polar-train-run)" in out
+    assert "sampled token(s) of the build without a sampler logprob" in out
 
 def test_run_notebook_reads_the_trajectories_its_summary_names(run_dirs: dict[str, Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:

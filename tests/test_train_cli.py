@@ -50,6 +50,8 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     assert summary["trajectories"] == str(trajectories.resolve()) and summary["model"] == str(tiny_model_dir.resolve())
     assert summary["adapter"] == str((out / "adapter").resolve()) and summary["resumed_from"] is None
     assert summary["init_adapter"] is None and "warning" not in proc.stderr  # its own samples: no foreign policy
+    # and an unfinished run's marker says where its data is (notebooks/02 reads its build report by it)
+    assert json.loads((out / ".polar-train-run").read_text())["trajectories_folder"] == str(trajectories.resolve())
     assert (out / "checkpoint-1" / "polar_first_epoch_mismatch.json").is_file()
     assert summary["adapter_max_abs_change"] > 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -397,7 +397,8 @@ def build_trainer(args: argparse.Namespace):
         raise UserError(f"--output {out}: cannot make it: {exc.strerror or exc}") from None
     if os.environ.get("RANK", "0") == "0":
         try:
-            _write_marker(out, identity)
+            # where the data is: notebooks/02 finds an unfinished run's build report by it
+            _write_marker(out, {**identity, "trajectories_folder": _resolved(args.data)})
         except OSError as exc:
             raise TrainFailure(f"cannot write {out / RUN_MARKER}: {exc.strerror or exc}") from None
     if checkpoint is not None and os.environ.get("RANK", "0") == "0":  # the steps after it are logged again;
