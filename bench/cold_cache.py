@@ -85,7 +85,7 @@ def timed(run: Callable[[], object], pause_ms: float, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=40, help="runs per work and pause (default 40)")
+    ap.add_argument("--repeats", type=int, default=40, help="runs per work and pause, at least 3 (default 40)")
     ap.add_argument("--pauses", type=float, nargs="+", default=[0, 1, 5, 50], metavar="MS",
                     help="pauses before each run, ms; the first must be 0 (default 0 1 5 50)")
     ap.add_argument("--echo-kb", type=int, default=32, help="KiB of echoed instructions and tools, 1 or more (default 32)")

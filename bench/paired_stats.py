@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the target is a ceiling (a time ratio), not a floor (a throughput ratio)")
     parser.add_argument("--level", type=float, default=LEVEL, help="coverage asked (default %(default)s)")
     args = parser.parse_args(argv)
-    if not all(math.isfinite(v) for v in [*args.ratios, args.target]):
-        parser.error("ratios and --target must be finite numbers")
+    if not all(math.isfinite(v) and v > 0 for v in [*args.ratios, args.target]):  # a ratio of two times or rates
+        parser.error("ratios and --target must be finite numbers above 0")
     if not 0.0 < args.level < 1.0:
         parser.error("--level must lie between 0 and 1")
     low, high, cover = median_ci(args.ratios, args.level)

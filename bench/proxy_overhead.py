@@ -708,9 +708,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="concurrency 1 only: in each round the configurations' calls alternate one by one "
                          "(instead of one run per configuration), each after a --think-ms pause: the "
                          "machine's drift between runs cancels")
-    ap.add_argument("--think-ms", type=float, default=50.0,
+    ap.add_argument("--think-ms", type=float, default=None,
                     help="with --interleave: the pause before each call (a harness running its tool), long "
-                         "enough for the previous call's after-work (hand-off, row worker) to end first")
+                         "enough for the previous call's after-work (hand-off, row worker) to end first "
+                         "(default: 50)")
     ap.add_argument("--echo-kb", type=int, default=0,
                     help="Responses only: KiB of instructions and tool schemas per request, echoed by the server "
                          "in three events as vLLM does (Codex sends tens of KiB)")
@@ -741,6 +742,13 @@ def main(argv: list[str] | None = None) -> int:
                          "per hook to the addon's numbers)")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (logs, captured parts)")
     args = ap.parse_args(argv)
+    if args.think_ms is not None and not args.interleave:  # it was taken and not used
+        ap.error("--think-ms: with --interleave only (the pause before each interleaved call)")
+    if args.model is not None and args.upstream != "serve":
+        ap.error("--model: with --upstream serve only (the fake upstream has no model)")
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():  # refused after the start
+        ap.error(f"--model: {args.model} is not a model folder (no config.json)")
+    args.think_ms = 50.0 if args.think_ms is None else args.think_ms
     for name, value, low in (("--concurrency", min(args.concurrency), 1), ("--rounds", args.rounds, 1),
                              ("--calls-per-slot", args.calls_per_slot, 1), ("--min-calls", args.min_calls, 1),
                              ("--tokens", args.tokens, 1), ("--chunk-delay-ms", args.chunk_delay_ms, 0),
@@ -881,18 +889,23 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
         elapsed = time.monotonic() - t_start
         report(runs, args, elapsed, (load_before, os.getloadavg()[0]))
-        stop(*proxy_procs["addon"])  # the addon's last part is written on exit
+        captured = [name for name in configs if name.startswith("addon")]
+        stop(*(p for name in captured for p in proxy_procs[name]))  # each addon's last part is written on exit
         if args.hook_times:
             report_hook_times(tmp / "hook-times.json")
         import pyarrow.dataset as ds
 
-        parts = sorted((tmp / "addon" / "calls").glob("*.parquet"))
-        rows = ds.dataset([str(p) for p in parts]).to_table(columns=["status"]).column("status").to_pylist() \
-            if parts else []
-        expected = 2 * warm + sum(r.calls for r in runs if r.config == "addon")
-        print(f"\naddon recorded {len(rows)} calls ({rows.count('ok')} ok) of {expected} sent through it, "
-              f"in {len(parts)} part(s)")
-        return 0 if all(st.failed == 0 for st in runs) and rows.count("ok") == expected else 1
+        complete = True
+        print()
+        for name in captured:  # every addon configuration's capture: a variant that lost calls fails the run too
+            parts = sorted((tmp / name / "calls").glob("*.parquet"))
+            rows = ds.dataset([str(p) for p in parts]).to_table(columns=["status"]).column("status").to_pylist() \
+                if parts else []
+            expected = 2 * warm + sum(r.calls for r in runs if r.config == name)
+            print(f"{name} recorded {len(rows)} calls ({rows.count('ok')} ok) of {expected} sent through it, "
+                  f"in {len(parts)} part(s)")
+            complete &= rows.count("ok") == expected
+        return 0 if all(st.failed == 0 for st in runs) and complete else 1
     finally:
         stop(*procs)
         if not args.keep:
@@ -986,7 +999,8 @@ def report_hook_times(path: Path) -> None:
         print(f"\nno hook times ({path}: {exc})")
         return
     calls = max(1, len(samples.get("requestheaders", [])))
-    print(f"\naddon hooks, wall time on the proxy's event loop ({calls} calls; bench/timed_addon.py)\n")
+    print(f"\naddon hooks, wall time on the proxy's event loop ({calls} calls, the warm-up's included; "
+          "bench/timed_addon.py)\n")
     print("hook | runs | median us | mean us | us per call")
     print("---- | ---- | --------- | ------- | -----------")
     before_first_byte = 0.0

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--echo-kb", type=int, default=32,
                     help="Responses: KiB of instructions and tool schemas, as Codex sends (default 32)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens streamed per call (default 64)")
-    ap.add_argument("--repeats", type=int, default=100, help="calls per row and path (default 100)")
+    ap.add_argument("--repeats", type=int, default=100, help="calls per row and path, at least 3 (default 100)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats: at least 3")

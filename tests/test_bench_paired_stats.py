@@ -71,3 +71,5 @@ def test_the_script_gives_a_verdict_for_ratios_given_by_hand():
     assert run("1", "2", "--target", "1.5").stdout.strip().endswith(": too few rounds")
     bad = run("1", "nan", "--target", "1")
     assert bad.returncode == 2 and "must be finite" in bad.stderr and "Traceback" not in bad.stderr
+    negative = run("-1", "0.97", "0.99", "0.95", "0.98", "--target", "0.95")  # gave "[-1.000, 0.990] unresolved"
+    assert negative.returncode == 2 and "finite numbers above 0" in negative.stderr

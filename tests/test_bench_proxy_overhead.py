@@ -39,6 +39,8 @@ def test_proxy_overhead_benchmark_runs_and_every_call_is_recorded(api: str, arri
     assert ("proxies pinned to CPU 0" in out) == bool(pin)
     # warm-up 4 + (2 at concurrency 1) + (4 at concurrency 4) through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
+    # and through its variant, whose capture went unchecked (a variant that lost calls passed)
+    assert "addon-noinject recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
 
 
 def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded() -> None:
@@ -56,6 +58,7 @@ def test_interleaved_calls_alternate_configurations_and_every_call_is_recorded()
     assert "addon-handoff0/bare at 1: TTFB" in out
     # warm-up 4 + 2 rounds x 3 calls through the addon, all ok
     assert "addon recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
+    assert "addon-handoff0 recorded 10 calls (10 ok) of 10 sent through it" in out, out[-2000:]
     # --hook-times: the addon ran with a clock around each hook, and every call went through each
     for hook in ("requestheaders", "request", "responseheaders", "response", "tap first chunk"):
         assert re.search(rf"^{hook} \| 10 \| \d+\.\d \|", out, re.M), out[-2000:]
@@ -77,7 +80,10 @@ def test_interleave_is_refused_above_concurrency_1() -> None:
     (["--tokens", "0"], "--tokens: a finite number, at least 1, got 0"),
     (["--chunk-delay-ms", "-1"], "--chunk-delay-ms: a finite number, at least 0, got -1.0"),
     (["--chunk-delay-ms", "inf"], "--chunk-delay-ms: a finite number, at least 0, got inf"),  # hung every stream
-    (["--think-ms", "nan"], "--think-ms: a finite number, at least 0, got nan"),
+    (["--interleave", "--concurrency", "1", "--think-ms", "nan"], "--think-ms: a finite number, at least 0, got nan"),
+    (["--think-ms", "5"], "--think-ms: with --interleave only"),  # taken and not used
+    (["--model", "/nonexistent-model"], "--model: with --upstream serve only"),  # taken and not used
+    (["--upstream", "serve", "--model", "/nonexistent-model"], "--model: /nonexistent-model is not a model folder"),
     (["--request-kb", "-3"], "--request-kb: a finite number, at least 0, got -3"),
     (["--echo-kb", "8"], "--echo-kb: Responses only"),
     (["--configs", "direct", "bare", "addon", "addon"], "--configs: each configuration once"),
