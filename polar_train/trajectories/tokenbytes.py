@@ -8,6 +8,7 @@ and let the stitcher walk two sequences side by side in linear time (retokenizat
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Protocol
 
@@ -69,17 +70,26 @@ def bytes_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] |
     """Walk ``ids`` until their bytes cover ``want``: how many ids that took and whether they end
     exactly there (the last may run on); None where they say something else first, an id names
     no token, or they end short. Linear: each id's bytes are looked at once."""
+    for taken, got in _growing(token_bytes, ids):
+        if got is None:
+            return None
+        if len(got) >= len(want):
+            return (taken, len(got) == len(want)) if got.startswith(want) else None
+        if not want.startswith(got):
+            return None
+    return None
+
+
+def _growing(token_bytes: TokenBytes, ids) -> Iterator[tuple[int, bytearray | None]]:
+    """``(ids taken, their bytes so far)`` after each id; ``(n, None)`` at an id that names no token."""
     got = bytearray()
     for j, x in enumerate(ids):
         piece = token_bytes(int(x))
         if piece is None:
-            return None
+            yield j + 1, None
+            return
         got += piece
-        if len(got) >= len(want):
-            return (j + 1, len(got) == len(want)) if got.startswith(want) else None
-        if not want.startswith(got):
-            return None
-    return None
+        yield j + 1, got
 
 
 def text_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | None:
@@ -97,15 +107,12 @@ def text_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | 
     if target.isascii() or unicodedata.is_normalized("NFC", target):
         return None
     target = unicodedata.normalize("NFC", target)
-    got = bytearray()
-    for j, x in enumerate(ids):
-        piece = token_bytes(int(x))
-        if piece is None:
+    for taken, got in _growing(token_bytes, ids):
+        if got is None:
             return None
-        got += piece
         text = unicodedata.normalize("NFC", got.decode("utf-8", "surrogateescape"))
         if text == target:
-            return j + 1, True
+            return taken, True
         # the last two characters may still compose with what follows, or be half a character
         if not target.startswith(text[:max(0, len(text) - 2)]) or len(text) > len(target) + 2:
             return None
