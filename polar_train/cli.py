@@ -12,10 +12,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 from contextlib import contextmanager
 from pathlib import Path
 
-from .paths import holds_other_files
 
 
 class UserError(Exception):
@@ -23,7 +23,8 @@ class UserError(Exception):
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import MARKER, MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
+    from .tiny_model import MAX_FINAL_NORM_WEIGHT, TinyModelSpec, write_tiny_model
+    from .tiny_model import holds_other_files as holds_other_model_files
 
     if not args.dir.strip():  # Path("") is the current folder, which other commands refuse to guess
         raise UserError('DIR is empty: name the folder ("." for the current one)')
@@ -39,7 +40,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from safetensors import SafetensorError
 
     try:
-        if holds_other_files(target, MARKER):
+        if holds_other_model_files(target):
             # a real model's folder named by mistake would lose its config and weights
             raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
         out = write_tiny_model(target, spec)
@@ -151,10 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     with _sigterm_unwinds():
-        status = _run_command(args)
-    if argv is None:  # the program itself (console script, ``-m``): the process ends after this
-        _finish_on_signal(status)
-    return status
+        return _run_command(args)
+
+
+def program(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``polar-train`` program (its console script, ``python -m polar_train.cli``, and
+    ``python -m polar_train.train``): :func:`main`, then the process ends. Only here is a signal
+    after the command answered with the command's status (:func:`_finish_on_signal`): a caller
+    of :func:`main` (a script, a notebook) keeps its own Ctrl-C."""
+    status = main(argv)
+    _finish_on_signal(status)
+    sys.exit(status)
 
 
 def _finish_on_signal(status: int) -> None:
@@ -237,4 +245,4 @@ def print_out(text: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -47,6 +47,16 @@ class TinyModelSpec:
     final_norm_weight: float = 1.0
 
 
+def holds_other_files(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds something but no tiny model of ours: a real model's folder named by
+    mistake would lose its config and weights. The hidden folder of a write that was killed
+    outright (the next write removes it) is no one else's: it made that folder refused."""
+    p = Path(folder)
+    if not p.is_dir() or (p / MARKER).is_file():
+        return False
+    return any(not entry.name.startswith(_PARTIAL) for entry in p.iterdir())
+
+
 def write_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec | None = None) -> Path:
     """Write a model directory loadable offline by ``AutoModelForCausalLM``/``AutoTokenizer``.
     A write that fails (a full disk) leaves the folder as it was: removed if this call made it."""

@@ -111,3 +111,9 @@ def test_a_full_disk_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch):
         assert main(["tiny-model", str(tmp_path / "old"), "--seed", "3"]) == 2
     assert "No space left on device; the folder is as it was" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()} == before  # no partial folder either
+
+    killed = tmp_path / "killed"  # a first write killed outright (SIGKILL): its hidden folder only
+    (killed / ".tiny-model.partial-abc123").mkdir(parents=True)
+    (killed / ".tiny-model.partial-abc123" / "config.json").write_text("{}")
+    assert main(["tiny-model", str(killed)]) == 0  # it was refused as "holds no tiny model of ours"
+    assert not list(killed.glob(".tiny-model.partial-*")) and (killed / "polar_tiny_model.json").is_file()

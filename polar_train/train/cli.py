@@ -563,7 +563,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry of ``python -m polar_train.train`` / ``accelerate launch -m polar_train.train``."""
+    """``polar-train train ARGS`` from Python (``python -m polar_train.train`` runs it as the program)."""
     from ..cli import main as polar_main
 
     return polar_main(["train", *(sys.argv[1:] if argv is None else argv)])
