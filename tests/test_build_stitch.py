@@ -631,6 +631,29 @@ def test_an_attempt_gone_on_from_by_text_is_kept_beside_one_gone_on_from_by_ids(
     assert fork.rollout_id == (rollout_id or f"conv-{b1['call_id']}")
 
 
+def test_a_re_tokenised_reply_forks_from_its_own_session_where_another_agrees_further(tmp_path):
+    """Two anonymous sessions, one first prompt; both replies begin with "Hello", sampled as "Hel" +
+    "lo". The first session's fork holds the one "Hello" token, so the second session's next prompt
+    agrees with that fork one token further than with its own session: it was taken as a
+    compaction of the first session's rollout."""
+    a, b = Conversation(rollout_id=None, name="a"), Conversation(rollout_id=None, name="b")
+    rows = []
+    for conv, said in ((a, "Hello there"), (b, "Hello friend")):
+        conv.user("greet")
+        text = conv.completion_text(conv.assistant_message(said))
+        canonical = encode(conv.tok, text)
+        drifted = encode(conv.tok, "Hel") + encode(conv.tok, "lo") + canonical[1:]
+        assert canonical[0] == encode(conv.tok, "Hello")[0] and conv.tok.decode(drifted) == conv.tok.decode(canonical)
+        rows.append(conv.assistant(said, completion_ids=drifted))
+    for conv in (a, b):
+        conv.user("again")
+        rows.append(conv.assistant("Hi."))
+    result = build(tmp_path, rows)
+    (b2,) = [t for t in result.trajectories if rows[3]["call_id"] in t.call_ids]
+    assert b2.fork_cause == "retokenization" and b2.rollout_id == f"conv-{rows[1]['call_id']}"
+    assert result.report.forks == {"retokenization": 2} and result.report.rollouts == 2
+
+
 @pytest.mark.parametrize("cut", ["length", "max_tokens"])  # chat and Responses; Anthropic Messages
 def test_interleaved_rollouts_and_truncation(tmp_path, cut):
     r1, r2 = Conversation(rollout_id="r1", name="x"), Conversation(rollout_id="r2", name="y")

@@ -455,16 +455,29 @@ class Stitcher:
         covered = text_cover(tb, prompt[d:], want)
         return d + covered[0] if covered is not None and covered[1] else None
 
-    def _retokenized_sibling(self, pool: list[Trajectory], parent: Trajectory, prompt: np.ndarray,
-                             d: int) -> tuple[Trajectory, int] | None:
-        """Another open trajectory that shares as long a prefix and whose last reply ``prompt``
-        says again in other tokens. Sessions that send one first prompt (a GRPO group, with or
-        without rollout ids) tie there: the first of them was taken, and another session's
-        re-tokenised reply read as a compaction of it (of its rollout, for anonymous calls)."""
+    def _retokenized_sibling(self, pool: list[Trajectory], parent: Trajectory,
+                             prompt: np.ndarray) -> tuple[Trajectory, int] | None:
+        """Another open trajectory whose last reply ``prompt`` says again in other tokens, where the
+        parent (the longest common prefix) explains it otherwise. Sessions that send one first prompt
+        (a GRPO group, with or without rollout ids) share a prefix, and one session's fork may agree
+        with a later prompt further than that prompt's own session: the first or furthest of them was
+        taken, and a re-tokenised reply read as a compaction of another session (of its rollout, for
+        anonymous calls). Each candidate is checked where it parts from ``prompt``."""
+        tb = None
         for t in pool:
-            if t is parent or not d < t.match_len or d < text_tail_start(t.buf, t.last_prompt_len):
-                continue  # O(1) first: the divergence must lie in t's last reply
-            if common_prefix(prompt, t.match()) == d and (j := self._retokenized_at(t, prompt, d)) is not None:
+            end = t.last_prompt_len  # the reply starts there; its text tail at most _MAX_PROMPT_TAIL before
+            if t is parent or len(prompt) <= end or t.match_len <= end:
+                continue
+            if prompt[end - 1] != t.buf[end - 1] or prompt[0] != t.buf[0] or prompt[end // 2] != t.buf[end // 2]:
+                continue  # O(1) first: t's prompt must be the call's too (a pool holds up to 1,024)
+            d = common_prefix(prompt, t.match())
+            if d >= t.match_len or d >= len(prompt) or d < end - _MAX_PROMPT_TAIL:
+                continue
+            tb = tb or self.token_bytes()
+            a, b = tb(int(t.buf[d])), tb(int(prompt[d]))  # the same text from d: the same first byte, but
+            if a and b and a[0] != b[0] and a[0] < 0x80 and b[0] < 0x80:  # for a composed character (NFC)
+                continue
+            if (j := self._retokenized_at(t, prompt, d)) is not None:
                 return t, j
         return None
 
@@ -573,7 +586,7 @@ class Stitcher:
         assert parent is not None
         cause, resume = self._classify(parent, call.prompt, d)
         if cause not in ("branch", "retokenization"):
-            sibling = self._retokenized_sibling(pool, parent, prompt, d)
+            sibling = self._retokenized_sibling(pool, parent, prompt)
             if sibling is not None:
                 parent, resume = sibling
                 cause = "retokenization"
