@@ -514,6 +514,28 @@ def test_attempts_that_said_the_same_text_tokenised_otherwise_are_one_sample(tmp
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+@pytest.mark.parametrize("first", [[31628], [31628, 379, 1017]])  # "Hel"; "Hel"+"lo"+" there": the same text
+def test_an_attempt_whose_text_only_begins_what_the_next_prompt_says_is_a_superseded_retry(tmp_path, first):
+    """Attempt 1 said "Hel" (cut off), attempt 2 "Hello there" (no stop token); the harness went
+    on from attempt 2. Attempt 1's text begins the next prompt's, and it was kept as a trajectory
+    of its own (the real conversation a branch of it). Only an attempt whose text ends where the
+    prompt's reply ends (a stop token there, or the template's) is one gone on from."""
+    from tests.support.calls import IM_END_ID
+
+    conv = Conversation(rollout_id="r1")
+    conv.user("greet")
+    cut = make_row(call_id="r1-cut", prompt_ids=conv.prompt_ids(), completion_ids=first,
+                   request={"same": "request"}, attempt=1, finish_reason="length")
+    answer = conv.assistant("Hello there", include_im_end=False, request_hash=cut["request_hash"], attempt=2)
+    assert IM_END_ID not in answer["completion_token_ids"]
+    conv.user("again")
+    follow = conv.assistant("Hi.")
+    result = build(tmp_path, [cut, answer, follow])
+    assert result.report.skipped == {"superseded_retry": 1}
+    (t,) = result.trajectories
+    assert t.call_ids == [answer["call_id"], follow["call_id"]]
+
+
 def test_the_tokenizer_is_not_loaded_for_attempts_nothing_went_on_from(tmp_path):
     """Two completed attempts and no later call that shares their prompt: the text comparison
     (which loads a tokenizer: seconds) is not reached."""

@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
-from .stitch import Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
+from .stitch import SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
 from .tokenbytes import TokenBytes, default_token_bytes, ids_bytes, text_cover
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -195,7 +195,10 @@ class _ContinuedAttempts:
         """The attempts a later prompt goes on from by what it says: its ids agree up to the
         prompt's last text at least (the generation prompt's ``assistant\\n`` may merge with a
         completion that starts with a newline), and from where they part its bytes start with
-        the attempt's. The tokenizer is loaded only where some later prompt gets that far."""
+        the attempt's, to the attempt's end: its last id is a stop token, or a special token (the
+        template's ``<|im_end|>``) follows it in the later prompt - an attempt that said "Hel" is
+        no answer a prompt saying "Hello there" went on from. The tokenizer is loaded only where
+        some later prompt gets that far."""
         out = []
         for a in candidates:
             prompt, completion = ids[a]
@@ -208,8 +211,12 @@ class _ContinuedAttempts:
                 if lo <= d < len(history):
                     tb = self._token_bytes()
                     want = ids_bytes(tb, history[d:])  # the later prompt's bytes start with them
-                    if want and text_cover(tb, later[d:], want) is not None:
-                        self._said[a] = ids_bytes(tb, completion) or b""
+                    covered = text_cover(tb, later[d:], want) if want else None
+                    ends = covered is not None and covered[1] and (
+                        completion[-1] >= SPECIAL_START_ID
+                        or (d + covered[0] < len(later) and later[d + covered[0]] >= SPECIAL_START_ID))
+                    if ends:
+                        self._said[a] = _reply_text(tb, completion)
                         out.append(a)
                         break
         return out
@@ -219,14 +226,25 @@ class _ContinuedAttempts:
         completion: the one ``key`` ranks highest where several are alike (alike in text where
         they were found by their text: the later prompt cannot tell one tokenisation from another)."""
         ids = self._ids[self.rollout[rows[0]]]
+        by_text = any(i in self._said for i in rows)  # then all by text: one found by ids may say the same
         best: dict[bytes, int] = {}
         for i in rows:
             prompt, completion = ids[i]
             said = self._said.get(i)
+            if said is None and by_text:
+                said = _reply_text(self._token_bytes(), completion)
             sample = prompt.tobytes() + b"|" + (completion.tobytes() if said is None else b"text:" + said)
             if sample not in best or key(i) > key(best[sample]):
                 best[sample] = i
         return sorted(best.values())
+
+
+def _reply_text(tb: TokenBytes, completion: np.ndarray) -> bytes:
+    """What a completion says, its closing stop tokens left out (a server may leave them out)."""
+    end = len(completion)
+    while end and completion[end - 1] >= SPECIAL_START_ID:
+        end -= 1
+    return ids_bytes(tb, completion[:end]) or b""
 
 
 def _token_bytes_factory(tokenizer_dir: str | Path | None):

@@ -466,8 +466,8 @@ class Stitcher:
         tb = None
         for t in pool:
             end = t.last_prompt_len  # the reply starts there; its text tail at most _MAX_PROMPT_TAIL before
-            if t is parent or len(prompt) <= end or t.match_len <= end:
-                continue
+            if t is parent or t is parent.moved_on_from or len(prompt) <= end or t.match_len <= end:
+                continue  # (the trajectory the parent rewrote: its reply the parent holds re-tokenised)
             if prompt[end - 1] != t.buf[end - 1] or prompt[0] != t.buf[0] or prompt[end // 2] != t.buf[end // 2]:
                 continue  # O(1) first: t's prompt must be the call's too (a pool holds up to 1,024)
             d = common_prefix(prompt, t.match())
