@@ -138,11 +138,11 @@ def test_rewards_the_trainer_cannot_use_or_no_script_meant_are_named(tmp_path, c
     assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": None, "r2": None, "r3": None,
                                                                         "r4": -1e15}
     csv_path = tmp_path / "r.csv"
-    csv_path.write_text("rollout_id,reward\nr1,1\nr2,0,5\n")  # 0,5: a decimal comma
+    csv_path.write_text("rollout_id,reward\nr1,1,\nr2,0,5\n")  # 0,5: a decimal comma; "1,": a stray comma
     result = build_trajectories(captures, BuildOptions(rewards=csv_path))
     assert result.report.problems == [f"{csv_path}: line 3: 3 fields where the header names 2 (a comma "
                                       "inside a value? quote it)"]
-    assert by_rollout(result)["r2"][0].reward is None
+    assert by_rollout(result)["r2"][0].reward is None and by_rollout(result)["r1"][0].reward == 1.0
 
 
 def test_a_rewarded_rollout_whose_calls_all_failed_is_named(tmp_path):

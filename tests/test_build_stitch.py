@@ -154,6 +154,7 @@ def test_a_sampled_text_the_tokenizer_normalises_is_a_retokenization(tmp_path, r
     ("\u1100\u1161\u11a8 ok", "\uac01 ok", True),  # Hangul jamo -> one syllable
     ("cafe\u0301 ok", "caf\u00e9 no", False),  # composed, then other text
     ("cafe ok", "caf\u00e9 ok", False),  # an ASCII text: bytes only, nothing to normalise
+    ("ok \U0001F9EA cafe\u0301", "ok \U0001F9EA caf\u00e9", True),  # an emoji split over ids
 ])
 def test_text_cover_takes_the_composed_form_only_for_the_same_text(sampled, sent_back, same):
     from polar_train.trajectories.tokenbytes import default_token_bytes, ids_bytes, text_cover
@@ -162,6 +163,17 @@ def test_text_cover_takes_the_composed_form_only_for_the_same_text(sampled, sent
     ids = [i for ch in sampled for i in encode(tok, ch)]  # one character at a time: kept decomposed
     back = encode(tok, sent_back)
     assert text_cover(tb, back, ids_bytes(tb, ids)) == ((len(back), True) if same else None)
+
+
+def test_text_cover_waits_for_a_character_split_3_plus_1() -> None:
+    """Ids that split a 4-byte character 3 + 1 left three escaped halves, past the margin of two
+    characters that may still compose: a composed text was not recognised."""
+    from polar_train.trajectories.tokenbytes import text_cover
+
+    emoji = "\U0001F9EA".encode()
+    pieces = {1: b"ok ", 2: emoji[:3], 3: emoji[3:], 4: b" cafe", 5: "\u0301".encode(), 6: " caf\u00e9".encode()}
+    want = b"".join(pieces[i] for i in (1, 2, 3, 4, 5))
+    assert text_cover(pieces.get, [1, 2, 3, 6], want) == (4, True)
 
 
 def test_realign_keeps_sampled_ids_and_resumes_after_the_same_text(tmp_path):

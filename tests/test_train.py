@@ -611,6 +611,15 @@ def test_errors_name_the_users_option_not_a_derived_one(sampled, tiny_model_dir,
     twice.write_text("learning_rate: 1.0e-5\nmax_steps: 2\nlearning_rate: 2.0e-5\n")
     with pytest.raises(UserError, match=rf"^{twice}: line 3: learning_rate is given twice"):
         load_config(str(twice), [], str(tmp_path / "r"))  # the last value won unsaid
+    merged = tmp_path / "merged.yaml"  # YAML's merge key is no duplicate (it was refused as not valid YAML)
+    merged.write_text("learning_rate: 2.0e-5\n<<: {max_steps: 3}\n")
+    config = load_config(str(merged), [], str(tmp_path / "r"))
+    assert (config.learning_rate, config.max_steps) == (2.0e-5, 3)
+    odd = tmp_path / "odd.yaml"  # a list as a key: a TypeError escaped as a traceback
+    odd.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(UserError, match=rf"^{odd}: not valid YAML"):
+        load_config(str(odd), [], str(tmp_path / "r"))
+    assert load_config(None, [], "-run").output_dir == "-run"  # "--set output_dir: expected one argument"
     assert not (tmp_path / "r").exists()
     with pytest.raises(UserError, match=r"^per_device_train_batch_size \(3\) x gradient_accumulation_steps \(1\) x "
                                         r"processes \(1\) = 3 must be a multiple of num_generations \(4\)"):

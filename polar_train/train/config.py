@@ -243,6 +243,8 @@ class _Parser(TrlParser):
         # argparse names TRL's option ("argument --max_steps/--max-steps: invalid int value: 'nan'");
         # its values come from --set (the YAML's are defaults, not parsed): name the user's words
         m = re.fullmatch(r"argument --(\w+)(?:/--[\w-]+)?: (.*)", message, flags=re.S)
+        if m and m[1] == "output_dir":  # from --output, not --set
+            raise UserError(f"--output: {m[2]}")
         if m and m[1] in _FIELDS:
             raise UserError(f"--set {m[1]}: {m[2]}")
         raise UserError(f"bad configuration: {message}")
@@ -383,12 +385,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     without a word, so an edit below an old value of the same option did nothing visible."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)  # merge keys (<<: *defaults) first, as the safe loader does
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            except TypeError:  # a list or mapping as a key: the safe loader's own error says so
+                break
         return super().construct_mapping(node, deep)
 
 
@@ -451,7 +457,7 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
             args += [v.strip() for v in str(value).split(",") if v.strip()]
         else:  # one word: a value such as -inf or -1 was taken for an option ("expected one argument")
             args[-1] = f"--{key}={value}"
-    args += ["--output_dir", str(output_dir)]
+    args.append(f"--output_dir={output_dir}")  # one word: a folder named -run is no option
     try:
         parser = _Parser(dataclass_types=[TrainConfig], yaml_values={k: v for k, v in user.items() if k != "env"})
         (config,) = parser.parse_args_and_config(args=args)

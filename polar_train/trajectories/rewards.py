@@ -84,11 +84,12 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                                 "the file must be comma-separated with a header line")
                 return
             for rec in reader:
-                if None in rec:  # csv.DictReader's key for fields past the header's: a shifted row
+                if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
+                    # header's: a shifted row (a trailing comma, an empty field, is harmless)
                     problems.append(f"{path}: line {reader.line_num}: {len(names) + len(rec[None])} fields where "
                                     f"the header names {len(names)} (a comma inside a value? quote it)")
                     continue
-                rec = {k.strip() if isinstance(k, str) else k: v for k, v in rec.items()}
+                rec = {k.strip(): v for k, v in rec.items() if isinstance(k, str)}
                 yield f"{path}: line {reader.line_num}", rec
     else:
         import pyarrow.parquet as pq

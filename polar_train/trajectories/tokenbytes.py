@@ -92,6 +92,10 @@ def _growing(token_bytes: TokenBytes, ids) -> Iterator[tuple[int, bytearray | No
         yield j + 1, got
 
 
+#: What ``surrogateescape`` makes of the bytes of a character not yet complete.
+_HALF_CHARACTER = "".join(chr(c) for c in range(0xDC80, 0xDD00))
+
+
 def text_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | None:
     """:func:`bytes_cover`, or where the bytes differ, whether ``ids`` say ``want``'s text in
     Unicode's composed form (NFC) and end exactly there: ``(ids taken, True)``.
@@ -113,8 +117,10 @@ def text_cover(token_bytes: TokenBytes, ids, want: bytes) -> tuple[int, bool] | 
         text = unicodedata.normalize("NFC", got.decode("utf-8", "surrogateescape"))
         if text == target:
             return taken, True
-        # the last two characters may still compose with what follows, or be half a character
-        if not target.startswith(text[:max(0, len(text) - 2)]) or len(text) > len(target) + 2:
+        # half a character at the end (up to 3 bytes, escaped) may complete, and the last two
+        # characters may still compose with what follows
+        whole = text.rstrip(_HALF_CHARACTER)
+        if not target.startswith(whole[:max(0, len(whole) - 2)]) or len(got) > 4 * len(want) + 16:
             return None
     return None
 
