@@ -12,10 +12,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
 from contextlib import contextmanager
 from pathlib import Path
-
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -45,7 +44,8 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
             raise UserError(f"{target} is not empty and holds no tiny model of ours: choose a new or empty folder")
         out = write_tiny_model(target, spec)
     except (OSError, SafetensorError) as exc:  # safetensors' own error for a full disk
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+                  (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         raise UserError(f"cannot write the tiny model to {target}: {reason}; the folder is as it was") from None
     print(f"wrote tiny model to {out}")
     return 0
