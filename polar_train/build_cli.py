@@ -73,7 +73,7 @@ def _check_out(out: Path, captures: Path) -> None:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .cli import UserError, said_interrupted
+    from .cli import UserError, said_interrupted, signal_status
     from .trajectories import BuildOptions
 
     if not args.out.strip():
@@ -91,7 +91,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     try:
         return _build_and_write(captures, out, options, args, report_bytes)
     except (KeyboardInterrupt, SystemExit) as exc:
-        if isinstance(exc, SystemExit) and not (isinstance(exc.code, int) and exc.code > 128):
+        if signal_status(exc) is None:
             raise  # not a signal
         # the swap of old parts for new ones holds the signal until it is done: either build is whole
         try:

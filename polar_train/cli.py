@@ -141,10 +141,10 @@ def run_script(main_function: Callable[[], int | None]) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, SystemExit) as exc:  # SIGTERM as SystemExit(143): it ended unsaid
-            status = _signal_status(exc)
+            status = signal_status(exc)
             if status is None:
                 raise
-            print(f"interrupted ({_signal_name(status)})", file=sys.stderr)
+            print(f"interrupted ({signal_name(status)})", file=sys.stderr)
             return status
 
 
@@ -190,9 +190,9 @@ def said_interrupted(exc: BaseException) -> BaseException:
     return exc
 
 
-def _signal_status(exc: BaseException) -> int | None:
+def signal_status(exc: BaseException) -> int | None:
     """The exit status of an interrupt: 130 for Ctrl-C, 128 + N for :class:`_Unwinding`'s
-    ``SystemExit`` of signal N; None for any other exit."""
+    ``SystemExit`` of signal N; None for any other exit (not a signal: not the caller's to report)."""
     if isinstance(exc, KeyboardInterrupt):
         return 128 + signal.SIGINT
     if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code > 128:
@@ -200,7 +200,8 @@ def _signal_status(exc: BaseException) -> int | None:
     return None
 
 
-def _signal_name(status: int) -> str:
+def signal_name(status: int) -> str:
+    """``SIGTERM`` for 143: the signal an interrupt's exit status stands for."""
     try:
         return signal.Signals(status - 128).name
     except ValueError:
@@ -211,12 +212,12 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, SystemExit) as exc:
-        status = _signal_status(exc)
+        status = signal_status(exc)
         if status is None:
             raise
         if not getattr(exc, "polar_said", False):  # stopped while importing, checking or loading:
             # a word, not a silent 130 (docs promise one line)
-            print(f"polar-train {args.command}: interrupted ({_signal_name(status)})", file=sys.stderr, flush=True)
+            print(f"polar-train {args.command}: interrupted ({signal_name(status)})", file=sys.stderr, flush=True)
         return status
     except UserError as exc:
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)

@@ -180,18 +180,12 @@ def _interrupted(exc: KeyboardInterrupt | SystemExit, name: str) -> int:
     """Ctrl-C or SIGTERM (polar_train.cli's ``_Unwinding`` raises ``SystemExit(128 + signal)``):
     the session has been ended by ``Harness.run``; print what it wrote and one line, and exit as
     the shell would (130, 143)."""
-    import signal
+    from ..cli import signal_name, signal_status
 
-    if isinstance(exc, SystemExit):
-        if not isinstance(exc.code, int) or exc.code <= 128:
-            raise exc  # not a signal: not ours to report
-        code = exc.code
-    else:
-        code = 128 + signal.SIGINT
-    try:
-        what = signal.Signals(code - 128).name
-    except ValueError:
-        what = f"signal {code - 128}"
+    code = signal_status(exc)
+    if code is None:
+        raise exc  # not a signal: not ours to report
+    what = signal_name(code)
     run = getattr(exc, "harness_run", None)
     if run is None:
         print(f"polar-train harness: interrupted ({what}) before the {name} session started", file=sys.stderr)

@@ -23,8 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--script", default=None,
                    help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
     p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
-    p.add_argument("--seed", type=int, default=None, help="seed of requests that bring none (default: none, a random sample)")
-    p.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + completion; default: 4096)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of requests that bring none (default: none, a random sample)")
+    p.add_argument("--max-model-len", type=int, default=4096,
+                   help="context length (prompt + completion; default: 4096)")
     p.add_argument("--chunk-delay-ms", type=float, default=0.0,
                    help="wait this long between streamed tokens (benchmarks; default: 0)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],

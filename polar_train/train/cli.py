@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..cli import UserError, said_interrupted
+from ..cli import UserError, said_interrupted, signal_status
 from ..paths import cannot_write_folder, holds_other_files, make_private_dir
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
@@ -422,7 +422,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     try:
         result = trainer.train(resume_from_checkpoint=checkpoint)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM (timeout, a scheduler) as SystemExit
-        if isinstance(exc, SystemExit) and not (isinstance(exc.code, int) and exc.code > 128):
+        if signal_status(exc) is None:
             raise  # not a signal
         if trainer.accelerator.is_main_process:
             for callback in trainer.callback_handler.callbacks:  # end tqdm's line before ours
