@@ -27,8 +27,10 @@ from mitmproxy.proxy.mode_specs import ReverseMode, Socks5Mode
 
 try:
     import polar_train  # noqa: F401
-except ModuleNotFoundError:  # run from a checkout without installing the package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+except ModuleNotFoundError:  # a checkout (or an installed copy) this interpreter does not see
+    _here = Path(__file__).resolve()
+    sys.path.insert(0, str(next((p for p in _here.parents if (p / "polar_train" / "__init__.py").is_file()),
+                                _here.parents[1])))
 
 from polar_train.capture import handover, record
 from polar_train.capture import fields as raw_headers

@@ -60,6 +60,23 @@ def _add_tiny_model(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_tiny_model)
 
 
+def _cmd_addon(args: argparse.Namespace) -> int:
+    from .installed import NotInstalled, addon_script
+
+    try:
+        print(addon_script())
+    except NotInstalled as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def _add_addon(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("addon", help="print the path of the capture addon script, for mitmdump -s",
+                       description='print the path of the capture addon script: mitmdump -s "$(polar-train addon)" '
+                                   "--set polar_out=DIR ... (in a checkout it is addons/polar_capture.py)")
+    p.set_defaults(func=_cmd_addon)
+
+
 #: Sub-commands register here: (module path, function name) of an ``add_parser(sub)`` function.
 _LAZY_COMMANDS: list[tuple[str, str]] = [
     ("polar_train.server.cli", "add_parser"),
@@ -80,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "build trajectories, train GRPO + LoRA.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_tiny_model(sub)
+    _add_addon(sub)
     for module, fn in _LAZY_COMMANDS:
         try:
             mod = importlib.import_module(module)

@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cli import UserError
+from .installed import NotInstalled, addon_script, mitmdump_command, polar_train_command
 from .paths import cannot_write_folder, holds_other_files
 from .tiny_model import MAX_FINAL_NORM_WEIGHT
 
-BIN = Path(sys.executable).parent
-ADDON = Path(__file__).resolve().parent.parent / "addons" / "polar_capture.py"
 
 #: The embedded default: tasks a tiny model can be rewarded on. The verifier rewards plain Latin
 #: text (the share of the reply's characters that are ASCII letters or spaces): a random model
@@ -165,9 +164,9 @@ def _rollout(proxy: str, rollout_id: str, task_id: str, prompt: str, cfg: DemoCo
 def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: Path, round_no: int) -> float:
     """Serve (with the adapter so far), capture G sessions per task through the proxy; mean reward."""
     serve_port, proxy_port = _free_port(), _free_port()
-    serve = [str(BIN / "polar-train"), "serve", "--model", str(model_dir), "--port", str(serve_port),
+    serve = [*polar_train_command(), "serve", "--model", str(model_dir), "--port", str(serve_port),
              "--served-model-name", "tiny", "--max-model-len", str(MODEL_LEN)] + (["--adapter", str(adapter)] if adapter else [])
-    mitm = [str(BIN / "mitmdump"), "-s", str(ADDON), "--listen-host", "127.0.0.1",
+    mitm = [*mitmdump_command(), "-s", str(addon_script()), "--listen-host", "127.0.0.1",
             "--mode", f"reverse:http://127.0.0.1:{serve_port}@{proxy_port}",
             "--set", f"polar_out={out / 'captures'}", "--set", f"polar_tokenizer={model_dir}",
             "--set", "flow_detail=0"]
@@ -252,15 +251,15 @@ def run_demo(cfg: DemoConfig) -> int:
             show_one_call(out / "captures")
         if r == cfg.rounds:
             break
-        _run([str(BIN / "polar-train"), "inspect", str(out / "captures")], "polar-train inspect")
-        _run([str(BIN / "polar-train"), "build", str(out / "captures"), "--out", str(out / "trajectories"),
+        _run([*polar_train_command(), "inspect", str(out / "captures")], "polar-train inspect")
+        _run([*polar_train_command(), "build", str(out / "captures"), "--out", str(out / "trajectories"),
               "--rewards", str(out / "rewards.jsonl")], "polar-train build")
         sets = {"temperature": cfg.temperature, "max_steps": cfg.train_steps, "learning_rate": cfg.learning_rate,
                 "num_generations": cfg.group_size, "loss_type": "cispo", "epsilon_high": 5.0,
                 "report_to": "none", "save_steps": 1000}
         if adapter:
             sets["init_adapter"] = str(adapter)
-        cmd = [str(BIN / "polar-train"), "train", str(out / "trajectories"), "--model", str(model_dir),
+        cmd = [*polar_train_command(), "train", str(out / "trajectories"), "--model", str(model_dir),
                "--output", str(out / "run")]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
@@ -296,6 +295,10 @@ def _check(args: argparse.Namespace) -> Path:
             raise UserError(f"{name}: more than 0, got {value:g}")
         if not value <= high:
             raise UserError(f"{name}: at most {high:g}, got {value:g}")
+    try:  # a wheel without its addon: found now, not after the model is built and a server started
+        addon_script()
+    except NotInstalled as exc:
+        raise UserError(str(exc)) from None
     work = Path(args.workdir).expanduser()
     if work.exists() and not work.is_dir():
         raise UserError(f"--workdir is a file, not a folder: {work}")

@@ -189,7 +189,7 @@ def test_sigterm_stops_the_demo_and_the_server_and_proxy_it_started(tmp_path: Pa
         else:
             time.sleep(0.2)  # polling for the proxy to appear
     try:
-        assert any("polar-train serve" in line for line in started.values()), (started, proc.poll())
+        assert any("polar_train.cli serve" in line for line in started.values()), (started, proc.poll())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 128 + signal.SIGTERM
         _, alive = psutil.wait_procs(list(started), timeout=60)

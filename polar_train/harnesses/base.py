@@ -40,6 +40,7 @@ from ..paths import holds_other_files, make_private_dir
 #: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HARNESS_PREFIX = REPO_ROOT / ".harnesses"
+_IN_CHECKOUT = (REPO_ROOT / "scripts" / "install-harnesses").is_file()
 
 #: Environment variables passed through from the caller: what a child needs to find its tools
 #: (node, python3, git) and behave like a normal terminal session. Nothing with keys or proxies.
@@ -280,15 +281,18 @@ class HarnessRun:
 
 def find_binary(name: str, prefix: Path | None = None) -> Path:
     """The harness executable: ``$POLAR_HARNESS_PREFIX`` or ``.harnesses/``, else ``PATH``."""
-    prefix = Path(prefix or os.environ.get("POLAR_HARNESS_PREFIX") or DEFAULT_HARNESS_PREFIX)
+    chosen = prefix or os.environ.get("POLAR_HARNESS_PREFIX")
+    prefix = Path(chosen or DEFAULT_HARNESS_PREFIX)
     candidate = prefix / "node_modules" / ".bin" / name
     if candidate.exists():
         return candidate
     found = shutil.which(name)
     if found:
         return Path(found)
-    raise HarnessError(f"{name!r} not found under {prefix}/node_modules/.bin or on PATH: "
-                       "run scripts/install-harnesses")
+    # an installed package has no checkout around it: its .harnesses/ is no place to name
+    where = f"under {prefix}/node_modules/.bin or on PATH" if chosen or _IN_CHECKOUT else "on PATH"
+    raise HarnessError(f"{name!r} not found {where}: run scripts/install-harnesses in a polar-train checkout "
+                       "(the pinned versions), or set POLAR_HARNESS_PREFIX to the npm prefix that holds it")
 
 
 @dataclass
