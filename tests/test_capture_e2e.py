@@ -330,3 +330,21 @@ def test_custom_tool_calls_count_as_tool_calls() -> None:
     assert parsed.tool_call_count == 2 and parsed.finish_reason == "tool_calls"
     calls = parsed.assistant["tool_calls"]
     assert calls[0]["function"] == {"name": "apply_patch", "arguments": json.dumps({"input": "*** Begin Patch\n"})}
+
+
+def test_vllm_itself_on_the_harness_proxy_port_is_refused(vllm_base_url, tmp_path, capsys):
+    """A user gives vLLM's port as --proxy-port: vLLM answers the check's absolute-form GET of
+    /v1/models itself (a proxy's request shape), so the check passed and the Codex session ran
+    with exit 0, unrecorded, its proxy credentials sent to vLLM. Only the capture addon marks
+    its answer."""
+    from urllib.parse import urlsplit
+
+    from polar_train.cli import main
+
+    port = urlsplit(vllm_base_url).port
+    assert main(["harness", "codex", "x", "--server", vllm_base_url, "--model", "tiny", "--workdir", str(tmp_path),
+                 "--proxy-port", str(port), "--rollout", "r1", "--timeout", "600"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"polar-train harness: error: --proxy-port {port}: 127.0.0.1:{port} answered GET "
+                   f"http://127.0.0.1:{port}/v1/models without the capture addon's mark: it is the model server "
+                   "itself or a proxy without -s addons/polar_capture.py, and the session would go unrecorded\n")

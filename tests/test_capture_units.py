@@ -1525,3 +1525,30 @@ def test_the_proxys_stream_hint_finds_the_key_and_not_text_in_a_string(body, str
     addon = _load_addon()
     assert addon._stream_true(body) is streams
     assert addon._STREAM_TRUE.pattern.startswith(b'"stream"')
+
+
+def test_the_harness_checks_probe_is_marked_and_never_leaves_the_proxy(tmp_path):
+    """``polar-train harness`` tells the capture proxy from a model server on its port by a probe
+    header on its GET /v1/models: the addon removes it before the request leaves and marks the
+    answer; any other answer, and a model call that carries the header, gets no mark."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import tflow, tutils
+
+    from polar_train.capture.identity import CAPTURE_MARK, PROBE_HEADER
+
+    with _configured_addon(tmp_path) as addon:
+        probe = tflow.tflow(req=tutils.treq(method=b"GET", path=b"/v1/models",
+                                            headers=((PROBE_HEADER.encode(), b"1"), (b"accept", b"application/json"))))
+        plain = tflow.tflow(req=tutils.treq(method=b"GET", path=b"/v1/models"))
+        call = _chat_flow({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]})
+        call.request.headers[PROBE_HEADER] = "1"
+        for flow in (probe, plain, call):
+            addon.requestheaders(flow)
+            assert PROBE_HEADER not in flow.request.headers  # the upstream never sees it
+            asyncio.run(addon.request(flow))
+            flow.response = Response.make(200, b"{}", Headers(content_type="application/json"))
+            addon.responseheaders(flow)
+        assert probe.request.headers["accept"] == "application/json"
+        assert probe.response.headers.get(CAPTURE_MARK) == "1"
+        assert CAPTURE_MARK not in plain.response.headers and CAPTURE_MARK not in call.response.headers
+        addon.done()

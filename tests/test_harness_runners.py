@@ -631,13 +631,20 @@ class _ModelsServer(http.server.BaseHTTPRequestHandler):
     would pass it on (absolute-form path); records what each request carried."""
 
     seen: list[dict]
+    #: Mark the answer to the harness check's probe as the capture addon does (False: a model
+    #: server on the proxy port, which answers the absolute-form GET itself).
+    marks = True
 
     def do_GET(self) -> None:
+        from polar_train.capture.identity import CAPTURE_MARK, PROBE_HEADER
+
         self.seen.append({"path": self.path, "proxy_auth": self.headers.get("proxy-authorization")})
         payload = json.dumps({"object": "list", "data": [{"id": "other", "max_model_len": 99},
                                                           {"id": "tiny", "max_model_len": 4096},
                                                           {"id": "big", "max_model_len": 32768}]}).encode()
         self.send_response(200)
+        if self.marks and self.headers.get(PROBE_HEADER):
+            self.send_header(CAPTURE_MARK, "1")
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
@@ -857,6 +864,29 @@ def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_ses
         err = capsys.readouterr().err
         assert err.startswith(f"polar-train harness: error: proxy CA certificate {ca} cannot be loaded as a PEM "
                               "certificate (") and err.count("\n") == 1, err
+
+
+def test_a_model_server_on_the_proxy_port_is_refused_before_the_session(tmp_path, capsys) -> None:
+    """--proxy-port naming the model server itself: vLLM answers the absolute-form GET of the
+    check as a proxy would, and the session ran unrecorded (exit 0, no row), the proxy
+    credentials sent to the server. The capture addon marks its answer; this one has no mark."""
+    seen: list[dict] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_ModelsServer,), {"seen": seen, "marks": False}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        assert main(["harness", "pi", "x", "--server", f"http://127.0.0.1:{port}", "--workdir", str(tmp_path),
+                     "--proxy-port", str(port), "--rollout", "r1", "--timeout", "600"]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    err = capsys.readouterr().err
+    assert err == (f"polar-train harness: error: --proxy-port {port}: 127.0.0.1:{port} answered GET "
+                   f"http://127.0.0.1:{port}/v1/models without the capture addon's mark: it is the model server "
+                   "itself or a proxy without -s addons/polar_capture.py, and the session would go unrecorded\n")
+    assert len(seen) == 1  # the check only: no session started
 
 
 def test_names_the_system_refuses_are_one_line(tmp_path, capsys) -> None:

@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 API_KEY_PREFIX = "polar-"
+#: A header ``polar-train harness`` sends on its check request through the proxy. The addon removes
+#: it (as the identity headers) and marks the answer with :data:`CAPTURE_MARK`: a port that is the
+#: model server itself, or a proxy without the addon, answers unmarked - a session through it
+#: would go unrecorded.
+PROBE_HEADER = "x-polar-capture-probe"
+CAPTURE_MARK = "x-polar-capture"
 #: The longest rollout or task id kept (a longer one is refused, and said once in the log).
 MAX_ID_CHARS = 512
 
@@ -130,9 +136,10 @@ class HeaderView:
 
 
 def identity_headers(rollout_header: str, task_header: str) -> frozenset[bytes]:
-    """Lower-case names of the headers that only carry an identity: the proxy removes them from a
-    model call before it leaves (the upstream must never see proxy credentials)."""
-    names = {"proxy-authorization", rollout_header.lower(), task_header.lower()}
+    """Lower-case names of the headers meant for the proxy alone (an identity, the harness check's
+    probe): the proxy removes them before a request leaves (the upstream must never see proxy
+    credentials)."""
+    names = {"proxy-authorization", rollout_header.lower(), task_header.lower(), PROBE_HEADER}
     return frozenset(n.encode("latin-1") for n in names if n)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote, urlsplit
 
+from ..capture.identity import CAPTURE_MARK, PROBE_HEADER
 from ..paths import holds_other_files, make_private_dir
 
 #: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
@@ -169,11 +170,18 @@ class Proxy:
         return env
 
 
-def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: float = 5.0) -> dict[str, Any]:
+class NotTheCaptureProxy(HarnessError):
+    """The proxy port answered, but not as the capture proxy: nothing would be recorded."""
+
+
+def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: float = 5.0,
+                  capturing: bool = True) -> dict[str, Any]:
     """``GET SERVER/v1/models`` (through ``proxy`` when given, with the rollout's credentials and
     trusting its CA), the way the harness will reach the server: the model list, or a
-    :class:`HarnessError` saying in one line what answered instead. The capture addon records only
-    POSTs to model paths, so this request never becomes a row."""
+    :class:`HarnessError` saying in one line what answered instead; through a proxy also
+    :class:`NotTheCaptureProxy` where the answer lacks the capture addon's mark (``capturing=False``:
+    only the model list is wanted). The capture addon records only POSTs to model paths, so this
+    request never becomes a row."""
     url = server.base_url + "/v1/models"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.api_key}",
                                                    "Accept": "application/json"})
@@ -183,6 +191,7 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
         request.set_proxy(f"{proxy.host}:{proxy.port}", "http")
         credentials = base64.b64encode(f"{proxy.rollout_id}:{proxy.secret}".encode()).decode()
         request.add_header("Proxy-Authorization", f"Basic {credentials}")  # on the CONNECT for https
+        request.add_header(PROBE_HEADER, "1")  # the capture addon marks its answer (see below)
         if proxy.ca_cert is not None and server.base_url.startswith("https://"):
             proxy.check_ca_cert()
             context = ssl.create_default_context(cafile=str(proxy.ca_cert))
@@ -191,6 +200,7 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
     try:
         with opener.open(request, timeout=timeout) as response:  # noqa: S310 - the user's server
             body = response.read(4 << 20)
+            marked = response.headers.get(CAPTURE_MARK) is not None
     except urllib.error.HTTPError as exc:
         raise HarnessError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
@@ -204,6 +214,12 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
         models = None
     if not isinstance(models, dict) or not isinstance(models.get("data"), list):
         raise HarnessError(f"GET {url} did not answer with a model list (not an OpenAI-compatible server?)")
+    if proxy is not None and capturing and not marked:
+        # the model server itself on the proxy port answers an absolute-form GET too: the
+        # session would run, unrecorded, with the proxy credentials sent to the server
+        raise NotTheCaptureProxy(f"{proxy.host}:{proxy.port} answered GET {url} without the capture addon's mark: "
+                                 "it is the model server itself or a proxy without -s addons/polar_capture.py, and "
+                                 "the session would go unrecorded")
     return models
 
 
@@ -230,7 +246,7 @@ def served_window(server: ModelServer, proxy: Proxy | None = None) -> int | None
     """The server's context length for ``server.model``, or None when it does not say or cannot be
     asked (asked the way the session reaches it: through ``proxy``)."""
     try:
-        return served_context_length(server_models(server, proxy), server.model)
+        return served_context_length(server_models(server, proxy, capturing=False), server.model)
     except HarnessError:
         return None
 

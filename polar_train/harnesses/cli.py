@@ -91,7 +91,7 @@ TIMEOUT_EXIT = 124
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
-    from .base import absolute, check_timeout, server_models
+    from .base import NotTheCaptureProxy, absolute, check_timeout, server_models
     from .base import MIN_COMPACTING_WINDOW, served_context_length, served_window
 
     run = None
@@ -133,6 +133,8 @@ def _run(args: argparse.Namespace) -> int:
             # until --timeout). A GET of /v1/models is not a model call: the capture records no row.
             try:
                 models = server_models(server, proxy)
+            except NotTheCaptureProxy as exc:
+                raise UserError(f"--proxy-port {proxy.port}: {exc}") from None
             except HarnessError as exc:
                 raise UserError(f"{where} at {proxy.host}:{proxy.port} did not pass a request on to the "
                                 f"model server: {exc}") from None
