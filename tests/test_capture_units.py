@@ -1129,6 +1129,30 @@ def test_responses_end_of_turn_token_gets_nan_logprob():
     assert parsed.completion_logprobs[:-1] == [lp["logprob"] for lp in resp["output"][0]["content"][0]["logprobs"]]
 
 
+def test_a_responses_answer_one_logprob_short_keeps_none_and_says_so(tmp_path):
+    """vLLM 0.32 streamed a Codex answer (finish length, 128 ids) with 127 logprobs, one token
+    holding half a character: the row had no logprobs and said nothing (only build's count of
+    tokens "sampled without logprob" showed it, among the rendered calls')."""
+    from mitmproxy.http import Response
+
+    resp = json.loads(WIRE["resp_inj"])
+    assert resp["status"] == "incomplete"
+    entries = resp["output"][0]["content"][0]["logprobs"]
+    del entries[len(entries) // 2]
+    with _configured_addon(tmp_path) as addon:
+        f = _chat_flow({"model": "tiny", "input": "hi", "max_output_tokens": 16}, path="/v1/responses")
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        f.response = Response.make(200, json.dumps(resp).encode(), {"content-type": "application/json"})
+        addon.responseheaders(f)
+        asyncio.run(addon.response(f))
+        addon.done()
+    (row,) = pq.read_table(next((tmp_path / "calls").glob("part-*.parquet"))).to_pylist()
+    n = len(row["completion_token_ids"])
+    assert row["status"] == "ok" and row["token_source"] == "server" and row["completion_logprobs"] == []
+    assert row["error"] == f"logprobs not kept: the server gave {n - 1} for {n} completion ids"
+
+
 @pytest.mark.parametrize("body", [
     json.dumps({"model": "m", "messages": [], "stream": True}).encode(),
     json.dumps({"model": "m", "messages": []}).encode(),

@@ -425,6 +425,11 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             status, error = "upstream_error", "no response"
         else:
             status = "ok"
+    lps, sampled = parsed.completion_logprobs, parsed.completion_ids
+    if parsed.prompt_ids is not None and sampled is not None and lps and len(lps) != len(sampled):
+        # the row keeps none (see _ids): the trainer then scores these tokens itself
+        note = f"logprobs not kept: the server gave {len(lps)} for {len(sampled)} completion ids"
+        parsed.note = f"{parsed.note}; {note}" if parsed.note else note
     if parsed.note:
         error = f"{error}; {parsed.note}" if error else parsed.note
     request_note = getattr(module, "request_note", None)
