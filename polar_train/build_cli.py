@@ -65,8 +65,14 @@ def _check_out(out: Path, captures: Path) -> None:
         if parts.is_file():  # one part: a rebuild replaces the part-*.parquet files in --out
             if target == parts.parent.resolve():
                 raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
-        elif target == captures.resolve() or captures.resolve() in target.parents:
-            raise UserError(f"--out {out} is inside the capture folder {captures}; choose another folder")
+        else:
+            # the addon writes POLAR_OUT/calls/: given that calls/ folder, its capture folder is the parent
+            root = captures.resolve()
+            if root.name == "calls" and parts.resolve() == root:
+                root = root.parent
+            if target == root or root in target.parents:
+                folder = captures if root == captures.resolve() else root
+                raise UserError(f"--out {out} is inside the capture folder {folder}; choose another folder")
     problem = _foreign_files(out)
     if problem:
         raise UserError(problem)
@@ -82,13 +88,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise UserError("CAPTURES is empty; name the capture folder")
     out = Path(args.out).expanduser()
     captures = Path(args.captures).expanduser()
-    _check_out(out, captures)
-    options = BuildOptions(realign=args.realign, reward_mode=args.reward_mode,
-                           rewards=args.rewards and Path(args.rewards).expanduser(),
-                           tasks=args.tasks and Path(args.tasks).expanduser(),
-                           tokenizer=args.tokenizer and Path(args.tokenizer).expanduser())
     report_bytes: list[bytes] = []  # the report this build writes, once known
-    try:
+    try:  # from the checks on: an early Ctrl-C says what --out holds as a late one does
+        _check_out(out, captures)
+        options = BuildOptions(realign=args.realign, reward_mode=args.reward_mode,
+                               rewards=args.rewards and Path(args.rewards).expanduser(),
+                               tasks=args.tasks and Path(args.tasks).expanduser(),
+                               tokenizer=args.tokenizer and Path(args.tokenizer).expanduser())
         return _build_and_write(captures, out, options, args, report_bytes)
     except (KeyboardInterrupt, SystemExit) as exc:
         if signal_status(exc) is None:

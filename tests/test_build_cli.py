@@ -201,7 +201,13 @@ def test_out_inside_the_capture_is_refused_and_captured_parts_survive(tmp_path, 
     for out in (capture, capture / "calls", capture / "calls" / "traj", capture / "traj"):
         assert main(["build", str(capture), "--out", str(out)]) == 2  # in-process: same code path
         assert "inside the capture folder" in capsys.readouterr().err
+    # given its calls/ folder, the capture folder is still the one around it (trajectories in
+    # it were read back as a part no call log holds when the parent folder was built)
+    for out in (capture, capture / "traj"):
+        assert main(["build", str(capture / "calls"), "--out", str(out)]) == 2
+        assert f"inside the capture folder {capture};" in capsys.readouterr().err
     assert sorted(p.name for p in (capture / "calls").iterdir()) == before
+    assert not (capture / "traj").exists()
 
 
 def test_a_tokenizer_folder_that_does_not_load_is_one_line(tmp_path, capture, tiny_model_dir, capsys):
@@ -337,6 +343,19 @@ def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, captu
     assert main(["build", str(capture), "--out", str(out)]) == 130
     assert not (tmp_path / "new").exists()
     assert capsys.readouterr().err == f"polar-train build: interrupted; nothing was written to {out}\n"
+
+
+def test_an_interrupt_during_the_checks_says_what_out_holds(tmp_path, capture, monkeypatch, capsys):
+    """Ctrl-C in the first second (the checks, before the read) said only "interrupted (SIGINT)"."""
+    from polar_train import build_cli
+
+    def interrupted(out, captures):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_cli, "_check_out", interrupted)
+    (tmp_path / "old").mkdir()
+    assert main(["build", str(capture), "--out", str(tmp_path / "old")]) == 130
+    assert capsys.readouterr().err == f"polar-train build: interrupted; {tmp_path / 'old'} holds what it held before\n"
 
 
 def test_an_interrupted_build_says_which_build_its_folder_holds(tmp_path, capture, monkeypatch, capsys):
