@@ -8,6 +8,8 @@ none), and whether rendered ids matched the server's usage counts.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -87,6 +89,30 @@ def first_of_each_call(table):
     return (table, 0) if len(keep) == table.num_rows else (table.take(keep), table.num_rows - len(keep))
 
 
+_HTTP_ERROR = re.compile(r"HTTP (\d{3}): (\{.*)", re.DOTALL)
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')
+_JSON_TYPE = re.compile(r'"type"\s*:\s*"(\w*Error\w*)"')
+
+
+def readable_error(text: str) -> str:
+    """An error as a person reads it: ``HTTP 400: {"error": {"message": ...}}`` (a server's JSON
+    error, up to 2,000 characters kept) as ``HTTP 400: BadRequestError: <message>``, so the table's
+    width shows the message and not the JSON around it; other text as it is."""
+    match = _HTTP_ERROR.match(text)
+    if match is None:
+        return text
+    body = match.group(2)
+    found = _JSON_MESSAGE.search(body)  # a regex, not json.loads: a long body was cut at its limit
+    if found is None:
+        return text
+    try:
+        message = json.loads(f'"{found.group(1)}"')
+    except ValueError:  # cut inside an escape
+        message = found.group(1)
+    kind = _JSON_TYPE.search(body)
+    return f"HTTP {match.group(1)}: " + (f"{kind.group(1)}: " if kind else "") + message
+
+
 def _clip(text: str, width: int = 80) -> str:
     """A message cut to the table's width, marked as cut (a note that stops mid-word read as whole)."""
     return text if len(text) <= width else text[:width - 1] + "…"
@@ -144,17 +170,18 @@ def summarize(table, top: int = 20) -> str:
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
                           roll_rows) + more)
-    errors = Counter((col["status"][i] or "(none)", _clip(col["error"][i] or ""))
+    # counted by the whole text, shown cut: two errors that differ past the cut are two lines
+    errors = Counter((col["status"][i] or "(none)", readable_error(col["error"][i] or ""))
                      for i in range(n) if col["status"][i] != "ok")
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
-                          [[s, k, e] for (s, e), k in errors.most_common(top)]))
+                          [[s, k, _clip(e)] for (s, e), k in errors.most_common(top)]))
     # an ok call may still say why something is missing: no token ids (a prompt the template
     # refuses, a credential in the prompt), a check that could not run
-    notes = Counter(_clip(col["error"][i] or "") for i in range(n) if col["status"][i] == "ok" and col["error"][i])
+    notes = Counter(col["error"][i] for i in range(n) if col["status"][i] == "ok" and col["error"][i])
     if notes and top:
         out.append(_table(f"\nnotes on ok calls ({notes.total()})", ["count", "note"],
-                          [[k, e] for e, k in notes.most_common(top)]))
+                          [[k, _clip(e)] for e, k in notes.most_common(top)]))
     elif notes:
         out.append(f"\n{notes.total()} ok calls carry a note")
     return "\n".join(out)

@@ -705,6 +705,7 @@ def test_interleaved_rollouts_and_truncation(tmp_path, cut):
     assert_aligned(by_rollout["r2"], [b1, b2])
     assert by_rollout["r2"].truncated and not by_rollout["r1"].truncated
     assert result.report.truncated_trajectories == 1
+    assert "\ntrajectories " in result.report.table() and " (1 end at the length limit)\n" in result.report.table()
 
 
 def test_missing_logprobs_are_nan_and_counted(tmp_path):

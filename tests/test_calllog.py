@@ -357,6 +357,33 @@ def test_inspect_counts_unresolved_prompts_and_repeated_calls_once(tmp_path, ses
     assert "\n11 calls\n" in out
 
 
+def test_inspect_shows_a_servers_json_error_by_its_message_and_counts_whole_texts(tmp_path, session_rows, capsys):
+    """vLLM's refusals (``HTTP 400: {"type":"error","error":{"type":"BadRequestError","message":...``)
+    were cut at 80 characters inside the JSON, and two different limits counted as one error."""
+    from polar_train.cli import main
+    from polar_train.inspect import readable_error
+
+    def refusal(limit: int) -> str:
+        return ('HTTP 400: {"type":"error","error":{"type":"BadRequestError","message":"This model\'s maximum '
+                f'context length is {limit} tokens. However, your request has 9000 input tokens. Please reduce '
+                'the length of the input messages. (parameter=input_tokens, value=9000)\\n"}}')
+
+    errors = [refusal(2048), refusal(2048), refusal(3300)]
+    rows = [dict(r, status="upstream_error", error=e) for r, e in zip(session_rows, errors)]
+    write_parts(tmp_path, rows + session_rows[3:])
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("upstream_error")]
+    assert len(lines) == 2 and lines[0].split()[1] == "2" and lines[1].split()[1] == "1", out
+    assert "HTTP 400: BadRequestError: This model's maximum context length is 2048 tokens." in lines[0]
+    assert "is 3300 tokens" in lines[1]
+    assert readable_error("HTTP 502: upstream gone") == "HTTP 502: upstream gone"  # not JSON: as it is
+    assert readable_error('HTTP 500: {"error":{"message":"cut here \\u00') == "HTTP 500: cut here \\u00"
+    assert readable_error('HTTP 404: {"object":"error","message":"The model `x` does not exist.",'
+                          '"type":"NotFoundError","param":null,"code":404}') == \
+        "HTTP 404: NotFoundError: The model `x` does not exist."
+
+
 def test_inspect_escapes_what_a_terminal_would_act_on(tmp_path, session_rows, capsys):
     from polar_train.cli import main
 

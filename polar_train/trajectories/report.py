@@ -79,7 +79,8 @@ class BuildReport:
         rows = [
             ("rollouts", str(self.rollouts)),
             ("calls", f"{self.calls_used} used of {self.calls_read} read"),
-            ("trajectories", str(self.trajectories)),
+            ("trajectories", str(self.trajectories) + (f" ({self.truncated_trajectories} end at the length limit)"
+                                                       if self.truncated_trajectories else "")),
             ("merge ratio", f"{self.merge_ratio:.2f} calls/trajectory"),
             ("forks by cause", counts(self.forks)),
             ("skipped rows", counts(self.skipped)),
