@@ -19,7 +19,7 @@ import torch
 from polar_train.cli import UserError
 from polar_train.schema import TRAJECTORY_SCHEMA
 from polar_train.train.cli import build_trainer, prepare
-from polar_train.train.config import load_config
+from polar_train.train.config import TrainConfig, load_config
 from polar_train.train.data import DataReport, Trajectory, make_groups
 from polar_train.train.sampling import sample_trajectories
 
@@ -253,16 +253,34 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("lora_r=0", "lora_r must be at least 1"),
                              ("lora_dropout=2", r"lora_dropout must be in \[0, 1\)"),
                              ("report_to=wandb", "report_to wandb: not installed here"),
-                             ("output_dir=/elsewhere", "the run folder is --output")):
+                             ("output_dir=/elsewhere", "the run folder is --output"),
+                             # a probe: "trained 0 steps" with exit 0, or TRL's refusal mid-run
+                             ("num_iterations=0", "num_iterations must be at least 1, got 0"),
+                             ("top_entropy_quantile=-1", r"top_entropy_quantile must be in \[0, 1\], got -1"),
+                             ("save_steps=0", "save_steps must be above 0"),
+                             ("scale_rewards=bogus", "scale_rewards must be group, batch or none, got bogus"),
+                             ("importance_sampling_level=bogus", "importance_sampling_level must be token or sequence"),
+                             ("use_liger_kernel=true", "use_liger_kernel needs the liger-kernel package"),
+                             ("top_p=0.5", "top_p: this trainer trains recorded trajectories only"),
+                             ("per_device_train_batch_size=100000", "a step's generation batch is 100000 trajectories"),
+                             ("steps_per_generation=300", "a step's generation batch is 1200 trajectories"),
+                             ("num_generations=1000000", "num_generations 1000000 is more than twice the largest "
+                                                         "group")):
         with pytest.raises(UserError, match=message):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
     for text, message in (("learning_rate: null\n", "learning_rate: expected a value, got null"),
                           ("learning_rate: {a: 1}\n", "learning_rate: expected a value, got a mapping"),
                           ("1: 2\n", "unknown option.*1"),
-                          ("num_generations: 0\n", "num_generations must be at least 2")):
+                          ("num_generations: 0\n", "num_generations must be at least 2"),
+                          ('lora_r: "eight"\n', r"t.yaml: lora_r: expected an integer, got 'eight'")):
         bad_yaml.write_text(text)
         with pytest.raises(UserError, match=message):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))
+    bad_yaml.write_text("# nothing set yet\n")  # TRL refused an empty file in its own words
+    assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))[0].lora_r == TrainConfig.lora_r
+    bad_yaml.write_text('lora_r: "8"\nlearning_rate: "1e-4"\n')  # numbers written as strings still read
+    config = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))[0]
+    assert (config.lora_r, config.learning_rate) == (8, 1e-4)
     bad_yaml.write_text("lora_target_modules: q_proj\n")  # one module, not written as a list
     assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))[0].lora_target_modules == [
         "q_proj"]
@@ -633,3 +651,27 @@ def test_errors_name_the_users_option_not_a_derived_one(sampled, tiny_model_dir,
     for setting in ("temperature=0.7", "temperature=1"):
         with pytest.raises(UserError, match=r"record several sampling temperatures \(0.7, 1\) .* split or filter"):
             prepare(ns(data, tiny_model_dir, tmp_path / "r", setting, "sampler_logprobs=processed"))
+
+
+def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_line(sampled, tiny_model_dir, tmp_path,
+                                                                                    capsys):
+    """A probe's runs: equal rewards in every group trained an unchanged adapter with exit 0 and
+    a stdout line only; ``--model config.json`` gave transformers' repo-id message; a
+    tokenizer_config.json without tokenizer.json failed after the weights loaded, in 5 lines."""
+    equal = rewrite(sampled, tmp_path / "equal", lambda c: {**c, "reward": [0.5] * len(c["reward"])})
+    prepare(ns(equal, tiny_model_dir, tmp_path / "r"))
+    assert capsys.readouterr().err == ("polar-train train: warning: every GRPO group has equal rewards: the advantages "
+                                       "are all 0 and the adapter will not change (build with other --rewards?)\n")
+    prepare(ns(sampled, tiny_model_dir, tmp_path / "r"))
+    assert "equal rewards" not in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"^--model .*config.json: not a folder; name the model's folder"):
+        prepare(ns(sampled, tiny_model_dir / "config.json", tmp_path / "r"))
+    broken = tmp_path / "model-with-half-a-tokenizer"
+    broken.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if f.name != "tokenizer.json" and f.is_file():
+            (broken / f.name).symlink_to(f)
+    with pytest.raises(UserError, match=r"^--model .*: its tokenizer does not load \(") as caught:
+        build_trainer(ns(sampled, broken, tmp_path / "r2", "report_to=none"))
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "r2").exists()  # refused before anything was written

@@ -484,10 +484,24 @@ def test_a_run_interrupted_while_writing_its_adapter_names_the_weights_it_left(
         newer = out / f"checkpoint-{step}"
         shutil.copytree(checkpoint, newer)
         (newer / "adapter_model.safetensors").write_bytes(weights)
+    # and one whose optimizer, schedule or random state is cut short or missing: torch's traceback
+    # at --resume, or (no optimizer.pt) a new optimizer and schedule unsaid
+    assert (checkpoint / "optimizer.pt").is_file() and (checkpoint / "scheduler.pt").is_file()
+    cut = {4: ("optimizer.pt", 1000), 5: ("scheduler.pt", 100), 6: ("rng_state.pth", 10), 7: ("optimizer.pt", None)}
+    for step, (name, size) in cut.items():
+        newer = out / f"checkpoint-{step}"
+        shutil.copytree(checkpoint, newer)
+        if size is None:
+            (newer / name).unlink()
+        else:
+            (newer / name).write_bytes((checkpoint / name).read_bytes()[:size])
     last, skipped = train_cli.complete_checkpoint(out)
     assert last == checkpoint and skipped == [
-        f"checkpoint-{step} (adapter_model.safetensors cut short or unreadable: its save was cut short)"
-        for step in (3, 2)]
+        "checkpoint-7 (no optimizer.pt: its save was cut short, or the run saved its model only (save_only_model))",
+        *(f"checkpoint-{step} ({name} cut short or unreadable: its save was cut short)"
+          for step, name in ((6, "rng_state.pth"), (5, "scheduler.pt"), (4, "optimizer.pt"))),
+        *(f"checkpoint-{step} (adapter_model.safetensors cut short or unreadable: its save was cut short)"
+          for step in (3, 2))]
 
 
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(trajectories, tiny_model_dir, tmp_path,
@@ -579,3 +593,30 @@ def test_an_unusable_adapter_or_config_file_is_named_in_one_line(tiny_model_dir,
     binary.write_bytes(b"\xff\xfe\x00lora_r: 4")
     with pytest.raises(UserError, match=f"^{binary}: not UTF-8 text \\(byte 0xff at offset 0\\)$"):
         read_yaml(str(binary))
+
+
+def test_a_resume_with_max_steps_at_or_below_the_checkpoint_names_max_steps(tmp_path) -> None:
+    """``--set max_steps=3 --resume`` on a run interrupted at step 4 of 8 said the run had finished
+    and its adapter was not written; a metrics.jsonl the resume cannot rewrite left a stray copy."""
+    from types import SimpleNamespace
+
+    from polar_train.train.trainer import keep_metrics_until
+
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4, "max_steps": 8}))
+    config = SimpleNamespace(max_steps=3, init_adapter=None)
+    with pytest.raises(UserError) as caught:
+        train_cli._check_resumable(checkpoint, config)
+    assert str(caught.value) == ("--resume: max_steps=3 is not above checkpoint-4's step 4: leave max_steps as the "
+                                 "run had it (8) or give a larger one")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.write_text('{"step": 4}\n{"step": 5}\n')
+    def refused(self, target):  # chattr +i on metrics.jsonl: the rename onto it is refused
+        raise PermissionError(1, "Operation not permitted")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Path, "replace", refused)
+        with pytest.raises(OSError):
+            keep_metrics_until(metrics, 4)
+    assert metrics.read_text() == '{"step": 4}\n{"step": 5}\n' and not list((tmp_path / "run").glob(".metrics*"))

@@ -92,6 +92,8 @@ def prepare(args: argparse.Namespace):
     parquet_files(args.data)  # a missing or empty folder fails before the slow imports
     if not Path(args.model).exists():
         raise UserError(f"--model {args.model}: not found")
+    if not Path(args.model).is_dir():  # a file: transformers took it for a hub repo id
+        raise UserError(f"--model {args.model}: not a folder; name the model's folder (config.json, weights, tokenizer)")
     if Path(args.model).is_dir() and not holds_tokenizer(args.model):
         # transformers would build an empty tokenizer without a word, and save it with every checkpoint
         raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); the model folder "
@@ -113,6 +115,15 @@ def prepare(args: argparse.Namespace):
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
     _check_temperature(config, report)  # the temperatures of what is trained (not of dropped groups)
+    have, need = len(grouped.rows) * config.num_generations, config.generation_batch_size
+    if need and have < need:  # TRL's sampler then yields no batch: "trained 0 steps", exit 0
+        raise UserError(f"a step's generation batch is {need} trajectories (per_device_train_batch_size "
+                        f"{config.per_device_train_batch_size} x processes {config.world_size} x steps_per_generation "
+                        f"{config.steps_per_generation}); the data makes {have} ({len(grouped.rows)} GRPO groups of "
+                        f"{config.num_generations}): nothing would train; lower them")
+    if report.zero_reward_std_rows == len(grouped.rows):
+        print(f"polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0 and "
+              f"the adapter will not change (build with other --rewards?)", file=sys.stderr, flush=True)
     return config, grouped, report
 
 
@@ -197,7 +208,27 @@ def _checkpoint_problem(folder: Path) -> str | None:
         return "no readable trainer_state.json"
     if not isinstance(state, dict):
         return "no readable trainer_state.json"
-    return _weights_problem(folder)
+    return _weights_problem(folder) or _resume_state_problem(folder)
+
+
+#: What a resume reads besides the weights: torch zip archives (transformers writes the optimizer,
+#: the schedule and the random state with torch.save). Without optimizer.pt a resume started a new
+#: optimizer and schedule unsaid; one cut short ended in torch's traceback.
+_RESUME_STATE = ("optimizer.pt", "scheduler.pt")
+
+
+def _resume_state_problem(folder: Path) -> str | None:
+    import zipfile
+
+    for path in [*(folder / name for name in _RESUME_STATE), *sorted(folder.glob("rng_state*.pth"))]:
+        if not path.is_file():  # (a save_only_model run writes none: its checkpoints cannot be resumed)
+            return f"no {path.name}"
+        try:
+            with zipfile.ZipFile(path) as archive:  # reads the central directory at the end: a cut file fails
+                archive.infolist()
+        except (OSError, zipfile.BadZipFile):
+            return f"{path.name} cut short or unreadable"
+    return None
 
 
 def _weights_problem(folder: Path) -> str | None:
@@ -235,7 +266,9 @@ def complete_checkpoint(out: Path) -> tuple[Path | None, list[str]]:
         problem = _checkpoint_problem(folder)
         if problem is None:
             return folder, skipped
-        skipped.append(f"{folder.name} ({problem}: its save was cut short)")
+        why = "its save was cut short" + (", or the run saved its model only (save_only_model)"
+                                           if problem == "no optimizer.pt" else "")
+        skipped.append(f"{folder.name} ({problem}: {why})")
     return None, skipped
 
 
@@ -274,6 +307,9 @@ def _check_resumable(checkpoint: Path, config) -> None:
         raise UserError(f"--resume: {checkpoint} has no readable trainer_state.json") from None
     if not isinstance(state.get("max_steps", 0), int):  # "3" would reach the trainer: a TypeError there
         raise UserError(f"--resume: {checkpoint}/trainer_state.json: max_steps is not a number")
+    if config.max_steps > 0 and step >= config.max_steps and not (planned > 0 and step >= planned):
+        raise UserError(f"--resume: max_steps={config.max_steps} is not above {checkpoint.name}'s step {step}: "
+                        f"leave max_steps as the run had it ({planned or 'its value'}) or give a larger one")
     if (config.max_steps > 0 and step >= config.max_steps) or (planned > 0 and step >= planned):
         # resuming continues the saved optimizer and schedule, which ended at learning rate 0
         adapter = checkpoint.parent / "adapter"
@@ -372,14 +408,17 @@ def build_trainer(args: argparse.Namespace):
     import torch
     from transformers import AutoTokenizer
 
-    from ..model_load import adapter_base_note, load_adapter, load_causal_lm
+    from ..model_load import adapter_base_note, first_line, load_adapter, load_causal_lm
     from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
     # by its absolute path: peft records it in the adapter (base_model_name_or_path), which
     # serve and a later init_adapter compare with the model they load it on
+    try:  # before the weights: a tokenizer_config.json without its tokenizer.json failed after them, in 5 lines
+        tok = AutoTokenizer.from_pretrained(args.model)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, OSError, TypeError, ...
+        raise UserError(f"--model {args.model}: its tokenizer does not load ({first_line(exc)})") from None
     model = load_causal_lm(str(Path(args.model).expanduser().resolve()), dtype)
-    tok = AutoTokenizer.from_pretrained(args.model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     peft_config = None
@@ -403,7 +442,11 @@ def build_trainer(args: argparse.Namespace):
             raise TrainFailure(f"cannot write {out / RUN_MARKER}: {exc.strerror or exc}") from None
     if checkpoint is not None and os.environ.get("RANK", "0") == "0":  # the steps after it are logged again;
         # by the one process that writes metrics.jsonl (accelerate launch starts one per GPU)
-        keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
+        try:
+            keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
+        except OSError as exc:
+            raise TrainFailure(f"cannot rewrite {out / 'metrics.jsonl'} for the resume ({exc.strerror or exc}); "
+                               "it is as it was") from None
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
     trainer.add_callback(MismatchCheckpointCallback(trainer))
@@ -419,17 +462,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # a resumed run's first step was taken before the checkpoint: its value comes from there
     first_step_known = checkpoint is None or restore_first_epoch_mismatch(trainer, checkpoint)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    def end_progress_line() -> None:
+        for callback in trainer.callback_handler.callbacks:  # end tqdm's line before ours
+            if getattr(callback, "training_bar", None) is not None:
+                callback.training_bar.close()
+
     try:
         result = trainer.train(resume_from_checkpoint=checkpoint)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM (timeout, a scheduler) as SystemExit
         if signal_status(exc) is None:
             raise  # not a signal
         if trainer.accelerator.is_main_process:
-            for callback in trainer.callback_handler.callbacks:  # end tqdm's line before ours
-                if getattr(callback, "training_bar", None) is not None:
-                    callback.training_bar.close()
+            end_progress_line()
             _report_interrupt(out, trainer.state.global_step, trainer.args.save_steps)
         raise said_interrupted(exc) from None
+    except Exception:  # a failed save, an option TRL refuses mid-run: its line was printed after the bar's
+        end_progress_line()
+        raise
     trained = {n: p.detach() for n, p in trainer.model.named_parameters() if n in before}
     broken = [n for n, p in trained.items() if not bool(_all_finite(p))]
     if broken:  # an adapter of NaNs "trained successfully" (e.g. an inf learning rate, a NaN bound)

@@ -23,6 +23,8 @@ from ..paths import not_a_file
 
 #: TRL's vLLM importance-sampling modes (its error message, raised only mid-training, lists these).
 _IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: TRL's importance_sampling_level values (others it refuses only mid-training).
+_IS_LEVELS = ("token", "sequence")
 
 
 def _documented_loss_types() -> tuple[str, ...]:
@@ -195,6 +197,19 @@ class TrainConfig(GRPOConfig):
         need(self.min_group_size >= 1, "min_group_size must be at least 1", self.min_group_size)
         need(0 <= self.lora_dropout < 1, "lora_dropout must be in [0, 1)", self.lora_dropout)
         need(0 <= self.seed < 2**32, "seed must be in 0 .. 4294967295 (numpy's range)", self.seed)
+        need(self.num_iterations >= 1, "num_iterations must be at least 1", self.num_iterations)
+        need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile must be in [0, 1]", self.top_entropy_quantile)
+        need(self.save_steps > 0, "save_steps must be above 0 (a step count, or a fraction of the run below 1)",
+             self.save_steps)
+        scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        need(scale in ("group", "batch", "none"), "scale_rewards must be group, batch or none", self.scale_rewards)
+        need(self.importance_sampling_level in _IS_LEVELS, "importance_sampling_level must be "
+             f"{' or '.join(_IS_LEVELS)}", self.importance_sampling_level)
+        if self.use_liger_kernel:
+            import importlib.util
+
+            need(importlib.util.find_spec("liger_kernel") is not None, "use_liger_kernel needs the liger-kernel "
+                 "package (pip install liger-kernel; a GPU kernel)", self.use_liger_kernel)
 
     def _check_importance_bounds(self) -> None:
         """The importance-weight bounds, as TRL will use them: a cap <= 0 (also one given through the
@@ -256,9 +271,16 @@ class _Parser(TrlParser):
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
+#: TRL's sampling options, which only its own generation reads: on recorded data they did nothing,
+#: unsaid (temperature is read: the trainer's logprobs are taken at the sampler's temperature).
+_SAMPLING_OPTIONS = frozenset({"top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs"})
+
+
 def _is_generation_option(key: str) -> bool:
-    """TRL's options for generating with vLLM (its importance-sampling options apply to recorded data)."""
-    return key == "use_vllm" or (key.startswith("vllm_") and not key.startswith("vllm_importance_sampling_"))
+    """TRL's options for generating with vLLM (its importance-sampling options apply to recorded data)
+    and for sampling."""
+    return key == "use_vllm" or key in _SAMPLING_OPTIONS or (
+        key.startswith("vllm_") and not key.startswith("vllm_importance_sampling_"))
 
 
 def _refuse_generation_option(where: str, key: str) -> None:
@@ -311,6 +333,15 @@ def _yaml_value(key: str, value: Any) -> Any:
     if isinstance(value, str):
         if list in kinds and str not in kinds:
             value = [v.strip() for v in value.split(",") if v.strip()]
+        elif str not in kinds and bool not in kinds:
+            # `lora_r: "eight"`: argparse would convert it as a default and blame --set
+            for kind in (int, float):
+                if kind in kinds:
+                    try:
+                        return kind(value)
+                    except ValueError:
+                        pass
+            raise bad
         else:
             return value  # argparse converts string defaults, with its own message
     if isinstance(value, bool):
@@ -446,7 +477,7 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
     user = read_yaml(config_path)
     overrides = parse_sets(sets)
     args: list[str] = []
-    if config_path is not None:
+    if config_path is not None and user:  # an empty file (or comments only): TRL refused it in its words
         args += ["--config", str(config_path)]
     for key, value in {**(data_defaults or {}), **overrides}.items():
         if key in user and key not in overrides:

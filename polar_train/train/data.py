@@ -305,6 +305,11 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
         by_group.setdefault(t.group, []).append(i)
     report.group_sizes = dict(Counter(len(v) for v in by_group.values()))
     report.num_generations = num_generations
+    largest = max((len(v) for v in by_group.values()), default=0)
+    if policy == "pad" and num_generations > 2 * largest:
+        # each group padded to num_generations copies: a million (a typo) filled the memory, killed
+        raise UserError(f"num_generations {num_generations} is more than twice the largest group ({largest} "
+                        f"trajectories): padding would train mostly copies; give at most {2 * largest}")
     rows: list[list[int]] = []
     names: list[str] = []
     for name, members in by_group.items():

@@ -236,8 +236,12 @@ def keep_metrics_until(path: Path, step: int) -> None:
         if isinstance(row_step, int) and row_step <= step:
             kept.append(line)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+    try:
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # the file stays as it was, and no stray copy beside it
+        raise
 
 
 class MetricsFileCallback(TrainerCallback):
