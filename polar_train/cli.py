@@ -264,4 +264,8 @@ def print_out(text: str) -> None:
 
 
 if __name__ == "__main__":
-    program()
+    # run as polar_train.cli, not as __main__: the commands raise polar_train.cli.UserError, which
+    # this file's own copy (__main__.UserError) would not catch (a traceback, exit 1)
+    from polar_train.cli import program as _program
+
+    _program()

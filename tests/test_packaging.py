@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,8 +36,14 @@ def test_setup_cfg_lists_every_package_folder_and_the_addons() -> None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # from a copy: a build in place writes build/ and *.egg-info into the checkout, and a stale
+    # build/lib there could put files in the wheel that the sources no longer have
+    source = tmp_path_factory.mktemp("source") / "polar-train"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", ".harnesses", ".whl", ".cache", "build", "*.egg-info", "__pycache__", ".hypothesis",
+        ".pytest_cache", "runs", "node_modules"))
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(out), str(REPO)], capture_output=True, text=True, timeout=300)
+                           "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     (built,) = out.glob("polar_train-*.whl")
     return built
@@ -47,7 +54,7 @@ def test_the_wheel_holds_the_addon_the_template_and_the_license(wheel: Path) -> 
     for name in ("polar_train/addons/polar_capture.py", "polar_train/templates/chatml_qwen3.jinja",
                  "polar_train/py.typed"):
         assert name in names
-    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert any(".dist-info/" in n and n.endswith("LICENSE") for n in names)  # (licenses/ from setuptools 77)
     assert not any(n.startswith(("tests/", "addons/", "data/")) for n in names)  # nothing at the top level
 
 
@@ -110,3 +117,13 @@ def test_a_missing_harness_outside_a_checkout_names_no_checkout_folder(tmp_path:
         find_binary("codex")
     assert str(err.value).startswith("'codex' not found on PATH: run scripts/install-harnesses in a polar-train checkout")
     assert ".harnesses" not in str(err.value)
+
+
+def test_python_dash_m_gives_one_line_errors(tmp_path: Path) -> None:
+    """``python -m polar_train.cli`` (how the demo runs its steps) loaded cli.py as __main__: its
+    UserError was another class than the commands raised, so a refusal was a traceback, exit 1."""
+    for module in ("polar_train.cli", "polar_train"):
+        done = subprocess.run([sys.executable, "-m", module, "inspect", str(tmp_path / "missing")],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr == f"polar-train inspect: error: {tmp_path / 'missing'} not found\n"

@@ -260,7 +260,6 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("save_steps=0", "save_steps must be above 0"),
                              ("scale_rewards=bogus", "scale_rewards must be group, batch or none, got bogus"),
                              ("importance_sampling_level=bogus", "importance_sampling_level must be token or sequence"),
-                             ("use_liger_kernel=true", "use_liger_kernel needs the liger-kernel package"),
                              ("top_p=0.5", "top_p: this trainer trains recorded trajectories only"),
                              ("per_device_train_batch_size=100000", "a step's generation batch is 100000 trajectories"),
                              ("steps_per_generation=300", "a step's generation batch is 1200 trajectories"),
@@ -276,6 +275,18 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
         bad_yaml.write_text(text)
         with pytest.raises(UserError, match=message):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    with pytest.MonkeyPatch.context() as m:  # as on a machine without it (this one may have it)
+        m.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real_find_spec(name, *a))
+        with pytest.raises(UserError, match="use_liger_kernel needs the liger-kernel package"):
+            prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "use_liger_kernel=true"))
+    # a sampling option at its default sets nothing (a TRL config copied as it is), and save_steps
+    # is only read when the run saves by steps
+    config = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "top_p=1.0", "top_k=0", "save_strategy=no",
+                        "save_steps=0"))[0]
+    assert (config.top_p, config.top_k) == (1.0, 0)
     bad_yaml.write_text("# nothing set yet\n")  # TRL refused an empty file in its own words
     assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(bad_yaml)))[0].lora_r == TrainConfig.lora_r
     bad_yaml.write_text('lora_r: "8"\nlearning_rate: "1e-4"\n')  # numbers written as strings still read
@@ -661,7 +672,7 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     equal = rewrite(sampled, tmp_path / "equal", lambda c: {**c, "reward": [0.5] * len(c["reward"])})
     prepare(ns(equal, tiny_model_dir, tmp_path / "r"))
     assert capsys.readouterr().err == ("polar-train train: warning: every GRPO group has equal rewards: the advantages "
-                                       "are all 0 and the adapter will not change (build with other --rewards?)\n")
+                                       "are all 0, nothing to learn from (build with other --rewards?)\n")
     prepare(ns(sampled, tiny_model_dir, tmp_path / "r"))
     assert "equal rewards" not in capsys.readouterr().err
     with pytest.raises(UserError, match=r"^--model .*config.json: not a folder; name the model's folder"):

@@ -502,6 +502,11 @@ def test_a_run_interrupted_while_writing_its_adapter_names_the_weights_it_left(
           for step, name in ((6, "rng_state.pth"), (5, "scheduler.pt"), (4, "optimizer.pt"))),
         *(f"checkpoint-{step} (adapter_model.safetensors cut short or unreadable: its save was cut short)"
           for step in (3, 2))]
+    # as an init_adapter (what a run interrupted while writing its adapter names) the weights suffice
+    assert train_cli.complete_checkpoint(out, resumable=False)[0] == out / "checkpoint-7"
+    deepspeed = out / "checkpoint-7" / "global_step7"  # DeepSpeed keeps its optimizer there, not in optimizer.pt
+    deepspeed.mkdir()
+    assert train_cli._resume_state_problem(out / "checkpoint-7") is None
 
 
 def test_an_empty_path_is_refused_not_taken_for_the_current_folder(trajectories, tiny_model_dir, tmp_path,

@@ -546,7 +546,7 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
         # vLLM reports logprobs for output_text only, so the end-of-turn token that closes a
         # completed answer has none: NaN there (= "the server reported none"), the rest aligned
         parsed.completion_logprobs = [*lps, float("nan")]
-    elif lps:
+    elif lps and not tool_calls and not reasoning:  # (with those: text logprobs only, as documented)
         # another count (vLLM 0.32 streamed a long answer with one logprob short, where a token held
         # half a character): which token lacks one is unknown, so the row keeps none and says why
         parsed.completion_logprobs = lps

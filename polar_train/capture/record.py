@@ -426,7 +426,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         else:
             status = "ok"
     lps, sampled = parsed.completion_logprobs, parsed.completion_ids
-    if parsed.prompt_ids is not None and sampled is not None and lps and len(lps) != len(sampled):
+    if status == "ok" and parsed.prompt_ids is not None and sampled is not None and lps and len(lps) != len(sampled):
         # the row keeps none (see _ids): the trainer then scores these tokens itself
         note = f"logprobs not kept: the server gave {len(lps)} for {len(sampled)} completion ids"
         parsed.note = f"{parsed.note}; {note}" if parsed.note else note

@@ -218,8 +218,9 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
         # the model server itself on the proxy port answers an absolute-form GET too: the
         # session would run, unrecorded, with the proxy credentials sent to the server
         raise NotTheCaptureProxy(f"{proxy.host}:{proxy.port} answered GET {url} without the capture addon's mark: "
-                                 "it is the model server itself or a proxy without -s addons/polar_capture.py, and "
-                                 "the session would go unrecorded")
+                                 "it is the model server itself or a proxy without the capture addon (mitmdump -s "
+                                 "addons/polar_capture.py, or \"$(polar-train addon)\"; an addon older than this "
+                                 "polar-train marks nothing), and the session would go unrecorded")
     return models
 
 

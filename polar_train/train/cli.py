@@ -122,8 +122,8 @@ def prepare(args: argparse.Namespace):
                         f"{config.steps_per_generation}); the data makes {have} ({len(grouped.rows)} GRPO groups of "
                         f"{config.num_generations}): nothing would train; lower them")
     if report.zero_reward_std_rows == len(grouped.rows):
-        print(f"polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0 and "
-              f"the adapter will not change (build with other --rewards?)", file=sys.stderr, flush=True)
+        print("polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0, "
+              "nothing to learn from (build with other --rewards?)", file=sys.stderr, flush=True)
     return config, grouped, report
 
 
@@ -199,30 +199,36 @@ def _write_marker(out: Path, identity: dict[str, Any]) -> None:
     tmp.replace(out / RUN_MARKER)
 
 
-def _checkpoint_problem(folder: Path) -> str | None:
-    """Why ``folder`` cannot be resumed from, or None. The trainer writes the adapter first and
-    trainer_state.json last: a save cut short (Ctrl-C, a full disk) lacks one of them."""
+def _checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
+    """Why ``folder`` cannot be resumed from (``resumable=False``: used as an adapter), or None.
+    The trainer writes the adapter first and trainer_state.json last: a save cut short (Ctrl-C, a
+    full disk) lacks one of them."""
     try:
         state = json.loads((folder / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return "no readable trainer_state.json"
     if not isinstance(state, dict):
         return "no readable trainer_state.json"
-    return _weights_problem(folder) or _resume_state_problem(folder)
+    return _weights_problem(folder) or (_resume_state_problem(folder) if resumable else None)
 
 
 #: What a resume reads besides the weights: torch zip archives (transformers writes the optimizer,
-#: the schedule and the random state with torch.save). Without optimizer.pt a resume started a new
+#: the schedule and the random state with torch.save). Without an optimizer a resume started a new
 #: optimizer and schedule unsaid; one cut short ended in torch's traceback.
 _RESUME_STATE = ("optimizer.pt", "scheduler.pt")
+#: Where DeepSpeed and FSDP keep the optimizer instead of optimizer.pt.
+_OTHER_OPTIMIZERS = ("optimizer.bin", "optimizer_0", "global_step*")
 
 
 def _resume_state_problem(folder: Path) -> str | None:
     import zipfile
 
+    if not (folder / "optimizer.pt").is_file() and not any(
+            any(folder.glob(pattern)) for pattern in _OTHER_OPTIMIZERS):
+        return "no optimizer.pt"  # (a save_only_model run writes none: its checkpoints cannot be resumed)
     for path in [*(folder / name for name in _RESUME_STATE), *sorted(folder.glob("rng_state*.pth"))]:
-        if not path.is_file():  # (a save_only_model run writes none: its checkpoints cannot be resumed)
-            return f"no {path.name}"
+        if not path.is_file():  # a scheduler a DeepSpeed run keeps elsewhere
+            continue
         try:
             with zipfile.ZipFile(path) as archive:  # reads the central directory at the end: a cut file fails
                 archive.infolist()
@@ -253,8 +259,9 @@ def _weights_problem(folder: Path) -> str | None:
     return "no adapter weights"
 
 
-def complete_checkpoint(out: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint-N in ``out`` that a resume can load, and a note per newer one skipped."""
+def complete_checkpoint(out: Path, resumable: bool = True) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint-N in ``out`` that a resume can load (``resumable=False``: whose adapter
+    loads, as an ``init_adapter``), and a note per newer one skipped."""
     found = []
     if out.is_dir():
         for d in out.iterdir():
@@ -263,7 +270,7 @@ def complete_checkpoint(out: Path) -> tuple[Path | None, list[str]]:
                 found.append((int(step), d))
     skipped = []
     for _, folder in sorted(found, reverse=True):
-        problem = _checkpoint_problem(folder)
+        problem = _checkpoint_problem(folder, resumable)
         if problem is None:
             return folder, skipped
         why = "its save was cut short" + (", or the run saved its model only (save_only_model)"
@@ -532,7 +539,7 @@ def _save_adapter(trainer, adapter_dir: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
     def kept() -> str:
-        last, _ = complete_checkpoint(out)
+        last, _ = complete_checkpoint(out, resumable=False)  # its weights, as an init_adapter
         return (f"{last.name} holds the adapter of step {last.name.rsplit('-', 1)[-1]}: start a new run from it "
                 f"with --set init_adapter={last}" if last else "")
 

@@ -199,8 +199,9 @@ class TrainConfig(GRPOConfig):
         need(0 <= self.seed < 2**32, "seed must be in 0 .. 4294967295 (numpy's range)", self.seed)
         need(self.num_iterations >= 1, "num_iterations must be at least 1", self.num_iterations)
         need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile must be in [0, 1]", self.top_entropy_quantile)
-        need(self.save_steps > 0, "save_steps must be above 0 (a step count, or a fraction of the run below 1)",
-             self.save_steps)
+        if str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps":
+            need(self.save_steps > 0, "save_steps must be above 0 (a step count, or a fraction of the run below 1)",
+                 self.save_steps)
         scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
         need(scale in ("group", "batch", "none"), "scale_rewards must be group, batch or none", self.scale_rewards)
         need(self.importance_sampling_level in _IS_LEVELS, "importance_sampling_level must be "
@@ -283,7 +284,21 @@ def _is_generation_option(key: str) -> bool:
         key.startswith("vllm_") and not key.startswith("vllm_importance_sampling_"))
 
 
-def _refuse_generation_option(where: str, key: str) -> None:
+def _is_default(key: str, value: Any) -> bool:
+    """Whether ``value`` (as given: a --set string or a YAML value) is the option's default: a TRL
+    config copied with ``top_p: 1.0`` sets nothing."""
+    default = _FIELDS[key].default
+    if value is None or str(value).strip().lower() in ("none", "null", ""):
+        return default is None
+    try:
+        return default is not None and float(value) == float(default)
+    except (TypeError, ValueError):
+        return False
+
+
+def _refuse_generation_option(where: str, key: str, value: Any) -> None:
+    if key in _SAMPLING_OPTIONS and _is_default(key, value):
+        return
     if _is_generation_option(key):
         raise UserError(f"{where}{key}: this trainer trains recorded trajectories only and generates nothing "
                         "(no vLLM): sample with your server through the capture proxy, then build and train")
@@ -400,7 +415,7 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
             raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
         if key == "output_dir":
             raise UserError("--set output_dir: the run folder is --output")
-        _refuse_generation_option("--set ", key)
+        _refuse_generation_option("--set ", key, value)
         out[key] = value
     return out
 
@@ -461,7 +476,7 @@ def read_yaml(path: str | None) -> dict[str, Any]:
             raise UserError(f"{p}: {key}: expected a value, got a mapping")
         if value is None and "None" not in str(_FIELDS[key].type) and "Optional" not in str(_FIELDS[key].type):
             raise UserError(f"{p}: {key}: expected a value, got null (leave the option out for its default)")
-        _refuse_generation_option(f"{p}: ", key)
+        _refuse_generation_option(f"{p}: ", key, value)
         if value is not None:
             try:
                 data[key] = _yaml_value(key, value)
