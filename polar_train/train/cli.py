@@ -166,6 +166,41 @@ def run_identity(model: str, trajectories, init_adapter: str | None = None) -> d
             "init_adapter": _resolved(init_adapter)}
 
 
+#: Options a resume cannot change: the checkpoint's optimizer, schedule and data order hold the
+#: run's values (a learning rate given at --resume was ignored unsaid; another max_steps mixed
+#: two schedules).
+RESUME_FIXED = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "max_steps",
+                "num_train_epochs", "weight_decay", "optim", "seed", "num_generations", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "steps_per_generation", "loss_type", "beta", "temperature",
+                "scale_rewards", "epsilon", "epsilon_high")
+
+
+def run_options(config) -> dict[str, Any]:
+    """The :data:`RESUME_FIXED` options of ``config`` as the run marker records them (JSON values)."""
+    def plain(value: Any) -> Any:
+        value = getattr(value, "value", value)  # transformers' enums (optim, lr_scheduler_type)
+        return value if isinstance(value, (str, int, float, bool, type(None))) else json.dumps(value, default=str)
+
+    return {key: plain(getattr(config, key, None)) for key in RESUME_FIXED}
+
+
+def _check_same_options(out: Path, options: dict[str, Any]) -> None:
+    """Refuse a resume whose :data:`RESUME_FIXED` options differ from those the run started with
+    (a marker of an older version recorded none: nothing to compare)."""
+    try:
+        saved = json.loads((out / RUN_MARKER).read_text()).get("options")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
+               if key in saved and key in options and saved[key] != options[key]]
+    if changed:
+        raise UserError(f"--resume: {', '.join(changed)}: a resumed run continues its checkpoint's optimizer, schedule "
+                        "and data order; give the run's values, or start a new --output (init_adapter= a checkpoint "
+                        "to go on from its weights)")
+
+
 def _resolved(path: str | None) -> str | None:
     """A path as recorded for a later run to compare with (absolute, ``~`` expanded), or None."""
     return str(Path(path).expanduser().resolve()) if path else None
@@ -291,6 +326,7 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any]) -> 
             raise UserError(f"--resume: no checkpoint-* folder in {out}")
         _check_same_run(out, identity)
         _check_resumable(last, config)
+        _check_same_options(out, identity["options"])
         for note in skipped:
             print(f"resume: skipping incomplete {note}; resuming from {last.name}", flush=True)
         return str(last)
@@ -398,7 +434,7 @@ def build_trainer(args: argparse.Namespace):
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
-    identity = run_identity(args.model, grouped.trajectories, config.init_adapter)
+    identity = {**run_identity(args.model, grouped.trajectories, config.init_adapter), "options": run_options(config)}
     if config.init_adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
         from .config import user_options
