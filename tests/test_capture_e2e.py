@@ -345,8 +345,6 @@ def test_vllm_itself_on_the_harness_proxy_port_is_refused(vllm_base_url, tmp_pat
     assert main(["harness", "codex", "x", "--server", vllm_base_url, "--model", "tiny", "--workdir", str(tmp_path),
                  "--proxy-port", str(port), "--rollout", "r1", "--timeout", "600"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"polar-train harness: error: --proxy-port {port}: 127.0.0.1:{port} answered GET "
-                   f"http://127.0.0.1:{port}/v1/models without the capture addon's mark: it is the model server "
-                   "itself or a proxy without the capture addon (mitmdump -s addons/polar_capture.py, or "
-                   '"$(polar-train addon)"; an addon older than this polar-train marks nothing), and the session '
-                   "would go unrecorded\n")
+    from tests.support.harness import not_the_capture_proxy
+
+    assert err == not_the_capture_proxy(port)

@@ -883,11 +883,9 @@ def test_a_model_server_on_the_proxy_port_is_refused_before_the_session(tmp_path
         server.server_close()
         thread.join()
     err = capsys.readouterr().err
-    assert err == (f"polar-train harness: error: --proxy-port {port}: 127.0.0.1:{port} answered GET "
-                   f"http://127.0.0.1:{port}/v1/models without the capture addon's mark: it is the model server "
-                   "itself or a proxy without the capture addon (mitmdump -s addons/polar_capture.py, or "
-                   '"$(polar-train addon)"; an addon older than this polar-train marks nothing), and the session '
-                   "would go unrecorded\n")
+    from tests.support.harness import not_the_capture_proxy
+
+    assert err == not_the_capture_proxy(port)
     assert len(seen) == 1  # the check only: no session started
 
 

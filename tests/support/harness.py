@@ -40,6 +40,15 @@ _GIT_ENV = {"GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@example.inval
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 
 
+def not_the_capture_proxy(port: int) -> str:
+    """``polar-train harness``'s refusal of a --proxy-port that answered without the capture mark."""
+    return (f"polar-train harness: error: --proxy-port {port}: 127.0.0.1:{port} answered GET "
+            f"http://127.0.0.1:{port}/v1/models without the capture addon's mark: it is the model server "
+            "itself or a proxy without the capture addon (mitmdump -s addons/polar_capture.py, or "
+            '"$(polar-train addon)"; an addon older than this polar-train marks nothing), and the session '
+            "would go unrecorded\n")
+
+
 def require_harnesses(*names: str) -> None:
     """Fail loudly when a harness is missing (CI installs them), or skip with POLAR_SKIP_HARNESSES=1."""
     missing = []
