@@ -162,7 +162,9 @@ def test_notebook_executes_and_plots(path: Path, monkeypatch: pytest.MonkeyPatch
     out = text(nb)
     if path.name == CAPTURE_NB:  # the notebook's build is `polar-train build`'s (no --realign): the committed report
         report = json.loads((SAMPLE / "trajectories" / "build_report.json").read_text())
-        assert re.search(rf"^trajectories\s+{report['trajectories']}$", out, re.M), out
+        truncated = report.get("truncated_trajectories")
+        assert re.search(rf"^trajectories\s+{report['trajectories']}"
+                         + (rf" \({truncated} end at the length limit\)" if truncated else "") + "$", out, re.M), out
         forks = ", ".join(f"{k} {v}" for k, v in sorted(report["forks"].items(), key=lambda kv: (-kv[1], kv[0])))
         assert re.search(rf"^forks by cause\s+{forks}$", out, re.M), out
         assert f"calls in {Path('data/samples/demo/captures')} " in out  # shown repository-relative
