@@ -120,7 +120,9 @@ def running(args: list[str], log: Path, ready_url: str | None = None, ready_port
 
 
 def _run(args: list[str], what: str) -> None:
-    print(f"  $ {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(args))}", flush=True)
+    own = polar_train_command()  # shown as the command a user types, not as this interpreter runs it
+    shown = ["polar-train", *args[len(own):]] if args[:len(own)] == own else [Path(args[0]).name, *args[1:]]
+    print(f"  $ {' '.join(shown)}", flush=True)
     rc = subprocess.call(args, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     if rc != 0:
         raise UserError(f"{what} failed with exit code {rc}")

@@ -198,3 +198,17 @@ def test_sigterm_stops_the_demo_and_the_server_and_proxy_it_started(tmp_path: Pa
         for child in [proc, *started]:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
                 child.kill()
+
+
+def test_each_step_is_echoed_as_the_command_a_user_types(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The demo runs ``polar-train`` as ``python -m polar_train.cli`` (any install, its own
+    interpreter), and echoed that; the user reads the command they would type."""
+    import polar_train.demo as demo
+    from polar_train.installed import polar_train_command
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(demo.subprocess, "call", lambda args, env: ran.append(args) or 0)
+    demo._run([*polar_train_command(), "build", "caps", "--out", "traj"], "polar-train build")
+    demo._run(["/usr/bin/true", "x"], "true")
+    assert capsys.readouterr().out == "  $ polar-train build caps --out traj\n  $ true x\n"
+    assert ran[0][:3] == [sys.executable, "-m", "polar_train.cli"]
