@@ -67,11 +67,10 @@ def _check_out(out: Path, captures: Path) -> None:
                 raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
         else:
             # the addon writes POLAR_OUT/calls/: given that calls/ folder, its capture folder is the parent
-            root = captures.resolve()
+            folder, root = captures, captures.resolve()
             if root.name == "calls" and parts.resolve() == root:
-                root = root.parent
+                folder = root = root.parent
             if target == root or root in target.parents:
-                folder = captures if root == captures.resolve() else root
                 raise UserError(f"--out {out} is inside the capture folder {folder}; choose another folder")
     problem = _foreign_files(out)
     if problem:

@@ -94,7 +94,7 @@ def prepare(args: argparse.Namespace):
         raise UserError(f"--model {args.model}: not found")
     if not Path(args.model).is_dir():  # a file: transformers took it for a hub repo id
         raise UserError(f"--model {args.model}: not a folder; name the model's folder (config.json, weights, tokenizer)")
-    if Path(args.model).is_dir() and not holds_tokenizer(args.model):
+    if not holds_tokenizer(args.model):
         # transformers would build an empty tokenizer without a word, and save it with every checkpoint
         raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); the model folder "
                         "supplies the tokenizer too")
@@ -187,10 +187,7 @@ def run_options(config) -> dict[str, Any]:
 def _check_same_options(out: Path, options: dict[str, Any]) -> None:
     """Refuse a resume whose :data:`RESUME_FIXED` options differ from those the run started with
     (a marker of an older version recorded none: nothing to compare)."""
-    try:
-        saved = json.loads((out / RUN_MARKER).read_text()).get("options")
-    except (OSError, ValueError, AttributeError):
-        return
+    saved = _saved_marker(out).get("options")
     if not isinstance(saved, dict):
         return
     changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
@@ -206,13 +203,18 @@ def _resolved(path: str | None) -> str | None:
     return str(Path(path).expanduser().resolve()) if path else None
 
 
-def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
+def _saved_marker(out: Path) -> dict[str, Any]:
+    """What the run marker in ``out`` recorded; empty for a run of an older version (an empty
+    marker) or none: nothing to compare."""
     try:
         saved = json.loads((out / RUN_MARKER).read_text())
     except (OSError, ValueError):
-        return  # a run of an older version (an empty marker): nothing recorded to compare
-    if not isinstance(saved, dict):
-        return
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
+    saved = _saved_marker(out)
     if saved.get("model") not in (None, identity["model"]):
         raise UserError(f"--resume: the run in {out} trained on --model {saved['model']}, not {identity['model']}: "
                         "resume with the same model, or start a new --output")
