@@ -633,3 +633,16 @@ def test_a_resume_with_max_steps_at_or_below_the_checkpoint_names_max_steps(tmp_
         with pytest.raises(OSError):
             keep_metrics_until(metrics, 4)
     assert metrics.read_text() == '{"step": 4}\n{"step": 5}\n' and not list((tmp_path / "run").glob(".metrics*"))
+
+
+def test_a_refusal_before_the_weights_comes_before_the_trainer_imports(trajectories, tmp_path) -> None:
+    """``polar-train train DATA --model typo`` took 20 s to say "not found": train() imported the
+    trainer module (TRL, peft, torch) before its checks ran."""
+    script = ("import sys\nfrom polar_train.cli import main\n"
+              f"status = main(['train', {str(trajectories)!r}, '--model', {str(tmp_path / 'typo')!r}, "
+              f"'--output', {str(tmp_path / 'r')!r}])\n"
+              "print(status, sorted(m for m in ('polar_train.train.trainer', 'trl', 'peft', 'torch') "
+              "if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.stderr.strip() == f"polar-train train: error: --model {tmp_path / 'typo'}: not found"
+    assert proc.stdout.strip() == "2 []"

@@ -500,9 +500,10 @@ def build_trainer(args: argparse.Namespace):
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
+    trainer, report, checkpoint = build_trainer(args)  # its checks come before the slow imports
+
     from .trainer import mismatch_warning, restore_first_epoch_mismatch
 
-    trainer, report, checkpoint = build_trainer(args)
     out = Path(args.output)
     # a resumed run's first step was taken before the checkpoint: its value comes from there
     first_step_known = checkpoint is None or restore_first_epoch_mismatch(trainer, checkpoint)
