@@ -67,6 +67,39 @@ def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
         raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {first_line(exc)}") from None
 
 
+def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> list[str]:
+    """What is wrong with each of ``targets`` (peft's list form: a module name or its last dotted
+    parts) on the model in ``model_dir``: it names no module, or only modules LoRA cannot adapt (a
+    block such as ``mlp``); empty when all are fine or the model cannot be built here (its loader
+    says why). Why: peft says so only after the weights loaded (minutes for a 4B model), the block
+    case in a many-line dump of the block; the model built on torch's meta device costs no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                 torch.nn.MultiheadAttention, Conv1D)  # peft's LoRA layer types
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    except Exception:  # noqa: BLE001 - a config the loader refuses: load_causal_lm says it in one line
+        return []
+    modules = list(model.named_modules())
+    problems = []
+    for target in targets:
+        kinds = {type(m).__name__: isinstance(m, adaptable) for n, m in modules if n == target or n.endswith("." + target)}
+        if not kinds:
+            problems.append(f"{target} names no module")
+        elif not any(kinds.values()):
+            problems.append(f"{target} names {', '.join(sorted(kinds))} blocks, which LoRA cannot adapt")
+    if problems:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear)} - {"lm_head"})
+        problems.append(f"its linear layers: {', '.join(linear)}; or all-linear")
+    return problems
+
+
 def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
     """Refuse a folder that is not a saved peft adapter before any weights are loaded (without
     its files peft would look the folder up on the Hub and report a malformed repository id)."""

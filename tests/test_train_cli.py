@@ -646,3 +646,20 @@ def test_a_refusal_before_the_weights_comes_before_the_trainer_imports(trajector
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.stderr.strip() == f"polar-train train: error: --model {tmp_path / 'typo'}: not found"
     assert proc.stdout.strip() == "2 []"
+
+
+@pytest.mark.parametrize(("targets", "problem"), [
+    ("foo_proj,q_proj", "foo_proj names no module"),
+    ("mlp", "mlp names Qwen3MLP blocks, which LoRA cannot adapt"),
+])
+def test_lora_target_modules_the_model_lacks_are_named_before_the_weights_load(
+        trajectories, tiny_model_dir, tmp_path, targets, problem) -> None:
+    """peft said "Target modules {'foo_proj'} not found" (or dumped the whole block for ``mlp``)
+    only after the weights loaded: minutes for a 4B model."""
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"),
+                       "--set", f"lora_target_modules={targets}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"polar-train train: error: lora_target_modules on the model in {tiny_model_dir}: {problem}; its linear "
+        "layers: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj; or all-linear")
+    assert "Loading weights" not in proc.stderr + proc.stdout

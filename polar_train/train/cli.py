@@ -453,7 +453,7 @@ def build_trainer(args: argparse.Namespace):
     import torch
     from transformers import AutoTokenizer
 
-    from ..model_load import adapter_base_note, first_line, load_adapter, load_causal_lm
+    from ..model_load import adapter_base_note, first_line, load_adapter, load_causal_lm, lora_target_problems
     from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
@@ -463,6 +463,9 @@ def build_trainer(args: argparse.Namespace):
         tok = AutoTokenizer.from_pretrained(args.model)
     except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, OSError, TypeError, ...
         raise UserError(f"--model {args.model}: its tokenizer does not load ({first_line(exc)})") from None
+    if not config.init_adapter and config.lora_target_modules != ["all-linear"]:
+        if problems := lora_target_problems(args.model, config.lora_target_modules):
+            raise UserError(f"lora_target_modules on the model in {args.model}: {'; '.join(problems)}")
     model = load_causal_lm(str(Path(args.model).expanduser().resolve()), dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
