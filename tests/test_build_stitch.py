@@ -335,6 +335,24 @@ def test_a_restart_is_seen_where_the_session_forked_after_its_first_call(tmp_pat
     assert result.report.restarted_rollouts == []
 
 
+def test_a_rollout_id_reused_for_an_identical_session_is_named_and_both_sessions_train(tmp_path):
+    """A deterministic session run again under its rollout id (a restarted proxy, the next round):
+    every call equals one of the first session's, so each pair was taken for a retry answered
+    alike - the first session lost calls to the second, whose first calls became a branch, and
+    no restart was named. An attempt gone on from before the next one was sent is no retry."""
+    first = tool_session(Conversation(rollout_id="r1", name="a"), 2)
+    again = [dict(row, attempt=2, completion_logprobs=row["completion_logprobs"])
+             for row in tool_session(Conversation(rollout_id="r1", name="b"), 2)]
+    assert [r["request_hash"] for r in again] == [r["request_hash"] for r in first]
+    result = build(tmp_path, first + again)
+    assert "superseded_retry" not in result.report.skipped and result.report.calls_used == 6
+    assert result.report.restarted_rollouts == ["r1"]
+    by_first = {t.call_ids[0]: t for t in result.trajectories}
+    assert sorted(by_first) == [first[0]["call_id"], again[0]["call_id"]]
+    assert_aligned(by_first[first[0]["call_id"]], first)
+    assert_aligned(by_first[again[0]["call_id"]], again)
+
+
 def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     """Round 2 reused a round-1 rollout id in the same capture folder; its first prompt differed
     (Pi's names the work folder), so no restart was seen: two sessions under one reward, unnamed.

@@ -6,6 +6,7 @@ per row before stitching, each with a counted cause, so that nothing is dropped 
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -89,6 +90,14 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
             groups.setdefault((rollout[i], req[i]), []).append(i)  # a group's sessions all send one prompt
     superseded: set[int] = set()
     continued = _ContinuedAttempts(table, rollout, status, when, token_bytes)
+    if restarts := _session_restarts(groups, status, when, continued):
+        # a rollout id used again for a session that sent the same requests (a deterministic one):
+        # its calls are no retries of the earlier session's, which keeps its own
+        groups = {}
+        for i in range(n):
+            if req[i] and rollout[i] is not None:
+                session = bisect.bisect_right(restarts.get(rollout[i], ()), when(i))
+                groups.setdefault((rollout[i], session, req[i]), []).append(i)
     def rank(i: int) -> tuple:  # which attempt stands for a request answered more than once
         return attempt[i] or 0, finished[i] or when(i), call_id[i]
 
@@ -132,6 +141,23 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
     return chosen, skipped
 
 
+def _session_restarts(groups: dict[tuple, list[int]], status: list, when, continued: "_ContinuedAttempts"
+                      ) -> dict[Any, list[datetime]]:
+    """Per rollout, the times a session started again under its id: a completed call sending a
+    request an earlier call of the rollout sent and a later call had already gone on from. A
+    retry is sent while the harness still waits for the answer, never after it went on from it;
+    without this, a second run of a deterministic session (each call equal to one of the first
+    run's) was taken call by call for retries answered alike, and the first run lost its calls."""
+    restarts: dict[Any, set[datetime]] = {}
+    for (rollout_id, _), rows in groups.items():
+        ok = sorted((i for i in rows if status[i] == "ok"), key=when)
+        for k in range(1, len(ok)):
+            earlier = [a for a in ok[:k] if when(a) < when(ok[k])]
+            if earlier and continued.of(earlier, before=when(ok[k])):
+                restarts.setdefault(rollout_id, set()).add(when(ok[k]))
+    return {r: sorted(times) for r, times in restarts.items()}
+
+
 class _ContinuedAttempts:
     """Which completed attempts of one request a later call of their rollout goes on from (its
     prompt starts with the attempt's prompt + completion). Only asked for requests with several
@@ -167,14 +193,16 @@ class _ContinuedAttempts:
                       c_vals[c_offs[k]:c_offs[k + 1]] if c_valid[k] else None)
         return ids
 
-    def _later_prompts(self, a: int, attempts: list[int], ids: dict):
+    def _later_prompts(self, a: int, attempts: list[int], ids: dict, before: datetime | None = None):
         """The prompts of completed calls of ``a``'s rollout sent no earlier than ``a`` (its
-        fellow attempts aside): the calls that could go on from it."""
+        fellow attempts aside; and before ``before``): the calls that could go on from it."""
         for j, (later, _) in ids.items():
-            if j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a) and later is not None:
+            if (j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a) and later is not None
+                    and (before is None or self.when(j) < before)):
                 yield later
 
-    def of(self, attempts: list[int]) -> list[int]:
+    def of(self, attempts: list[int], before: datetime | None = None) -> list[int]:
+        """The ``attempts`` a later call (sent before ``before``) goes on from."""
         rollout_id = self.rollout[attempts[0]]
         if rollout_id not in self._ids:
             self._ids[rollout_id] = self._load(rollout_id)
@@ -186,12 +214,13 @@ class _ContinuedAttempts:
                 continue
             history = np.concatenate([prompt, completion])
             if any(len(later) >= len(history) and np.array_equal(later[:len(history)], history)
-                   for later in self._later_prompts(a, attempts, ids)):
+                   for later in self._later_prompts(a, attempts, ids, before)):
                 out.append(a)
-        by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids)
+        by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids, before)
         return sorted(out + by_text, key=attempts.index)
 
-    def _of_by_text(self, candidates: list[int], attempts: list[int], ids: dict) -> list[int]:
+    def _of_by_text(self, candidates: list[int], attempts: list[int], ids: dict,
+                    before: datetime | None = None) -> list[int]:
         """The attempts a later prompt goes on from by what it says: its ids agree up to the
         prompt's last text at least (the generation prompt's ``assistant\\n`` may merge with a
         completion that starts with a newline), and from where they part its bytes start with
@@ -206,7 +235,7 @@ class _ContinuedAttempts:
                 continue
             history = np.concatenate([prompt, completion])
             lo = text_tail_start(prompt, len(prompt))
-            for later in self._later_prompts(a, attempts, ids):
+            for later in self._later_prompts(a, attempts, ids, before):
                 d = common_prefix(later, history)
                 if lo <= d < len(history):
                     tb = self._token_bytes()
