@@ -353,6 +353,23 @@ def test_a_rollout_id_reused_for_an_identical_session_is_named_and_both_sessions
     assert_aligned(by_first[again[0]["call_id"]], again)
 
 
+def test_two_harnesses_under_one_rollout_id_are_named(tmp_path):
+    """Pi (chat completions) and Claude Code (messages) run at once under one rollout id: two
+    conversations of one rollout with one reward, and nothing said (a sub-agent looks the same)."""
+    pi, claude = Conversation(rollout_id="r1", name="pi"), Conversation(rollout_id="r1", name="cc")
+    pi.user("task")
+    claude.user("task, asked otherwise")
+    rows = [pi.assistant("one"), claude.assistant("two", api="anthropic.messages", path="/v1/messages")]
+    result = build(tmp_path, rows)
+    assert result.report.mixed_api_rollouts == {"r1": ["anthropic.messages", "openai.chat"]}
+    assert ("rollouts of several APIs  1 (r1: anthropic.messages, openai.chat): two harnesses under one "
+            "rollout id? each session needs its own") in result.report.table()
+    assert result.report.calls_used == 2
+    result = build(tmp_path / "one", [rows[0], Conversation(rollout_id="r2").assistant("three",
+                                                                                      api="anthropic.messages")])
+    assert result.report.mixed_api_rollouts == {} and "several APIs" not in result.report.table()
+
+
 def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     """Round 2 reused a round-1 rollout id in the same capture folder; its first prompt differed
     (Pi's names the work folder), so no restart was seen: two sessions under one reward, unnamed.

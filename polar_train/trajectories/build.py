@@ -418,6 +418,12 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if t.rollout_id:
             models_of.setdefault(t.rollout_id, set()).add(name)
     report.mixed_model_rollouts = {r: sorted(m) for r, m in sorted(models_of.items()) if len(m) > 1}
+    apis_of: dict[str, set[str]] = {}
+    for r, api in zip(table.column("rollout_id").take(chosen).to_pylist(),
+                      table.column("api").take(chosen).to_pylist()):
+        if r is not None and api is not None:
+            apis_of.setdefault(r, set()).add(api)
+    report.mixed_api_rollouts = {r: sorted(a) for r, a in sorted(apis_of.items()) if len(a) > 1}
     report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in table.column("rollout_id").to_pylist() if r is not None}

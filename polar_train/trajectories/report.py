@@ -52,6 +52,9 @@ class BuildReport:
     #: Rollouts whose trajectories asked for different models: a rollout id reused in a later
     #: round (served from its adapter) joins two rounds' sessions under one reward.
     mixed_model_rollouts: dict[str, list[str]] = field(default_factory=dict)
+    #: Rollouts whose calls used several wire formats (``openai.chat``, ``anthropic.messages``, ...):
+    #: a harness speaks one, so two harnesses ran under one rollout id and share its reward.
+    mixed_api_rollouts: dict[str, list[str]] = field(default_factory=dict)
     #: Rollouts the rewards file scores that no trajectory has (every call failed or was skipped):
     #: a crashed session, often a low score, gone from its GRPO group's baseline.
     rewarded_without_calls: list[str] = field(default_factory=list)
@@ -116,6 +119,11 @@ class BuildReport:
             rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}"
                          + (" ..." if len(self.mixed_model_rollouts) > 5 else "")
                          + "): a rollout id reused in a later round? each session needs its own"))
+        if self.mixed_api_rollouts:
+            named = "; ".join(f"{r}: {', '.join(a)}" for r, a in list(self.mixed_api_rollouts.items())[:5])
+            rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}"
+                         + (" ..." if len(self.mixed_api_rollouts) > 5 else "")
+                         + "): two harnesses under one rollout id? each session needs its own"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         if self.singleton_groups:
