@@ -370,6 +370,28 @@ def test_two_harnesses_under_one_rollout_id_are_named(tmp_path):
     assert result.report.mixed_api_rollouts == {} and "several APIs" not in result.report.table()
 
 
+def test_a_rollout_whose_last_call_failed_is_named(tmp_path):
+    """A harness killed mid-call left its rollout's earlier calls: they built a trajectory like a
+    finished session's, under a reward that scored an unfinished run, and nothing said so."""
+    killed, retried = Conversation(rollout_id="killed"), Conversation(rollout_id="retried")
+    killed.user("go")
+    retried.user("go")
+    rows = [killed.assistant("one"), retried.assistant("one")]
+    killed.user("on")
+    retried.user("on")
+    rows += [make_row(call_id="killed-cut", rollout_id="killed", prompt_ids=None, completion_ids=None,
+                      status="client_disconnected"),
+             make_row(call_id="retried-cut", rollout_id="retried", prompt_ids=None, completion_ids=None,
+                      status="upstream_error"),
+             retried.assistant("two")]  # the harness asked again, and went on
+    result = build(tmp_path, rows)
+    assert result.report.cut_off_rollouts == {"killed": "client_disconnected"}
+    assert ("rollouts ending in a failed call  1 (killed: client_disconnected): sessions cut off? their "
+            "rewards score unfinished runs") in result.report.table()
+    assert result.report.trajectories == 2 and result.report.to_json()["cut_off_rollouts"] == {
+        "killed": "client_disconnected"}
+
+
 def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     """Round 2 reused a round-1 rollout id in the same capture folder; its first prompt differed
     (Pi's names the work folder), so no restart was seen: two sessions under one reward, unnamed.

@@ -141,6 +141,19 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
     return chosen, skipped
 
 
+def _ending_in_failure(table: pa.Table) -> dict[str, str]:
+    """Rollouts whose last call (by the time it started) did not complete, with its status: a
+    session killed mid-call (``client_disconnected``) or ended on the server's error - trained as
+    if it had finished, under a reward that scored an unfinished run."""
+    last: dict[str, tuple] = {}
+    for r, started, finished, status in zip(*(table.column(c).to_pylist() for c in
+                                              ("rollout_id", "started_at", "finished_at", "status"))):
+        when = started or finished or _EPOCH
+        if r is not None and (r not in last or when >= last[r][0]):
+            last[r] = (when, status)
+    return {r: status for r, (_, status) in sorted(last.items()) if status != "ok"}
+
+
 def _session_restarts(groups: dict[tuple, list[int]], status: list, when, continued: "_ContinuedAttempts"
                       ) -> dict[Any, list[datetime]]:
     """Per rollout, the times a session started again under its id: a completed call sending a
@@ -418,6 +431,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if t.rollout_id:
             models_of.setdefault(t.rollout_id, set()).add(name)
     report.mixed_model_rollouts = {r: sorted(m) for r, m in sorted(models_of.items()) if len(m) > 1}
+    report.cut_off_rollouts = _ending_in_failure(table)
     apis_of: dict[str, set[str]] = {}
     for r, api in zip(table.column("rollout_id").take(chosen).to_pylist(),
                       table.column("api").take(chosen).to_pylist()):

@@ -55,6 +55,9 @@ class BuildReport:
     #: Rollouts whose calls used several wire formats (``openai.chat``, ``anthropic.messages``, ...):
     #: a harness speaks one, so two harnesses ran under one rollout id and share its reward.
     mixed_api_rollouts: dict[str, list[str]] = field(default_factory=dict)
+    #: Rollouts whose last call failed (its status): a session killed mid-call or ended on an
+    #: error, whose reward scores an unfinished run.
+    cut_off_rollouts: dict[str, str] = field(default_factory=dict)
     #: Rollouts the rewards file scores that no trajectory has (every call failed or was skipped):
     #: a crashed session, often a low score, gone from its GRPO group's baseline.
     rewarded_without_calls: list[str] = field(default_factory=list)
@@ -119,6 +122,11 @@ class BuildReport:
             rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}"
                          + (" ..." if len(self.mixed_model_rollouts) > 5 else "")
                          + "): a rollout id reused in a later round? each session needs its own"))
+        if self.cut_off_rollouts:
+            named = ", ".join(f"{r}: {st}" for r, st in list(self.cut_off_rollouts.items())[:5])
+            rows.append(("rollouts ending in a failed call", f"{len(self.cut_off_rollouts)} ({named}"
+                         + (" ..." if len(self.cut_off_rollouts) > 5 else "")
+                         + "): sessions cut off? their rewards score unfinished runs"))
         if self.mixed_api_rollouts:
             named = "; ".join(f"{r}: {', '.join(a)}" for r, a in list(self.mixed_api_rollouts.items())[:5])
             rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}"
