@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,6 +12,8 @@ import pytest
 from polar_train.trajectories import BuildOptions, build_trajectories
 from polar_train.trajectories.rewards import RewardFileError
 from tests.support.calls import Conversation, write_parts
+
+NO_CALLS = "(no call of it is in the call log: a misspelt id, or a session that ended before its first model call)"
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,7 @@ def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captur
     result = build_trajectories(captures, BuildOptions(rewards=path))
     problems = result.report.problems
     assert f"{path}: line 2: non-numeric reward 'n/a' for rollout 'r2'" in problems
-    assert f"{path}: line 3: unknown rollout 'ghost' (not in the call log)" in problems
+    assert f"{path}: line 3: unknown rollout 'ghost' {NO_CALLS}" in problems
     assert any(p.startswith(f"{path}: line 4: not valid JSON") for p in problems)
     assert f"{path}: line 5: non-finite reward nan for rollout 'r3'" in problems
     assert f"{path}: line 6: rollout 'r1' listed again; the first reward is kept" in problems
@@ -182,11 +185,11 @@ def test_bad_csv_and_parquet_rows_name_their_row(tmp_path, captures):
     csv_path.write_text("rollout_id,reward\nr1,1\nr2,abc\nnobody,1\n")
     result = build_trajectories(captures, BuildOptions(rewards=csv_path))
     assert f"{csv_path}: line 3: non-numeric reward 'abc' for rollout 'r2'" in result.report.problems
-    assert f"{csv_path}: line 4: unknown rollout 'nobody' (not in the call log)" in result.report.problems
+    assert f"{csv_path}: line 4: unknown rollout 'nobody' {NO_CALLS}" in result.report.problems
     pq_path = tmp_path / "r.parquet"
     pq.write_table(pa.table({"rollout_id": ["r1", "r9"], "reward": [1.0, 2.0]}), pq_path)
     result = build_trajectories(captures, BuildOptions(rewards=pq_path))
-    assert result.report.problems == [f"{pq_path}: row 2: unknown rollout 'r9' (not in the call log)"]
+    assert result.report.problems == [f"{pq_path}: row 2: unknown rollout 'r9' {NO_CALLS}"]
 
 
 def test_files_as_spreadsheets_and_databases_write_them_are_read(tmp_path, captures):
@@ -236,7 +239,7 @@ def test_unusable_reward_files_fail_before_building(tmp_path, captures):
     ("", r"no reward in .*r\.jsonl: the file holds no rows"),
     ("{not json\n", r"no usable reward in .*r\.jsonl: line 1: not valid JSON"),
     ('{"rollout_id": "ghost", "reward": 1}\n{"rollout_id": "r1"}\n',
-     r"no usable reward in .*r\.jsonl: line 1: unknown rollout 'ghost' \(not in the call log\) \(and 1 more problems\)"),
+     r"no usable reward in .*r\.jsonl: line 1: unknown rollout 'ghost' " + re.escape(NO_CALLS) + r" \(and 1 more problems\)"),
 ])
 def test_a_reward_file_with_nothing_usable_fails_before_building(tmp_path, captures, content, message):
     """Named but useless (the wrong file, another format): building on would write trajectories

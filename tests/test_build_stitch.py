@@ -383,13 +383,19 @@ def test_a_rollout_whose_last_call_failed_is_named(tmp_path):
                       status="client_disconnected"),
              make_row(call_id="retried-cut", rollout_id="retried", prompt_ids=None, completion_ids=None,
                       status="upstream_error"),
-             retried.assistant("two")]  # the harness asked again, and went on
+             retried.assistant("two"),  # the harness asked again, and went on
+             make_row(call_id="failed-only", rollout_id="failed", prompt_ids=None, completion_ids=None,
+                      status="upstream_error")]
     result = build(tmp_path, rows)
-    assert result.report.cut_off_rollouts == {"killed": "client_disconnected"}
-    assert ("rollouts ending in a failed call  1 (killed: client_disconnected): sessions cut off? their "
-            "rewards score unfinished runs") in result.report.table()
+    assert result.report.cut_off_rollouts == {"failed": "upstream_error", "killed": "client_disconnected"}
+    table = result.report.table()
+    assert ("rollouts ending in a failed call  2 (failed: upstream_error, killed: client_disconnected): sessions "
+            "cut off? their rewards score unfinished runs") in table
     assert result.report.trajectories == 2 and result.report.to_json()["cut_off_rollouts"] == {
-        "killed": "client_disconnected"}
+        "failed": "upstream_error", "killed": "client_disconnected"}
+    # inspect counts 3 rollouts: build's line says where the third went
+    assert table.splitlines()[0].split() == "rollouts 2 (and 1 in the call log without a usable call: each failed or was skipped)".split()
+    assert result.report.rollouts_without_usable_call == ["failed"]
 
 
 def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):

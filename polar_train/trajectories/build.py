@@ -446,6 +446,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.problems.extend(labels.problems)
     groups = attach(trajectories, labels, options.reward_mode)
     built = {t.rollout_id for t in trajectories}
+    report.rollouts_without_usable_call = sorted(known - built)  # inspect counts them among its rollouts
     report.rewarded_without_calls = sorted(r for r in labels.rewards if r not in built)
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)

@@ -20,6 +20,8 @@ class BuildReport:
     calls_read: int = 0
     calls_used: int = 0
     rollouts: int = 0
+    #: Rollouts in the call log that build no trajectory (every call failed or was skipped).
+    rollouts_without_usable_call: list[str] = field(default_factory=list)
     trajectories: int = 0
     forks: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -83,7 +85,9 @@ class BuildReport:
 
         pct = 100.0 * self.tokens_trained / self.tokens_total if self.tokens_total else 0.0
         rows = [
-            ("rollouts", str(self.rollouts)),
+            ("rollouts", str(self.rollouts) + (f" (and {len(self.rollouts_without_usable_call)} in the call log "
+                                               "without a usable call: each failed or was skipped)"
+                                               if self.rollouts_without_usable_call else "")),
             ("calls", f"{self.calls_used} used of {self.calls_read} read"),
             ("trajectories", str(self.trajectories) + (f" ({self.truncated_trajectories} end at the length limit)"
                                                        if self.truncated_trajectories else "")),
