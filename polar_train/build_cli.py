@@ -1,4 +1,4 @@
-"""``polar-train build CAPTURES --out DIR``: call logs → trajectory Parquet + build_report.json.
+"""``polar-train build CAPTURES --out DIR``: call logs → trajectory Parquet + _build_report.json.
 
 Why exit codes this way: a capture with some bad parts or rows still yields useful data, so the
 build writes what it can and reports the rest (exit 0); only when nothing could be built does it
@@ -13,7 +13,11 @@ from pathlib import Path
 
 from .paths import cannot_write_folder
 
-REPORT_NAME = "build_report.json"
+#: The leading underscore: Parquet dataset readers (pyarrow, pandas) skip it; as build_report.json,
+#: ``pd.read_parquet(out)`` failed on it ("Could not read schema from 'out/build_report.json'").
+REPORT_NAME = "_build_report.json"
+#: An earlier version's report name: still an earlier build's folder; a rebuild removes it.
+OLD_REPORT_NAME = "build_report.json"
 
 
 def _positive_int(text: str) -> int:
@@ -44,7 +48,7 @@ def _foreign_files(out: Path) -> str | None:
         shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
         return (f"--out {out} holds Parquet files no build wrote ({shown}), which `polar-train train` would "
                 "read too: move them away or choose another folder")
-    if entries and not ours and not (out / REPORT_NAME).is_file():
+    if entries and not ours and not any((out / name).is_file() for name in (REPORT_NAME, OLD_REPORT_NAME)):
         return (f"--out {out} is not empty and holds no earlier build (no {REPORT_NAME}, no trajectory parts): "
                 "choose a new or empty folder")
     return None
@@ -134,7 +138,7 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     report_bytes.append(json_bytes(report.to_json()))
     try:
         parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part,
-                                   extra={REPORT_NAME: report_bytes[0]})
+                                   extra={REPORT_NAME: report_bytes[0]}, retire=(OLD_REPORT_NAME,))
     except FileExistsError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

@@ -66,7 +66,7 @@ def test_build_writes_loadable_trajectories_report_and_table(tmp_path, capture):
     assert "line 2: non-numeric reward 'oops'" in table_text
     assert "Traceback" not in proc.stderr
 
-    report = json.loads((out / "build_report.json").read_text())
+    report = json.loads((out / "_build_report.json").read_text())
     assert report["trajectories"] == 3 and report["calls_used"] == 4 and report["calls_read"] == 5
     assert report["forks"] == {"history_rewrite": 1}
     assert report["parts_skipped"] == 2 and report["merge_ratio"] == pytest.approx(4 / 3, abs=1e-3)
@@ -84,6 +84,23 @@ def test_build_writes_loadable_trajectories_report_and_table(tmp_path, capture):
     rewards = {r["trajectory_id"]: r["reward"] for r in ds}
     assert sorted(rewards.values(), key=lambda v: (v is None, v)) == [1.0, 1.0, None]
     assert pq.read_schema(out / "part-00000.parquet").equals(TRAJECTORY_SCHEMA)
+    # the folder itself reads as a dataset: the report's name starts with "_" (as build_report.json
+    # pandas and pyarrow failed: "Could not read schema from 'traj/build_report.json'")
+    assert pq.read_table(out).num_rows == 3
+
+
+def test_a_folder_an_older_version_built_is_rebuilt_without_its_old_report(tmp_path, capture):
+    """An earlier version named the report build_report.json: its folder is still an earlier build
+    (not someone's folder), and the rebuild leaves no second, stale report beside the new one."""
+    out = tmp_path / "traj"
+    assert run_build(capture, "--out", out).returncode == 0
+    (out / "_build_report.json").rename(out / "build_report.json")
+    for p in out.glob("part-*.parquet"):
+        p.unlink()  # a folder left with its report only is still a build's
+    proc = run_build(capture, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "_build_report.json", "part-00000.parquet"]
 
 
 def test_rebuild_replaces_old_parts(tmp_path, capture):
@@ -97,7 +114,7 @@ def test_rebuild_replaces_old_parts(tmp_path, capture):
     assert sorted(p.name for p in out.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet",
                                                              "part-00002.parquet"]
     assert (out / "notes.txt").read_text() == "mine: must survive"
-    assert json.loads((out / "build_report.json").read_text())["output_parts"] == [
+    assert json.loads((out / "_build_report.json").read_text())["output_parts"] == [
         "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     assert not _temps(out)  # no temp files left
 
@@ -161,7 +178,7 @@ def test_out_with_a_tilde_is_the_home_folder(tmp_path, capture, monkeypatch):
     (tmp_path / "home").mkdir()
     monkeypatch.chdir(tmp_path)
     assert main(["build", str(capture), "--out", "~/traj"]) == 0
-    assert (tmp_path / "home" / "traj" / "build_report.json").is_file() and not (tmp_path / "~").exists()
+    assert (tmp_path / "home" / "traj" / "_build_report.json").is_file() and not (tmp_path / "~").exists()
 
 
 def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path, capsys):
@@ -241,7 +258,7 @@ def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture
 
 
 def _built(out: Path) -> tuple[list[str], dict]:
-    return sorted(p.name for p in out.glob("part-*.parquet")), json.loads((out / "build_report.json").read_text())
+    return sorted(p.name for p in out.glob("part-*.parquet")), json.loads((out / "_build_report.json").read_text())
 
 
 def test_an_interrupt_during_the_swap_waits_until_the_new_build_is_whole(tmp_path, capture, monkeypatch):
@@ -310,7 +327,8 @@ def test_a_write_that_fails_leaves_the_earlier_build_whole(tmp_path, capture, mo
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process id no process has any more: its writer was killed
     (out / f".part-00000.parquet.tmp{gone.pid}").write_bytes(b"half")
-    (out / f".build_report.json.tmp{gone.pid}").write_bytes(b"{")
+    (out / f".build_report.json.tmp{gone.pid}").write_bytes(b"{")  # an older version's report name
+    (out / f"._build_report.json.tmp{gone.pid}").write_bytes(b"{")
     assert main(["build", str(capture), "--out", str(out)]) == 0
     assert not _temps(out)
 
@@ -404,7 +422,7 @@ def test_a_reader_that_left_the_pipe_is_no_traceback(tmp_path, capture, command)
     err = proc.stderr.read()
     assert proc.wait(120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
     if command == "build":
-        assert (tmp_path / "traj" / "build_report.json").is_file()
+        assert (tmp_path / "traj" / "_build_report.json").is_file()
 
 
 def test_the_api_refuses_unusable_inputs_with_a_value_error_before_reading(tmp_path, capture, tiny_model_dir,

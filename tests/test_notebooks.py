@@ -161,7 +161,7 @@ def test_notebook_executes_and_plots(path: Path, monkeypatch: pytest.MonkeyPatch
     assert plots(nb), f"{path.name} drew no plot"
     out = text(nb)
     if path.name == CAPTURE_NB:  # the notebook's build is `polar-train build`'s (no --realign): the committed report
-        report = json.loads((SAMPLE / "trajectories" / "build_report.json").read_text())
+        report = json.loads((SAMPLE / "trajectories" / "_build_report.json").read_text())
         truncated = report.get("truncated_trajectories")
         assert re.search(rf"^trajectories\s+{report['trajectories']}"
                          + (rf" \({truncated} end at the length limit\)" if truncated else "") + "$", out, re.M), out

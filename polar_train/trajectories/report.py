@@ -1,4 +1,4 @@
-"""What a build did, as ``build_report.json`` and as the table ``polar-train build`` prints.
+"""What a build did, as ``_build_report.json`` and as the table ``polar-train build`` prints.
 
 Why a report and not just logs: merge ratio, forks by cause and skipped rows tell a user at a
 glance whether the capture fits training (e.g. many ``retokenization`` forks → try
@@ -148,5 +148,5 @@ class BuildReport:
             lines.append(f"problems ({len(self.problems)}):")
             lines.extend(f"  {p}" for p in self.problems[:max_problems])
             if len(self.problems) > max_problems:
-                lines.append(f"  ... {len(self.problems) - max_problems} more in build_report.json")
+                lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json")
         return "\n".join(lines)

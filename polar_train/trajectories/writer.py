@@ -84,7 +84,7 @@ def _temp_name(final: Path) -> Path:
 
 
 #: The temp files a build writes (:func:`_temp_name`): only these are removed as stale.
-_TEMP = re.compile(r"\.(?:part-\d+\.parquet|build_report\.json)\.tmp(\d+)")
+_TEMP = re.compile(r"\.(?:part-\d+\.parquet|_?build_report\.json)\.tmp(\d+)")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -164,9 +164,11 @@ def _only_writer(out_dir: Path) -> Iterator[None]:
 
 
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
-                       rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None) -> list[Path]:
+                       rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None,
+                       retire: Sequence[str] = ()) -> list[Path]:
     """Write ``part-NNNNN.parquet`` files (and ``extra``: file name -> bytes, e.g. the build
-    report) under ``out``; returns the parts' paths.
+    report) under ``out``; returns the parts' paths. ``retire``: names of files an earlier
+    build wrote that this one replaces under other names (an older report name), removed in the swap.
 
     Everything is written under temporary names first; then, with SIGINT/SIGTERM held back, parts
     from an earlier build that the new set does not replace are removed and the new files renamed
@@ -207,6 +209,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 for old in out_dir.glob(PART_GLOB):
                     if old not in new and is_trajectory_part(old):
                         old.unlink()  # only our own earlier output: never a call-log part or a foreign file
+                for name in retire:
+                    if (out_dir / name).is_file() and not (out_dir / name).is_symlink():
+                        (out_dir / name).unlink()
                 for tmp, final in written:
                     os.replace(tmp, final)
                 swapped = True
