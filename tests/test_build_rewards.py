@@ -94,8 +94,12 @@ def test_tasks_file_wins_and_equal_reward_groups_are_reported(tmp_path, captures
     per = by_rollout(result)
     assert per["r4"][0].group_id == "other"  # --tasks overrides the call log's task id
     assert result.report.equal_reward_groups == ["same"]  # r1 and r2 both 1.0: no signal
-    assert result.report.singleton_groups == []
+    # "other" holds r3 and r4, but only r3 has a reward: the trainer drops it as a group of one
+    # (build called it fine, and train then said "1 groups dropped")
+    assert result.report.singleton_groups == ["other"]
     assert per["r4"][0].reward is None and result.report.rollouts_without_reward == 1
+    assert result.report.unrewarded_rollouts == ["r4"]
+    assert "rollouts (broadcast), 1 without (r4)" in result.report.table()
 
 
 def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captures):
@@ -239,7 +243,7 @@ def test_unusable_reward_files_fail_before_building(tmp_path, captures):
     ("", r"no reward in .*r\.jsonl: the file holds no rows"),
     ("{not json\n", r"no usable reward in .*r\.jsonl: line 1: not valid JSON"),
     ('{"rollout_id": "ghost", "reward": 1}\n{"rollout_id": "r1"}\n',
-     r"no usable reward in .*r\.jsonl: line 1: unknown rollout 'ghost' " + re.escape(NO_CALLS) + r" \(and 1 more problems\)"),
+     r"no usable reward in .*r\.jsonl: line 1: unknown rollout 'ghost' " + re.escape(NO_CALLS) + r" \(and 1 more problem\)"),
 ])
 def test_a_reward_file_with_nothing_usable_fails_before_building(tmp_path, captures, content, message):
     """Named but useless (the wrong file, another format): building on would write trajectories

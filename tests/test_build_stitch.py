@@ -387,13 +387,14 @@ def test_a_rollout_whose_last_call_failed_is_named(tmp_path):
              make_row(call_id="failed-only", rollout_id="failed", prompt_ids=None, completion_ids=None,
                       status="upstream_error")]
     result = build(tmp_path, rows)
-    assert result.report.cut_off_rollouts == {"failed": "upstream_error", "killed": "client_disconnected"}
+    assert result.report.cut_off_rollouts == {"killed": "client_disconnected"}
     table = result.report.table()
-    assert ("rollouts ending in a failed call  2 (failed: upstream_error, killed: client_disconnected): sessions "
-            "cut off? their rewards score unfinished runs") in table
+    assert ("rollouts ending in a failed call  1 (killed: client_disconnected): sessions cut off? their "
+            "rewards score unfinished runs") in table
     assert result.report.trajectories == 2 and result.report.to_json()["cut_off_rollouts"] == {
-        "failed": "upstream_error", "killed": "client_disconnected"}
-    # inspect counts 3 rollouts: build's line says where the third went
+        "killed": "client_disconnected"}
+    # inspect counts 3 rollouts: build's line says where the third went (not among the cut off:
+    # it built nothing to train)
     assert table.splitlines()[0].split() == "rollouts 2 (and 1 in the call log without a usable call: each failed or was skipped)".split()
     assert result.report.rollouts_without_usable_call == ["failed"]
 
@@ -423,7 +424,7 @@ def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     rewards.write_text('{"rollout_id": "pi-b", "reward": 1}\n')
     result = build(tmp_path / "one-round", [first, third], rewards=rewards)
     assert result.report.mixed_model_rollouts == {} and "several models" not in result.report.table()
-    assert "1 rollouts (broadcast), 1 without\n" in result.report.table() + "\n"
+    assert "1 rollouts (broadcast), 1 without (pi-a)\n" in result.report.table() + "\n"
 
 def test_temperature_change_forks_as_sampler_change(tmp_path):
     conv = Conversation(rollout_id="r1")

@@ -354,7 +354,7 @@ def _check_resumable(checkpoint: Path, config) -> None:
         raise UserError(f"--resume: {checkpoint}/trainer_state.json: max_steps is not a number")
     if config.max_steps > 0 and step >= config.max_steps and not (planned > 0 and step >= planned):
         raise UserError(f"--resume: max_steps={config.max_steps} is not above {checkpoint.name}'s step {step}: "
-                        f"leave max_steps as the run had it ({planned or 'its value'}) or give a larger one")
+                        f"leave max_steps as the run had it ({planned or 'its value'})")
     if (config.max_steps > 0 and step >= config.max_steps) or (planned > 0 and step >= planned):
         # resuming continues the saved optimizer and schedule, which ended at learning rate 0
         adapter = checkpoint.parent / "adapter"

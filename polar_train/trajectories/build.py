@@ -144,7 +144,8 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
 def _ending_in_failure(table: pa.Table) -> dict[str, str]:
     """Rollouts whose last call (by the time it started) did not complete, with its status: a
     session killed mid-call (``client_disconnected``) or ended on the server's error - trained as
-    if it had finished, under a reward that scored an unfinished run."""
+    if it had finished, under a reward that scored an unfinished run (where an earlier call of it
+    built a trajectory: the caller keeps those)."""
     last: dict[str, tuple] = {}
     for r, started, finished, status in zip(*(table.column(c).to_pylist() for c in
                                               ("rollout_id", "started_at", "finished_at", "status"))):
@@ -431,7 +432,6 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if t.rollout_id:
             models_of.setdefault(t.rollout_id, set()).add(name)
     report.mixed_model_rollouts = {r: sorted(m) for r, m in sorted(models_of.items()) if len(m) > 1}
-    report.cut_off_rollouts = _ending_in_failure(table)
     apis_of: dict[str, set[str]] = {}
     for r, api in zip(table.column("rollout_id").take(chosen).to_pylist(),
                       table.column("api").take(chosen).to_pylist()):
@@ -447,6 +447,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     groups = attach(trajectories, labels, options.reward_mode)
     built = {t.rollout_id for t in trajectories}
     report.rollouts_without_usable_call = sorted(known - built)  # inspect counts them among its rollouts
+    report.cut_off_rollouts = {r: status for r, status in _ending_in_failure(table).items() if r in built}
     report.rewarded_without_calls = sorted(r for r in labels.rewards if r not in built)
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)
@@ -455,6 +456,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.equal_reward_groups = groups.equal_reward_groups
     report.rollouts_without_task = groups.rollouts_without_task
     report.rollouts_without_reward = groups.rollouts_without_reward
+    report.unrewarded_rollouts = groups.unrewarded_rollouts
     report.rollouts_with_reward = report.rollouts - groups.rollouts_without_reward
     for t in trajectories:
         trained = sum(len(c) for c, s in zip(t.ids, t.sampled) if s)

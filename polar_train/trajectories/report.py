@@ -40,6 +40,8 @@ class BuildReport:
     reward_mode: str = "broadcast"
     rollouts_with_reward: int = 0
     rollouts_without_reward: int = 0
+    #: The rollouts counted in ``rollouts_without_reward`` (a rewards file was given or not).
+    unrewarded_rollouts: list[str] = field(default_factory=list)
     rollouts_without_task: int = 0
     groups: int = 0
     singleton_groups: list[str] = field(default_factory=list)
@@ -103,6 +105,9 @@ class BuildReport:
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"
+                        + (f" ({', '.join(self.unrewarded_rollouts[:5])}"
+                           + (" ..." if len(self.unrewarded_rollouts) > 5 else "") + ")"
+                           if self.rollouts_with_reward and self.unrewarded_rollouts else "")
                         + (f"; {len(self.rewarded_without_calls)} rewarded without a usable call (problems)"
                            if self.rewarded_without_calls else "")
                         + ("; training needs them: build again with --rewards FILE"

@@ -228,7 +228,7 @@ def _nothing_usable(path: Path, what: str, problems: list[str]) -> None:
     building on would write trajectories without the labels asked for."""
     if not problems:
         raise RewardFileError(f"no {what} in {path}: the file holds no rows")
-    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
     raise RewardFileError(f"no usable {what} in {path}: {problems[0].removeprefix(f'{path}: ')}{more}")
 
 
@@ -239,6 +239,7 @@ class GroupSummary:
     equal_reward_groups: list[str] = field(default_factory=list)
     rollouts_without_task: int = 0
     rollouts_without_reward: int = 0
+    unrewarded_rollouts: list[str] = field(default_factory=list)
 
 
 def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> GroupSummary:
@@ -247,7 +248,9 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
     ``broadcast``: every trajectory of a rollout gets the rollout's reward. ``split``: the
     reward is divided equally among the rollout's trajectories (their sum is the reward).
     Group = task: GRPO compares rollouts of the same task, so a group of one rollout, or one
-    whose rewards are all equal, carries no learning signal and is reported.
+    whose rewards are all equal, carries no learning signal and is reported. Where rewards were
+    given, a group's size is its rewarded rollouts: the trainer leaves the others out, and a group
+    of three with one reward was called fine here and dropped there as a group of one.
     """
     if mode not in REWARD_MODES:
         raise ValueError(f"unknown reward mode {mode!r}; use one of {', '.join(REWARD_MODES)}")
@@ -263,6 +266,8 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
             task = next((t.task_id for t in trajs if t.task_id), None)
         if reward is None:
             summary.rollouts_without_reward += 1
+            if rid is not None:
+                summary.unrewarded_rollouts.append(rid)
         if task is None:
             summary.rollouts_without_task += 1
         for t in trajs:
@@ -275,11 +280,11 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
         if task is not None and rid is not None:
             groups[task][rid] = reward
     summary.groups = len(groups)
+    summary.unrewarded_rollouts.sort()
     for task, members in sorted(groups.items()):
-        if len(members) == 1:
+        rewarded = [v for v in members.values() if v is not None]
+        if len(rewarded if labels.rewards else members) == 1:
             summary.singleton_groups.append(task)
-        else:
-            values = set(members.values())
-            if len(values) == 1 and None not in values:
-                summary.equal_reward_groups.append(task)
+        elif len(rewarded) > 1 and len(set(rewarded)) == 1:
+            summary.equal_reward_groups.append(task)
     return summary
