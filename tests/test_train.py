@@ -466,6 +466,9 @@ def test_the_data_report_counts_what_is_trained_not_what_groups_dropped(sampled,
     lines = report.lines()
     assert f"data: 1 GRPO groups of 4 ({kept_tokens} trainable tokens)" in lines
     assert "data: 1 groups dropped (1 trajectories)" in lines
+    (names,) = report.dropped_groups.values()  # which group, and why: the count alone sent users looking
+    assert len(names) == 1 and names[0].startswith("<single ")  # the rollout without a task
+    assert f"data: dropped below min_group_size 2: {names[0]!r}" in lines
     assert not any("without a sampler logprob" in line for line in lines)
     assert "data: no sampling temperature recorded: `temperature` cannot be checked" in lines
 

@@ -70,6 +70,8 @@ class DataReport:
     padding_trajectories: int = 0
     groups_dropped: int = 0
     trajectories_dropped_in_groups: int = 0
+    #: why groups were dropped -> their names (a group of one dropped unnamed sent users looking)
+    dropped_groups: dict[str, list[str]] = field(default_factory=dict)
     zero_reward_std_rows: int = 0
     #: trajectories trained (until ``make_groups``: kept), by the model name their calls asked for
     models: dict[str, int] = field(default_factory=dict)
@@ -95,6 +97,9 @@ class DataReport:
              "(importance weight 1)"),
         ]
         out += [f"data: {n} {what}" for n, what in notes if n]
+        for why, names in self.dropped_groups.items():
+            shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            out.append(f"data: dropped {why}: {shown}")
         if not self.temperatures:
             out.append("data: no sampling temperature recorded: `temperature` cannot be checked")
         if self.models:
@@ -316,6 +321,7 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
         if len(members) < min_group_size:
             report.groups_dropped += 1
             report.trajectories_dropped_in_groups += len(members)
+            report.dropped_groups.setdefault(f"below min_group_size {min_group_size}", []).append(name)
             continue
         members = members[:]
         if len(members) > num_generations:
@@ -327,6 +333,9 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
                 if policy == "drop" or len(chunk) < min_group_size:
                     report.groups_dropped += 1
                     report.trajectories_dropped_in_groups += len(chunk)
+                    why = (f"remainders below min_group_size {min_group_size}" if len(chunk) < min_group_size
+                           else f"remainders short of num_generations {num_generations} (unequal_groups=drop)")
+                    report.dropped_groups.setdefault(why, []).append(name)
                     continue
                 extra = [rng.choice(chunk) for _ in range(num_generations - len(chunk))]
                 report.groups_padded += 1
