@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -425,6 +426,15 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
     with pytest.raises(UserError, match=f"^--resume: the run in {out} trained on other trajectories \\(8 with "
                                         "fingerprint [0-9a-f]+; now 4 with [0-9a-f]+\\): resume with the same data"):
         train_cli.run(_args(fewer, tiny_model_dir, out, "max_steps=2", resume=True))
+    rescored = tmp_path / "rescored"  # the same trajectories rebuilt with another rewards file
+    rescored.mkdir()
+    rewards = [1.0 - r for r in table.column("reward").to_pylist()]
+    pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward",
+                                    pa.array(rewards, table.schema.field("reward").type)),
+                   rescored / "part-0.parquet")
+    with pytest.raises(UserError, match=f"^--resume: the run in {out} trained on these trajectories with other "
+                                        "rewards \\(rebuilt with another rewards file\\?\\)"):
+        train_cli.run(_args(rescored, tiny_model_dir, out, "max_steps=2", resume=True))
 
     capsys.readouterr()
     assert train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",

@@ -162,8 +162,12 @@ def run_identity(model: str, trajectories, init_adapter: str | None = None) -> d
 
     ids = sorted({t.trajectory_id for t in trajectories})
     digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+    # the rewards apart: a rebuild with another rewards file keeps every id, and a resume on it
+    # trained the second half of the run towards other rewards than the first
+    rewards = sorted({(t.trajectory_id, float(t.reward).hex()) for t in trajectories})
+    rewards_digest = hashlib.sha256("\n".join(f"{i} {r}" for i, r in rewards).encode()).hexdigest()[:16]
     return {"model": str(Path(model).expanduser().resolve()), "trajectories": len(ids), "data": digest,
-            "init_adapter": _resolved(init_adapter)}
+            "rewards": rewards_digest, "init_adapter": _resolved(init_adapter)}
 
 
 #: Options a resume cannot change: the checkpoint's optimizer, schedule and data order hold the
@@ -228,6 +232,9 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
         raise UserError(f"--resume: the run in {out} trained on other trajectories ({saved.get('trajectories')} "
                         f"with fingerprint {saved.get('data')}; now {identity['trajectories']} with "
                         f"{identity['data']}): resume with the same data, or start a new --output")
+    if saved.get("rewards") is not None and saved["rewards"] != identity["rewards"]:  # older markers: none
+        raise UserError(f"--resume: the run in {out} trained on these trajectories with other rewards (rebuilt with "
+                        "another rewards file?): resume on the data as it was, or start a new --output")
 
 
 def _write_marker(out: Path, identity: dict[str, Any]) -> None:
