@@ -253,6 +253,9 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("lora_r=0", "lora_r must be at least 1"),
                              ("lora_dropout=2", r"lora_dropout must be in \[0, 1\)"),
                              ("report_to=wandb", "report_to wandb: not installed here"),
+                             # HfArgumentParser's "arguments are not used: ['tensorboard']" before
+                             ("report_to=tensorboard,wandb", "report_to wandb: not installed here"),
+                             ("report_to=none,tensorboard", "report_to none,tensorboard: none and all stand alone"),
                              ("output_dir=/elsewhere", "the run folder is --output"),
                              # a probe: "trained 0 steps" with exit 0, or TRL's refusal mid-run
                              ("num_iterations=0", "num_iterations must be at least 1, got 0"),

@@ -151,6 +151,11 @@ class TrainConfig(GRPOConfig):
                              "would mask every trajectory not ending in EOS and train nothing (trajectories "
                              "longer than max_completion_length are truncated and reported instead)")
         self._check_ranges()
+        if isinstance(self.report_to, str) and "," in self.report_to:  # --set report_to=tensorboard,wandb
+            self.report_to = [v.strip() for v in self.report_to.split(",") if v.strip()]
+        if isinstance(self.report_to, list) and len(self.report_to) > 1 and {"none", "all"} & set(self.report_to):
+            raise ValueError(f"report_to {','.join(self.report_to)}: none and all stand alone; name the "
+                             "integrations, or none")
         batch_set_by_user = self.generation_batch_size is not None or self.steps_per_generation is not None
         try:
             super().__post_init__()
@@ -499,7 +504,8 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
             continue
         args.append(f"--{key}")
         ftype = str(_FIELDS[key].type)
-        if "list" in ftype and "," in str(value):
+        # a field that may also be one str (report_to) is parsed as a str: the list is split after
+        if "list" in ftype and "str |" not in ftype and "," in str(value):
             args += [v.strip() for v in str(value).split(",") if v.strip()]
         else:  # one word: a value such as -inf or -1 was taken for an option ("expected one argument")
             args[-1] = f"--{key}={value}"
