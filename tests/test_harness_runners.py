@@ -843,6 +843,27 @@ def test_the_proxy_check_goes_through_the_proxy_with_the_rollout_id(tmp_path, mo
         "output overflows less than 8,192; its first request alone is ~1,400 tokens; serve with --max-model-len 32768")
 
 
+def test_a_model_the_server_does_not_serve_is_refused_before_the_session(tmp_path, models_server, monkeypatch,
+                                                                        capsys) -> None:
+    """``--model`` a typo: the harness ran anyway and printed the server's 404 in its own words (Codex
+    retried it for a minute), its calls recorded as errors. Asked directly and through the proxy."""
+    import polar_train.harnesses as harnesses
+
+    port, seen = models_server
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: pytest.fail("a session started"))
+    base = f"http://127.0.0.1:{port}"
+    assert main(["harness", "pi", "x", "--server", base, "--model", "tinny", "--workdir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"polar-train harness: error: --model tinny: the server at {base} does not "
+                                       "serve it (GET /v1/models lists other, tiny, big)\n")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # the proxy check's answer says it too
+        behind = f"http://127.0.0.1:{server.getsockname()[1]}"
+        assert main(["harness", "pi", "x", "--server", behind, "--model", "tinny", "--workdir", str(tmp_path),
+                     "--proxy-port", str(port), "--rollout", "r1"]) == 2
+    assert capsys.readouterr().err == (f"polar-train harness: error: --model tinny: the server at {behind} does not "
+                                       "serve it (GET /v1/models lists other, tiny, big)\n")
+    assert len(seen) == 2
+
+
 def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_session(tmp_path, refusing_server,
                                                                                       capsys) -> None:
     """Something listens on --proxy-port but is no proxy (or a CA file TLS cannot load): the session

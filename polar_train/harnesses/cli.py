@@ -88,11 +88,24 @@ def _check_listening(url: str, what: str, timeout: float = 3.0) -> None:
 TIMEOUT_EXIT = 124
 
 
+def _check_served(models: dict | None, server) -> None:
+    """Refuse a ``--model`` the server does not list: the harness ran anyway, printed the server's
+    404 in its own words (Codex retried it for a minute) and exited 1, its calls recorded as
+    errors. A server that lists no models (or cannot be asked) is left to answer for itself."""
+    from ..cli import UserError
+
+    ids = [m["id"] for m in (models or {}).get("data") or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    if ids and server.model not in ids:
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        raise UserError(f"--model {server.model}: the server at {server.base_url} does not serve it (GET /v1/models "
+                        f"lists {shown})")
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
     from .base import NotTheCaptureProxy, absolute, check_timeout, server_models
-    from .base import MIN_COMPACTING_WINDOW, served_context_length, served_window
+    from .base import MIN_COMPACTING_WINDOW, served_context_length
 
     run = None
     try:
@@ -138,9 +151,13 @@ def _run(args: argparse.Namespace) -> int:
             except HarnessError as exc:
                 raise UserError(f"{where} at {proxy.host}:{proxy.port} did not pass a request on to the "
                                 f"model server: {exc}") from None
-            window = served_context_length(models, server.model)
         else:
-            window = served_window(server)
+            try:
+                models = server_models(server, capturing=False)
+            except HarnessError:
+                models = None  # not an OpenAI-compatible list: the harness meets the server as it is
+        _check_served(models, server)
+        window = served_context_length(models, server.model) if models is not None else None
         if window:
             options["context_window"] = window  # asked already: the harness runner need not ask again
         harness = get_harness(args.name, **options)
