@@ -283,7 +283,8 @@ def test_run_notebook_on_runs_that_ended_early_or_late(tmp_path: Path, monkeypat
     stopped.mkdir()
     (stopped / ".polar-train-run").write_text("{}\n")
     out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=stopped))
-    assert "metrics.jsonl has 0 step(s)" in out and "metrics.jsonl holds no optimizer step yet" in out
+    assert "No metrics.jsonl yet (stopped before its first step)." in out  # not "metrics.jsonl has 0 step(s)"
+    assert "metrics.jsonl holds no optimizer step yet" in out
 
     ended = tmp_path / "ended"  # the end-of-training line alone: "finished", then "no step yet"
     ended.mkdir()
@@ -322,3 +323,34 @@ def test_a_missing_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     with pytest.raises(CellExecutionError, match="no metrics.jsonl in .*POLAR_RUN names"):
         execute(RUN_NB, monkeypatch, POLAR_RUN=tmp_path / "nothing")
+
+
+def test_a_wrong_folder_is_one_line_that_says_what_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe: an empty capture folder (a proxy that has written nothing yet) was the reader's
+    traceback, a trajectories folder given as the run "held no metrics.jsonl", and every refusal
+    came with a traceback of the notebook's own code."""
+    from nbclient.exceptions import CellExecutionError
+
+    empty = tmp_path / "empty"
+    (empty / "calls").mkdir(parents=True)
+    def shown_error(caught: pytest.ExceptionInfo) -> str:
+        """What the notebook showed under the failing cell's source (colours taken out)."""
+        return re.sub(r"\x1b\[[0-9;]*m", "", str(caught.value)).split("\n------------------\n")[-1]
+
+    with pytest.raises(CellExecutionError) as caught:
+        execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=empty)
+    shown = shown_error(caught)
+    assert shown.strip().startswith(f"ValueError: no call-log parts (*.parquet) in {empty / 'calls'}; a running "
+                                    "capture proxy writes a part"), shown
+    assert "(POLAR_CAPTURE names the polar_out folder of the addon)" in shown and "Traceback" not in shown
+    with pytest.raises(CellExecutionError) as caught:
+        execute(RUN_NB, monkeypatch, POLAR_RUN=SAMPLE / "trajectories")
+    shown = shown_error(caught)
+    assert shown.strip().startswith(f"FileNotFoundError: {SAMPLE / 'trajectories'} holds trajectories (what polar-train "
+                                    "build writes), not a training run: POLAR_RUN names the --output folder"), shown
+    assert "Traceback" not in shown
+
+
+def test_the_run_notebook_names_the_run_it_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = text(execute(RUN_NB, monkeypatch))
+    assert out.startswith("run data/samples/demo/run: {'steps': ")
