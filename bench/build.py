@@ -7,7 +7,7 @@ the template, not the builder. Each session here has the shape of a real agent l
 prompt, then per turn a sampled completion ending in ``<|im_end|>`` and a tool output of glue
 tokens; the prompt of call k+1 is the prompt of call k + its completion + the glue, so the
 input (sum of prompt lengths) grows quadratically with the turns while the trajectory grows
-linearly. The builder must be linear in the tokens it reads: the "µs/input Mtok" column must
+linearly. The builder must be linear in the tokens it reads: the "ns/input tok" column must
 stay flat from 10 to 1,000 turns. With ``--compact`` the call log stores prompts compactly
 (prefix reference + suffix), the way long sessions may be written.
 """
@@ -122,7 +122,7 @@ def bench_one(turns: int, rollouts: int, compact: bool, workdir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--turns", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--turns", type=int, nargs="+", default=[10, 100, 1000], help="session lengths (default 10 100 1000)")
     ap.add_argument("--min-input-tokens", type=float, default=4e6,
                     help="enough sessions per size for this many input tokens (default 4e6), so "
                          "fixed costs do not hide the per-token cost")

@@ -101,6 +101,10 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+#: The largest --echo-kb / --request-kb: a harness's request is tens to hundreds of KiB.
+MAX_KB = 16384
+
+
 def spawn(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     with open(log, "wb") as fh:
@@ -681,7 +685,8 @@ def spread(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64],
+                    help="concurrent calls, one table row each (default 1 16 64)")
     ap.add_argument("--configs", nargs="+", default=["direct", "bare", "addon"], choices=CONFIGS,
                     help="what to compare (direct must come first, addon must be included); "
                          "addon-noinject = the addon with polar_inject=false; addon-nostrip = the addon "
@@ -691,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
                          "bare-asked = bare mitmdump "
                          "with a client that asks for token ids and logprobs itself (what receiving the "
                          "injected data costs mitmproxy without the addon)")
-    ap.add_argument("--rounds", type=int, default=5, help="repetitions of every configuration (interleaved)")
+    ap.add_argument("--rounds", type=int, default=5, help="repetitions of every configuration (interleaved; default 5)")
     ap.add_argument("--calls-per-slot", type=int, default=4,
                     help="calls per run = concurrency x this (at least --min-calls)")
     ap.add_argument("--min-calls", type=int, default=8)
@@ -756,6 +761,9 @@ def main(argv: list[str] | None = None) -> int:
                              ("--request-kb", args.request_kb, 0), ("--proxies", args.proxies, 1)):
         if not low <= value < math.inf:  # nan and inf too: an endless delay hung every stream
             ap.error(f"{name}: a finite number, at least {low}, got {value}")
+    for name, value in (("--echo-kb", args.echo_kb), ("--request-kb", args.request_kb)):
+        if value > MAX_KB:  # each request is built in memory, per call: 100 GB grew until the memory ran out
+            ap.error(f"{name}: at most {MAX_KB} (16 MiB per request), got {value}")
     if len(set(args.configs)) != len(args.configs):
         ap.error(f"--configs: each configuration once, got {' '.join(args.configs)}")
     if args.profile:
@@ -788,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
         up_log = tmp / "serve.log"
         if args.upstream == "fake":
             server = spawn([sys.executable, __file__, "--serve-fake", str(up_port), "--tokens", str(args.tokens),
-                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log)
+                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log,
+                           {"TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor")})  # torch's cache: ours to remove
             health = lambda: port_open(up_port)  # noqa: E731
         else:
             model = Path(args.model) if args.model else None

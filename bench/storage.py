@@ -102,8 +102,8 @@ def interleave(rows: list[dict], sessions: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--turns", type=int, default=50)
-    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=50, help="turns per session (default 50)")
+    ap.add_argument("--sessions", type=int, default=4, help="sessions (default 4)")
     ap.add_argument("--system", type=int, default=2000, help="tokens of system prompt + task")
     ap.add_argument("--completion", type=int, default=150, help="tokens per completion")
     ap.add_argument("--tool", type=int, default=300, help="tokens per tool output")

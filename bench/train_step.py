@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model dir (default: a fresh tiny model)")
-    ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=48, help="sampled tokens per turn (2 turns + tool glue)")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--groups", type=int, default=4, help="GRPO groups (default 4)")
+    ap.add_argument("--group-size", type=int, default=8, help="trajectories per group (default 8)")
+    ap.add_argument("--tokens", type=int, default=48, help="sampled tokens per turn (2 turns + tool glue; default 48)")
+    ap.add_argument("--steps", type=int, default=4, help="optimizer steps, the first left out of the means (default 4)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
     for name, value, low in (("--groups", a.groups, 1), ("--group-size", a.group_size, 2),
@@ -42,20 +42,22 @@ def main() -> None:
     if a.model and not (Path(a.model) / "config.json").is_file():
         ap.error(f"--model: {a.model} is not a model folder (no config.json)")
 
-    import torch
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    from transformers import TrainerCallback
-
-    from polar_train.cli import UserError
-    from polar_train.model_load import first_line
-    from polar_train.tiny_model import write_tiny_model
-    from polar_train.train.cli import build_trainer
-    from polar_train.train.sampling import sample_trajectories
-
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
+    # torch makes its compile cache folder (TMPDIR/torchinductor_USER) when a model loads: in ours, removed after
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp / "torchinductor"))
     try:
+        import torch
+
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        from transformers import TrainerCallback
+
+        from polar_train.cli import UserError
+        from polar_train.model_load import first_line
+        from polar_train.tiny_model import write_tiny_model
+        from polar_train.train.cli import build_trainer
+        from polar_train.train.sampling import sample_trajectories
+
         model = a.model or str(write_tiny_model(tmp / "tiny"))
         t0 = time.perf_counter()
         try:
@@ -136,7 +138,7 @@ def main() -> None:
         outside = total - model_s
         tokens = report.trainable_tokens / max(1, report.rows_out) * (trainer.args.per_device_train_batch_size
                                                                       / trainer.num_generations)
-        print(f"\nmodel {model} | {report.rows_out} groups x {trainer.num_generations} | "
+        print(f"\nmodel {a.model or 'a fresh tiny model'} | {report.rows_out} groups x {trainer.num_generations} | "
               f"batch {trainer.args.per_device_train_batch_size} trajectories/step (~{tokens:.0f} trainable "
               f"tokens) | {'CUDA bf16' if trainer.args.bf16 else 'CPU float32'} | "
               f"torch threads {torch.get_num_threads()} | sampling took {sample_s:.1f} s")

@@ -85,6 +85,7 @@ def test_interleave_is_refused_above_concurrency_1() -> None:
     (["--model", "/nonexistent-model"], "--model: with --upstream serve only"),  # taken and not used
     (["--upstream", "serve", "--model", "/nonexistent-model"], "--model: /nonexistent-model is not a model folder"),
     (["--request-kb", "-3"], "--request-kb: a finite number, at least 0, got -3"),
+    (["--request-kb", "100000"], "--request-kb: at most 16384 (16 MiB per request), got 100000"),  # ran out of memory
     (["--echo-kb", "8"], "--echo-kb: Responses only"),
     (["--configs", "direct", "bare", "addon", "addon"], "--configs: each configuration once"),
     (["--profile", "/nonexistent-folder/p"], "--profile: /nonexistent-folder is not a folder it can write to"),

@@ -26,7 +26,8 @@ def test_row_worker_benchmark_prints_both_paths_per_api_and_size() -> None:
 def test_row_worker_benchmark_refuses_bad_arguments_with_a_usage_error() -> None:
     for args, message in ((["--repeats", "2"], "--repeats: at least 3"),
                           (["--request-kb", "-1"], "--request-kb and --echo-kb: 0 or more"),
-                          (["--tokens", "0"], "--tokens: 1 or more")):
+                          (["--tokens", "0"], "--tokens: 1 or more"),
+                          (["--echo-kb", "100000000"], "--request-kb and --echo-kb: at most 16384")):  # 1.5 GB, growing
         proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
