@@ -118,14 +118,15 @@ class _Unwinding:
     noted, not raised: it used to cut the clean-up short and leave the children behind. A third
     quits at once, for a clean-up that hangs."""
 
-    def __init__(self) -> None:
+    def __init__(self, program: str = "polar-train") -> None:
         self.signals = 0
+        self.program = program  # who says it: the benchmarks are scripts of their own
 
     def __call__(self, signum: int, frame: object) -> None:
         self.signals += 1
         if self.signals == 2:
-            print("polar-train: still stopping child processes and removing temporary files; "
-                  "interrupt once more to quit at once", file=sys.stderr, flush=True)
+            print(f"{self.program}: still stopping child processes and removing temporary files; "
+                  "interrupt once more to quit at once (leaving them)", file=sys.stderr, flush=True)
             return
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -133,12 +134,12 @@ class _Unwinding:
 
 
 @contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
+def _sigterm_unwinds(program: str = "polar-train") -> Iterator[None]:
     """:class:`_Unwinding` for the block (from the main thread only: the one that may set it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handler = _Unwinding()
+    handler = _Unwinding(program)
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -152,7 +153,7 @@ def run_script(main_function: Callable[[], int | None]) -> int:
     Ctrl-C, so the ``finally`` blocks that stop its child processes and remove its temporary
     folders run (Python's default skips them), and an interrupt ends with one line, not a
     traceback. Returns the exit status."""
-    with _sigterm_unwinds():
+    with _sigterm_unwinds(Path(sys.argv[0]).name or "polar-train"):
         try:
             return int(main_function() or 0)
         except UserError as exc:  # e.g. a model folder the trainer refuses, in bench/train_step.py
