@@ -155,6 +155,9 @@ CHAT = {"model": "tiny", "messages": USER, "max_tokens": 2}
     ("/v1/responses", {"model": "tiny", "input": "Hi", "tools": RTOOLS,
                        "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
     ("/v1/responses", {"model": "tiny", "input": "Hi", "text": {"format": {"type": "json_object"}}}, "text.format"),
+    # vLLM constrains it (its response_format); answered here with free text before (an SDK probe)
+    ("/v1/messages", {**CHAT, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "output_config"),
 ])
 def test_constrained_decoding_is_refused_not_sampled_freely(polar_base_url, path, body, param):
     r = _post(polar_base_url, path, body)
@@ -163,3 +166,16 @@ def test_constrained_decoding_is_refused_not_sampled_freely(polar_base_url, path
     assert err["type"] == "BadRequestError"
     assert "polar-train serve does not constrain decoding" in err["message"]
     assert err["message"].endswith(f"(parameter={param})")
+
+
+def test_a_thinking_budget_is_refused_not_ignored(polar_base_url):
+    """vLLM takes ``thinking: {type: enabled, budget_tokens}`` for the chat request's
+    thinking_token_budget (a 400 without a reasoning parser); this server sampled on, unbudgeted.
+    ``adaptive`` (what Claude Code sends) and ``disabled`` pin no budget: served."""
+    body = {**CHAT, "max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    r = _post(polar_base_url, "/v1/messages", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == ("`thinking` {'type': 'enabled'} (a thinking_token_budget) is not supported "
+                                            "by polar-train serve; use {'type': 'adaptive'} (parameter=thinking)")
+    for kind in ("adaptive", "disabled"):
+        assert _post(polar_base_url, "/v1/messages", {**CHAT, "thinking": {"type": kind}}).status_code == 200

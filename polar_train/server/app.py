@@ -24,7 +24,7 @@ from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
 from .engine import Engine, Finish, SamplingParams, TokenStep
-from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, UnsupportedMediaType,
+from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, ResponseNotFound, UnsupportedMediaType,
                      VllmError, field_error, missing)
 from .fields import flag, list_of
 from .prompt import encode_prompt, normalize_tool, render
@@ -233,6 +233,13 @@ def build_app(server: Server) -> Starlette:
         except Exception as exc:  # noqa: BLE001
             return _error(exc)
 
+    async def stored_response(request: Request) -> Response:
+        """``GET /v1/responses/{id}`` and ``POST .../cancel``: nothing is stored (vLLM without
+        ``VLLM_ENABLE_RESPONSES_API_STORE``), so every id is vLLM's 404 (the SDK's
+        ``responses.retrieve`` read a bare ``{"detail": "Not Found"}`` as "Error code: 404")."""
+        return _error(ResponseNotFound(f"Response with id '{request.path_params['response_id']}' not found.",
+                                       param="response_id"))
+
     async def version(_: Request) -> JSONResponse:
         return JSONResponse({"version": VLLM_VERSION})
 
@@ -247,6 +254,8 @@ def build_app(server: Server) -> Starlette:
         _get_only(Route("/ping", health, methods=["GET", "POST"])),
         Route("/v1/chat/completions", api(chat), methods=["POST"]),
         Route("/v1/responses", api(responses), methods=["POST"]),
+        _get_only(Route("/v1/responses/{response_id}", stored_response, methods=["GET"])),
+        Route("/v1/responses/{response_id}/cancel", stored_response, methods=["POST"]),
         Route("/v1/messages", api(messages, anthropic=True), methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),

@@ -58,10 +58,15 @@ def check_chat(body: dict) -> None:
 
 
 def check_messages(body: dict) -> None:
-    """Messages API: ``tool_choice`` ``{"type": "any"}`` or ``{"type": "tool", …}`` forces a call."""
+    """Messages API: ``tool_choice`` ``{"type": "any"}`` or ``{"type": "tool", …}`` forces a call;
+    ``output_config.format`` a JSON schema (vLLM's ``response_format``)."""
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
         raise _refuse(f"tool_choice {{'type': {choice['type']!r}}}", "tool_choice")
+    output = body.get("output_config")
+    fmt = output.get("format") if isinstance(output, dict) else None
+    if isinstance(fmt, dict) and fmt.get("schema", fmt.get("json_schema")) is not None:
+        raise _refuse(f"output_config.format {fmt.get('type', 'json_schema')!r}", "output_config")
 
 
 def check_responses(body: dict) -> None:

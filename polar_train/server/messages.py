@@ -16,7 +16,7 @@ from typing import Any
 from . import constraints
 from .common import check_model, integer, keep_specials, refuse_images, sampling
 from .completion import CompletionState
-from .errors import PydanticError, field_error, missing, validation_error, value_error
+from .errors import PydanticError, VllmError, field_error, missing, validation_error, value_error
 from .fields import flag, strings
 from .parse import random_id
 from .prompt import encode_prompt, render
@@ -129,6 +129,11 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
                 {"ge": 1024})])
         if budget is not None and budget >= max_tokens:
             raise value_error("body", "thinking.budget_tokens must be less than max_tokens", body)
+        # vLLM sends it on as the chat request's thinking_token_budget (a 400 there without a
+        # reasoning parser): a budget this server would not keep is refused, as on the chat route
+        if server.script is None:  # (a script's answer is fixed)
+            raise VllmError("`thinking` {'type': 'enabled'} (a thinking_token_budget) is not supported by "
+                            "polar-train serve; use {'type': 'adaptive'}", param="thinking")
     tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
         body.get("tool_choice"), dict) else "auto"
     req.update({
