@@ -399,6 +399,22 @@ def test_a_rollout_whose_last_call_failed_is_named(tmp_path):
     assert result.report.rollouts_without_usable_call == ["failed"]
 
 
+@pytest.mark.parametrize("added", ["system", "tools"])
+def test_a_system_prompt_or_tools_put_before_a_first_call_without_them_is_a_new_conversation(tmp_path, added):
+    """An SDK probe: a first call with neither, a second with the same user turn behind a system
+    prompt (or a tool list): "compaction" (the context grew from 9 to 149 tokens), as if a summary
+    had been put before the task."""
+    bare = Conversation(rollout_id="r1", name="bare", system=None, tools=[])
+    bare.user("Hi")
+    first = bare.assistant("Hello.")
+    more = Conversation(rollout_id="r1", name="more", system="You are a coding agent." if added == "system" else None,
+                        tools=None if added == "tools" else [])
+    more.user("Hi")
+    second = more.assistant("Hello again.")
+    result = build(tmp_path, [first, second])
+    assert [t.fork_cause for t in result.trajectories] == [None, "new_conversation"]
+
+
 def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     """Round 2 reused a round-1 rollout id in the same capture folder; its first prompt differed
     (Pi's names the work folder), so no restart was seen: two sessions under one reward, unnamed.

@@ -490,11 +490,13 @@ class Stitcher:
         if d < t.first_user_end:
             # the system and tools kept, the first user turn changed, and that turn found whole later:
             # a summary put before the task (Pi). A changed system or tool block (a side request, a
-            # new tool list) is no compaction, even where it moves the same user turn along.
-            if t.first_user_start <= d and _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end],
-                                                        t.first_user_start):
+            # new tool list) is no compaction, even where it moves the same user turn along - also
+            # where the first call had none: a system block put before the task parts from it at the
+            # turn's role (<|im_start|> alike, "system" for "user"), a summary turn after its role
+            kept = d > t.first_user_start + 1
+            if kept and _holds_later(prompt, t.buf[t.first_user_start:t.first_user_end], t.first_user_start):
                 return "compaction", None  # the task's turn kept, moved behind a summary (Pi)
-            if t.first_user_start <= d and _keeps_later_turns(t, prompt):
+            if kept and _keeps_later_turns(t, prompt):
                 return "compaction", None  # the task summarised away, its recent turns kept (Pi 0.73)
             return "new_conversation", None
         if t.match_at(d) == THINK_ID:
