@@ -102,6 +102,21 @@ def test_chat_stream_strip_equals_plain_event_by_event():
     assert parsed.completion_ids == json.loads(WIRE["chat_inj"])["choices"][0]["token_ids"]
 
 
+def test_a_streamed_chat_calls_usage_is_recorded_whole_as_the_client_saw_it():
+    """The reassembled response_json kept prompt_tokens and completion_tokens only; the client's
+    usage chunk also said total_tokens and the details (an SDK probe)."""
+    usage = {"prompt_tokens": 9, "total_tokens": 19, "completion_tokens": 10,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    chunks = [{"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]},
+              {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny", "choices": [],
+               "usage": usage}]
+    parsed = openai_chat.parse_stream([(None, c) for c in chunks], done=True)
+    assert parsed.response["usage"] == usage
+    assert (parsed.usage_prompt_tokens, parsed.usage_completion_tokens) == (9, 10)
+    assert openai_chat.parse_stream([(None, chunks[0])], done=True).response["usage"] is None  # none asked
+
+
 def test_chat_strip_keeps_what_the_client_asked_for():
     asked = openai_chat.inject({"messages": [], "return_token_ids": True, "logprobs": True}).asked
     inj = json.loads(WIRE["chat_inj"])

@@ -281,6 +281,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
     base: dict[str, Any] = {}
     role = "assistant"
     stop_reason: Any = None
+    usage: Any = None
     for _name, obj in events:
         if not isinstance(obj, dict):
             parsed.error = parsed.error or "stream chunk is not a JSON object"
@@ -295,6 +296,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
             parsed.prompt_ids = prompt if isinstance(prompt, np.ndarray) else int_list(prompt)
         if obj.get("usage"):
             _usage(parsed, obj["usage"])
+            usage = obj["usage"]  # whole, as the client saw it (total_tokens, *_details)
         if obj.get("system_fingerprint"):
             base["system_fingerprint"] = obj["system_fingerprint"]
         choice = _first_choice(obj)
@@ -345,9 +347,7 @@ def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall
         "id": base.get("id"), "object": "chat.completion", "created": base.get("created"),
         "model": base.get("model"),
         "choices": [{"index": 0, "message": message, "finish_reason": parsed.finish_reason}],
-        "usage": ({"prompt_tokens": parsed.usage_prompt_tokens,
-                   "completion_tokens": parsed.usage_completion_tokens}
-                  if parsed.usage_prompt_tokens is not None else None),
+        "usage": usage if isinstance(usage, dict) else None,
         "system_fingerprint": base.get("system_fingerprint"),
     }
     parsed.complete = done
