@@ -674,3 +674,13 @@ def test_lora_target_modules_the_model_lacks_are_named_before_the_weights_load(
         f"polar-train train: error: lora_target_modules on the model in {tiny_model_dir}: {problem}; its linear "
         "layers: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj; or all-linear")
     assert "Loading weights" not in proc.stderr + proc.stdout
+
+
+def test_trls_deprecated_alias_is_taken_without_its_notice(trajectories, tiny_model_dir, tmp_path) -> None:
+    """vllm_importance_sampling_cap (TRL's alias of clip_max, checked as it) printed TRL's
+    FutureWarning - two lines of TRL's source - before our one-line refusal."""
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"),
+                       "--set", "vllm_importance_sampling_cap=-1")
+    assert proc.returncode == 2
+    assert proc.stderr == ("polar-train train: error: vllm_importance_sampling_cap (the cap of the importance weight) "
+                           "must be a finite number above 0, got -1.0\n")

@@ -441,6 +441,9 @@ def build_trainer(args: argparse.Namespace):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # transformers' own deprecation notices, raised from inside TRL: noise for a user of this command
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
+    # TRL's alias, taken and checked as clip_max (docs/train.md): its notice was two lines of TRL's source
+    warnings.filterwarnings("ignore", message=r"The `vllm_importance_sampling_cap` argument is deprecated",
+                            category=FutureWarning)
     config, grouped, report = prepare(args)
     out = Path(args.output)
     identity = {**run_identity(args.model, grouped.trajectories, config.init_adapter), "options": run_options(config)}
