@@ -392,3 +392,20 @@ def test_unknown_routes_answer_alike(vllm_base_url, polar_base_url, method, path
     assert a.status_code == b.status_code and a.status_code in (404, 405)
     assert a.headers["content-type"] == b.headers["content-type"]
     assert a.json() == b.json()
+
+
+def test_an_absolute_form_request_target_is_served_alike(vllm_base_url, polar_base_url):
+    """``GET http://HOST/v1/models`` (what a client sends to a proxy, or to a server it takes for
+    one): vLLM's uvicorn parses it with httptools and serves it; ours, parsing with h11, said 404."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    answers = []
+    for base in (vllm_base_url, polar_base_url):
+        where = urlsplit(base)
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+        conn.request("GET", f"{base}/v1/models")
+        response = conn.getresponse()
+        answers.append((response.status, [m["id"] for m in json.loads(response.read())["data"]]))
+        conn.close()
+    assert answers[0] == answers[1] == (200, ["tiny"])
