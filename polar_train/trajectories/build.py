@@ -165,10 +165,15 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
     restarts: dict[Any, set[datetime]] = {}
     for (rollout_id, _), rows in groups.items():
         ok = sorted((i for i in rows if status[i] == "ok"), key=when)
-        for k in range(1, len(ok)):
-            earlier = [a for a in ok[:k] if when(a) < when(ok[k])]
-            if earlier and continued.of(earlier, before=when(ok[k])):
-                restarts.setdefault(rollout_id, set()).add(when(ok[k]))
+        if len(ok) < 2:
+            continue
+        gone_on: datetime | None = None  # the earliest a later call went on from an attempt so far
+        for c in ok:  # one pass over the rollout per attempt: sessions under one id cost linearly
+            if gone_on is not None and gone_on < when(c):
+                restarts.setdefault(rollout_id, set()).add(when(c))
+            first = continued.first_gone_on(c, ok)
+            if first is not None and (gone_on is None or first < gone_on):
+                gone_on = first
     return {r: sorted(times) for r, times in restarts.items()}
 
 
@@ -207,34 +212,64 @@ class _ContinuedAttempts:
                       c_vals[c_offs[k]:c_offs[k + 1]] if c_valid[k] else None)
         return ids
 
-    def _later_prompts(self, a: int, attempts: list[int], ids: dict, before: datetime | None = None):
-        """The prompts of completed calls of ``a``'s rollout sent no earlier than ``a`` (its
-        fellow attempts aside; and before ``before``): the calls that could go on from it."""
+    def _later_prompts(self, a: int, attempts: list[int], ids: dict):
+        """``(row, prompt)`` of the completed calls of ``a``'s rollout sent no earlier than ``a``
+        (its fellow attempts aside): the calls that could go on from it."""
         for j, (later, _) in ids.items():
-            if (j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a) and later is not None
-                    and (before is None or self.when(j) < before)):
-                yield later
+            if j not in attempts and self.status[j] == "ok" and self.when(j) >= self.when(a) and later is not None:
+                yield j, later
 
-    def of(self, attempts: list[int], before: datetime | None = None) -> list[int]:
-        """The ``attempts`` a later call (sent before ``before``) goes on from."""
-        rollout_id = self.rollout[attempts[0]]
+    def _rollout_ids(self, row: int) -> dict:
+        rollout_id = self.rollout[row]
         if rollout_id not in self._ids:
             self._ids[rollout_id] = self._load(rollout_id)
-        ids = self._ids[rollout_id]
+        return self._ids[rollout_id]
+
+    def of(self, attempts: list[int]) -> list[int]:
+        ids = self._rollout_ids(attempts[0])
         out = []
         for a in attempts:
             prompt, completion = ids[a]
             if prompt is None or completion is None:
                 continue
             history = np.concatenate([prompt, completion])
-            if any(len(later) >= len(history) and np.array_equal(later[:len(history)], history)
-                   for later in self._later_prompts(a, attempts, ids, before)):
+            if any(_extends(later, history) for _, later in self._later_prompts(a, attempts, ids)):
                 out.append(a)
-        by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids, before)
+        by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids)
         return sorted(out + by_text, key=attempts.index)
 
-    def _of_by_text(self, candidates: list[int], attempts: list[int], ids: dict,
-                    before: datetime | None = None) -> list[int]:
+    def first_gone_on(self, a: int, attempts: list[int]) -> datetime | None:
+        """When a later call (not one of ``attempts``) first went on from attempt ``a``, by its ids or
+        its text; None if none did. Leaves what :meth:`distinct` compares by as it was."""
+        ids = self._rollout_ids(a)
+        prompt, completion = ids[a]
+        if prompt is None or completion is None:
+            return None
+        history = np.concatenate([prompt, completion])
+        lo = text_tail_start(prompt, len(prompt))
+        first = None
+        for j, later in self._later_prompts(a, attempts, ids):
+            if (first is None or self.when(j) < first) and (
+                    _extends(later, history) or self._says_again(later, history, completion, lo)):
+                first = self.when(j)
+        return first
+
+    def _says_again(self, later: np.ndarray, history: np.ndarray, completion: np.ndarray, lo: int) -> bool:
+        """Whether ``later`` holds ``history`` (an attempt's prompt + completion) by its text (see
+        :meth:`_of_by_text`); the tokenizer is loaded only where ``later`` gets that far."""
+        if not len(completion):
+            return False
+        d = common_prefix(later, history)
+        if not lo <= d < len(history):
+            return False
+        tb = self._token_bytes()
+        want = ids_bytes(tb, history[d:])  # the later prompt's bytes start with them
+        covered = text_cover(tb, later[d:], want) if want else None
+        return covered is not None and covered[1] and (
+            completion[-1] >= SPECIAL_START_ID
+            or (d + covered[0] < len(later) and later[d + covered[0]] >= SPECIAL_START_ID))
+
+    def _of_by_text(self, candidates: list[int], attempts: list[int], ids: dict) -> list[int]:
         """The attempts a later prompt goes on from by what it says: its ids agree up to the
         prompt's last text at least (the generation prompt's ``assistant\\n`` may merge with a
         completion that starts with a newline), and from where they part its bytes start with
@@ -249,19 +284,11 @@ class _ContinuedAttempts:
                 continue
             history = np.concatenate([prompt, completion])
             lo = text_tail_start(prompt, len(prompt))
-            for later in self._later_prompts(a, attempts, ids, before):
-                d = common_prefix(later, history)
-                if lo <= d < len(history):
-                    tb = self._token_bytes()
-                    want = ids_bytes(tb, history[d:])  # the later prompt's bytes start with them
-                    covered = text_cover(tb, later[d:], want) if want else None
-                    ends = covered is not None and covered[1] and (
-                        completion[-1] >= SPECIAL_START_ID
-                        or (d + covered[0] < len(later) and later[d + covered[0]] >= SPECIAL_START_ID))
-                    if ends:
-                        self._said[a] = _reply_text(tb, completion)
-                        out.append(a)
-                        break
+            for _, later in self._later_prompts(a, attempts, ids):
+                if self._says_again(later, history, completion, lo):
+                    self._said[a] = _reply_text(self._token_bytes(), completion)
+                    out.append(a)
+                    break
         return out
 
     def distinct(self, rows: list[int], key: Callable[[int], Any]) -> list[int]:
@@ -280,6 +307,11 @@ class _ContinuedAttempts:
             if sample not in best or key(i) > key(best[sample]):
                 best[sample] = i
         return sorted(best.values())
+
+
+def _extends(later: np.ndarray, history: np.ndarray) -> bool:
+    """Whether prompt ``later`` starts with ``history`` (an attempt's prompt + completion)."""
+    return len(later) >= len(history) and np.array_equal(later[:len(history)], history)
 
 
 def _reply_text(tb: TokenBytes, completion: np.ndarray) -> bytes:
