@@ -634,14 +634,16 @@ class _ModelsServer(http.server.BaseHTTPRequestHandler):
     #: Mark the answer to the harness check's probe as the capture addon does (False: a model
     #: server on the proxy port, which answers the absolute-form GET itself).
     marks = True
+    owner = "vllm"  # vLLM's listing; Ollama's says "library"
 
     def do_GET(self) -> None:
         from polar_train.capture.identity import CAPTURE_MARK, PROBE_HEADER
 
         self.seen.append({"path": self.path, "proxy_auth": self.headers.get("proxy-authorization")})
-        payload = json.dumps({"object": "list", "data": [{"id": "other", "max_model_len": 99},
-                                                          {"id": "tiny", "max_model_len": 4096},
-                                                          {"id": "big", "max_model_len": 32768}]}).encode()
+        payload = json.dumps({"object": "list", "data": [
+            {"id": "other", "max_model_len": 99, "owned_by": self.owner},
+            {"id": "tiny", "max_model_len": 4096, "owned_by": self.owner},
+            {"id": "big", "max_model_len": 32768, "owned_by": self.owner}]}).encode()
         self.send_response(200)
         if self.marks and self.headers.get(PROBE_HEADER):
             self.send_header(CAPTURE_MARK, "1")
@@ -862,6 +864,32 @@ def test_a_model_the_server_does_not_serve_is_refused_before_the_session(tmp_pat
     assert capsys.readouterr().err == (f"polar-train harness: error: --model tinny: the server at {behind} does not "
                                        "serve it (GET /v1/models lists other, tiny, big)\n")
     assert len(seen) == 2
+
+
+def test_a_model_another_server_does_not_list_is_a_warning(tmp_path, monkeypatch, capsys) -> None:
+    """Ollama serves qwen3 for qwen3:latest, a gateway names it by a wildcard: a server other than
+    vLLM may serve names it does not list, so the session goes on, warned."""
+    import polar_train.harnesses as harnesses
+
+    started: list[dict] = []
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: started.append(options) or _QuickSession())
+    seen: list[dict] = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             type("H", (_ModelsServer,), {"seen": seen, "owner": "library"}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["harness", "pi", "x", "--server", base, "--model", "qwen3", "--workdir", str(tmp_path),
+                     "--home", str(tmp_path / "home")]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert capsys.readouterr().err.startswith(
+        f"polar-train harness: warning: --model qwen3: the server at {base} does not serve it (GET /v1/models lists "
+        "other, tiny, big); going on, as this server may serve names it does not list\n")
+    assert len(started) == 1
 
 
 def test_a_wrong_service_on_the_proxy_port_or_a_bad_ca_is_refused_before_the_session(tmp_path, refusing_server,
