@@ -790,14 +790,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-proxy-"))
+    # torch makes its compile cache folder (TMPDIR/torchinductor_USER) when a model loads (the tiny
+    # model written here, `polar-train serve` for --upstream serve, which inherits this): ours, removed
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp / "torchinductor"))
     procs: list[subprocess.Popen] = []
     try:
         up_port = free_port()
         up_log = tmp / "serve.log"
         if args.upstream == "fake":
             server = spawn([sys.executable, __file__, "--serve-fake", str(up_port), "--tokens", str(args.tokens),
-                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log,
-                           {"TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor")})  # torch's cache: ours to remove
+                            "--chunk-delay-ms", str(args.chunk_delay_ms)], up_log)
             health = lambda: port_open(up_port)  # noqa: E731
         else:
             model = Path(args.model) if args.model else None
