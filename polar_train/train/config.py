@@ -503,9 +503,10 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
         if key in user and key not in overrides:
             continue
         args.append(f"--{key}")
-        ftype = str(_FIELDS[key].type)
+        ftype = str(_FIELDS[key].type)  # the annotation's text (this module's annotations are strings)
         # a field that may also be one str (report_to) is parsed as a str: the list is split after
-        if "list" in ftype and "str |" not in ftype and "," in str(value):
+        one_str = "str" in {alternative.strip() for alternative in ftype.split("|")}
+        if "list" in ftype and not one_str and "," in str(value):
             args += [v.strip() for v in str(value).split(",") if v.strip()]
         else:  # one word: a value such as -inf or -1 was taken for an option ("expected one argument")
             args[-1] = f"--{key}={value}"
