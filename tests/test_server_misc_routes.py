@@ -71,3 +71,48 @@ def test_a_lone_surrogate_a_stream_echoes_is_escaped(polar_base_url, echoed):
     assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
     (key, value), = echoed.items()
     assert events[-1]["response"][key] == value  # the same string back, from its escape
+
+
+@pytest.mark.parametrize("signum, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(tiny_model_dir, tmp_path, signum,
+                                                                               status):
+    """A probe: Ctrl-C ended serve with exit 0 and no line (uvicorn.run swallowed it), and a stop
+    waited for every open stream to end - a request without max_tokens streams up to the context
+    length, so a Ctrl-C looked hung for minutes."""
+    import signal
+    import threading
+    import time
+
+    from polar_train.server.cli import SHUTDOWN_GRACE_S
+    from tests.support.procs import VENV_BIN, ManagedProcess, free_port, http_ok
+
+    port = free_port()
+    server = ManagedProcess([str(VENV_BIN / "polar-train"), "serve", "--model", str(tiny_model_dir), "--port", str(port),
+                             "--chunk-delay-ms", "300"], tmp_path / "serve.log").start()
+    streaming = threading.Event()
+
+    def stream() -> None:  # 400 tokens x 0.3 s: two minutes, unless the stop cuts it
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True,
+                "ignore_eos": True}
+        try:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300) as r:
+                for _ in r.iter_lines():
+                    streaming.set()
+        except httpx.HTTPError:
+            pass  # cut by the stop: what is tested
+
+    try:
+        server.wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "polar-train serve")
+        threading.Thread(target=stream, daemon=True).start()
+        assert streaming.wait(60)
+        started = time.monotonic()
+        server.proc.send_signal(getattr(signal, signum))
+        returncode = server.proc.wait(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    err = server.log()
+    assert returncode == status
+    assert err.strip().splitlines()[-1] == f"polar-train serve: interrupted ({signum})"
+    assert "Traceback" not in err
+    assert took < SHUTDOWN_GRACE_S + 15  # the stream was cut after the grace, not streamed to its end

@@ -7,6 +7,7 @@ status) beside the capture; uvicorn's lines carry the query string, where a clie
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from typing import Any
@@ -24,12 +25,30 @@ class DropQuery(logging.Filter):
         return True
 
 
+class DropShutdownCancels(logging.Filter):
+    """Drop uvicorn's "Exception in ASGI application" traceback for a stream it cut at a stop
+    (``timeout_graceful_shutdown`` exceeded: the stop was asked for, the cut is its purpose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if isinstance(exc, asyncio.CancelledError) or isinstance(exc, KeyboardInterrupt):
+                return False
+            exc = exc.__cause__ or exc.__context__
+        return True
+
+
 def log_config() -> dict[str, Any]:
-    """uvicorn's default logging config with :class:`DropQuery` on both its handlers."""
+    """uvicorn's default logging config with :class:`DropQuery` on both its handlers and
+    :class:`DropShutdownCancels` on its error log."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
-    config.setdefault("filters", {})["drop_query"] = {"()": f"{__name__}.DropQuery"}
-    for handler in config["handlers"].values():
+    filters = config.setdefault("filters", {})
+    filters["drop_query"] = {"()": f"{__name__}.DropQuery"}
+    filters["drop_shutdown_cancels"] = {"()": f"{__name__}.DropShutdownCancels"}
+    for name, handler in config["handlers"].items():
         handler["filters"] = [*handler.get("filters", []), "drop_query"]
+        if name == "default":  # the error logger's
+            handler["filters"].append("drop_shutdown_cancels")
     return config

@@ -10,6 +10,11 @@ from pathlib import Path
 from ..paths import not_a_file
 
 
+#: Seconds a Ctrl-C or SIGTERM waits for open streams to end before it cuts them: a request
+#: without max_tokens streams up to the context length, and the stop looked hung for minutes.
+SHUTDOWN_GRACE_S = 5.0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model on CPU with vLLM's wire format (OpenAI chat, "
                                      "responses, Anthropic messages)")
@@ -131,6 +136,13 @@ def _serve(args: argparse.Namespace) -> int:
     from .access_log import log_config
 
     # vLLM's request lines, their query strings (a client's ?key=...) cut off
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(),
-                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_keep_alive=30)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(),
+                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_keep_alive=30,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    server = uvicorn.Server(config)
+    # not uvicorn.run, which swallows the Ctrl-C it re-raises after its shutdown (exit 0, no line):
+    # here it reaches the CLI, which says "interrupted (SIGINT)" and exits 130, as for SIGTERM 143
+    server.run()
+    if not server.started:
+        return 1  # uvicorn logged why (the checks before the model loaded foresee the usual causes)
     return 0
