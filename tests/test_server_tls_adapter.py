@@ -111,6 +111,10 @@ def _base_logits(model_dir, prompt):
     (["--model", "{tmp}/no-weights"], "cannot load the model in"),
     (["--model", "{tmp}/broken-config"], "config.json cannot be read as JSON"),
     (["--model", "{model}", "--max-model-len", "0"], "--max-model-len must be >= 1"),
+    # vLLM refuses it; it was served, /v1/models saying 1000000 (a probe)
+    (["--model", "{model}", "--max-model-len", "1000000"],
+     "--max-model-len 1000000 is above the model's max_position_embeddings (65536, "),
+    (["--model", "{model}", "--adapter", "{tmp}/nope"], "--adapter {tmp}/nope: not found"),
     (["--model", "{model}", "--served-model-name", " "], "--served-model-name is empty"),
     (["--model", "{model}", "--chunk-delay-ms", "inf"], "--chunk-delay-ms must be a finite number"),
     (["--model", "{model}", "--chunk-delay-ms", "nan"], "--chunk-delay-ms must be a finite number"),

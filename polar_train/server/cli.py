@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_serve)
 
 
-def _check_model_config(model: Path) -> None:
+def _check_model_config(model: Path) -> dict:
     """Refuse a model folder whose config.json is no JSON object before the slow imports."""
     from ..cli import UserError
 
@@ -49,6 +49,7 @@ def _check_model_config(model: Path) -> None:
         raise UserError(f"{model}/config.json cannot be read as JSON: {exc}") from None
     if not isinstance(config, dict):
         raise UserError(f"{model}/config.json holds no JSON object")
+    return config
 
 
 def _check_can_listen(host: str, port: int) -> None:
@@ -93,15 +94,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError(f"{model} is not a model directory (no config.json)")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UserError("--ssl-certfile and --ssl-keyfile go together")
-    for f in (args.ssl_certfile, args.ssl_keyfile):
+    for option, f in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
         if f and (problem := not_a_file(f)) is not None:
-            raise UserError(problem)
+            raise UserError(f"{option}: {problem}")
     if args.ssl_certfile:
         _check_tls(args.ssl_certfile, args.ssl_keyfile)
     if args.adapter:
-        from ..model_load import check_adapter_folder
+        from ..model_load import ModelLoadError, check_adapter_folder
 
-        check_adapter_folder(args.adapter)
+        try:
+            check_adapter_folder(args.adapter)
+        except ModelLoadError as exc:
+            raise UserError(f"--adapter {exc}") from None
     if not 0 <= args.chunk_delay_ms < float("inf"):  # NaN fails too: a stream would never end
         raise UserError(f"--chunk-delay-ms must be a finite number >= 0, got {args.chunk_delay_ms}")
     if not 0 < args.port < 65536:
@@ -111,7 +115,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UserError("--served-model-name is empty: give the name clients send (left out: the model "
                         "folder's name)")  # a model named "" served: a client could name it in no header
-    _check_model_config(model)
+    config = _check_model_config(model)
+    longest = config.get("max_position_embeddings")
+    if isinstance(longest, int) and not isinstance(longest, bool) and 0 < longest < args.max_model_len:
+        # vLLM refuses it too: positions past the model's were never trained (its RoPE table ends there)
+        raise UserError(f"--max-model-len {args.max_model_len} is above the model's max_position_embeddings "
+                        f"({longest}, {model}/config.json): give at most {longest}")
     _check_can_listen(args.host, args.port)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
