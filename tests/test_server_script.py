@@ -268,6 +268,14 @@ def test_freeform_input_must_be_a_string(tmp_path, value):
     assert "scenarios[0].turns[0].tool_calls[0].input must be a string" in err, err
 
 
+@pytest.mark.parametrize("name", ["''", "'  '"])
+def test_a_tool_call_needs_a_name(tmp_path, name):
+    """A call to the tool "" passed the loader (a probe): no harness can run it."""
+    err = _load_error(tmp_path, "s.yaml", "scenarios:\n  - turns:\n      - tool_calls:\n"
+                                          f"          - {{name: {name}, arguments: {{}}}}\n")
+    assert "scenarios[0].turns[0].tool_calls[0]: needs a 'name'" in err, err
+
+
 @pytest.mark.parametrize("arguments, path", [
     ("{when: 2024-01-01}", "arguments.when"),
     ("{x: .nan}", "arguments.x"),

@@ -244,8 +244,8 @@ def _json_value(value: Any, where: str, parents: tuple[int, ...] = ()) -> None:
 
 
 def _tool_call(c: Any, where: str) -> dict[str, Any]:
-    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-        raise ScriptError(f"{where}: needs a 'name'")
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"].strip():
+        raise ScriptError(f"{where}: needs a 'name'")  # "" too: a call to no tool, which no harness can run
     _no_unknown_keys(c, _CALL_KEYS, where)  # `arguements:` would have become {} without a word
     _no_special_tokens(c["name"], f"{where}.name")
     if "input" in c and "arguments" in c:
