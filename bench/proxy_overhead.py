@@ -44,6 +44,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -434,6 +435,22 @@ async def one_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, 
         writer.close()
 
 
+def run_calls(coro: Any) -> Any:
+    """``asyncio.run`` for the client's calls, whose clean-up after an interrupt is bounded:
+    asyncio.run waits for every task it cancels, and after a SIGTERM mid-call one never ended (CI,
+    once: the bench hung in ``_cancel_all_tasks`` with its proxies up and its temp folder kept)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:  # a clean run leaves none; an interrupted one gets 5 s to unwind its calls
+            loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        loop.close()
+
+
 async def guarded_call(port: int, upstream_port: int, via_proxy: bool, body: bytes, rollout: str,
                        api: str) -> CallResult:
     """:func:`one_call` within ``CALL_TIMEOUT_S``; a failure is a failed result, never an exception."""
@@ -581,7 +598,7 @@ def measure(config: str, concurrency: int, calls: int, ports: dict[str, list[int
     pid = pids[config]
     cpu0, up0, kids0 = cpu_seconds(pid), cpu_seconds([upstream_pid]), children_cpu_seconds(pid)
     with PeakRSS(pid) as rss:
-        results, wall = asyncio.run(run_load(ports[config], upstream_port, config != "direct", body, calls,
+        results, wall = run_calls(run_load(ports[config], upstream_port, config != "direct", body, calls,
                                              concurrency, tag, api, stagger_s))
     settle(pid)
     cpu1, up1, kids1 = cpu_seconds(pid), cpu_seconds([upstream_pid]), children_cpu_seconds(pid)
@@ -647,7 +664,7 @@ def measure_interleaved(configs: tuple[str, ...], calls: int, ports: dict[str, l
 
     with contextlib.ExitStack() as stack:
         samplers = {c: stack.enter_context(PeakRSS(pids[c])) for c in configs}
-        asyncio.run(alternate())
+        run_calls(alternate())
     out = []
     for c in configs:
         kids1 = children_cpu_seconds(pids[c])
