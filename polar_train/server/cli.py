@@ -151,7 +151,12 @@ def _serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     # not uvicorn.run, which swallows the Ctrl-C it re-raises after its shutdown (exit 0, no line):
     # here it reaches the CLI, which says "interrupted (SIGINT)" and exits 130, as for SIGTERM 143
-    server.run()
+    try:
+        server.run()
+    finally:  # streams cut at the stop: their sampling threads end before the interpreter does
+        from .completion import stop_generation
+
+        stop_generation(SHUTDOWN_GRACE_S)
     if not server.started:
         return 1  # uvicorn logged why (the checks before the model loaded foresee the usual causes)
     return 0

@@ -18,6 +18,21 @@ from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, par
                     parse_turn, split_reasoning)
 
 
+#: Generation threads running now, with their stop events: a server's stop ends them (see
+#: :func:`stop_generation`) - a stream cut at a stop left its thread sampling after the event loop
+#: closed, and the process aborted (SIGABRT) as the interpreter went down under it.
+_RUNNING: dict[threading.Thread, threading.Event] = {}
+
+
+def stop_generation(timeout_s: float) -> None:
+    """Ask every generation thread to stop and wait up to ``timeout_s`` for them (each checks its
+    stop event between tokens)."""
+    for stop in list(_RUNNING.values()):
+        stop.set()
+    for thread in list(_RUNNING):
+        thread.join(timeout_s)
+
+
 async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenStep]],
                             delay_s: float = 0.0) -> AsyncIterator[TokenStep]:
     """Run a blocking token iterator in a worker thread and yield its items as they come.
@@ -29,18 +44,26 @@ async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenS
     stop = threading.Event()
     done = object()
 
+    def put(item: object) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop closed (the server stopped): nobody reads any more
+            stop.set()
+
     def work() -> None:
         try:
             for item in make(stop.is_set):
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                put(item)
                 if stop.is_set():
                     break
         except BaseException as exc:  # forwarded to the request, which answers with an error
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
+            put(exc)
         finally:
-            loop.call_soon_threadsafe(queue.put_nowait, done)
+            put(done)
+            _RUNNING.pop(threading.current_thread(), None)
 
     thread = threading.Thread(target=work, name="polar-generate", daemon=True)
+    _RUNNING[thread] = stop
     thread.start()
     try:
         first = True
