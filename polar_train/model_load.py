@@ -89,7 +89,8 @@ def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> li
     modules = list(model.named_modules())
     problems = []
     for target in targets:
-        kinds = {type(m).__name__: isinstance(m, adaptable) for n, m in modules if n == target or n.endswith("." + target)}
+        kinds = {type(m).__name__: isinstance(m, adaptable)
+                 for n, m in modules if n == target or n.endswith("." + target)}
         if not kinds:
             problems.append(f"{target} names no module")
         elif not any(kinds.values()):

@@ -31,9 +31,11 @@ class DropShutdownCancels(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        while exc is not None:
-            if isinstance(exc, asyncio.CancelledError) or isinstance(exc, KeyboardInterrupt):
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:  # (a chain may loop back on itself)
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
                 return False
+            seen.add(id(exc))
             exc = exc.__cause__ or exc.__context__
         return True
 

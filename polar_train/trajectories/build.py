@@ -141,14 +141,14 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
     return chosen, skipped
 
 
-def _ending_in_failure(table: pa.Table) -> dict[str, str]:
+def _ending_in_failure(table: pa.Table, rollout_ids: list) -> dict[str, str]:
     """Rollouts whose last call (by the time it started) did not complete, with its status: a
     session killed mid-call (``client_disconnected``) or ended on the server's error - trained as
     if it had finished, under a reward that scored an unfinished run (where an earlier call of it
     built a trajectory: the caller keeps those)."""
     last: dict[str, tuple] = {}
-    for r, started, finished, status in zip(*(table.column(c).to_pylist() for c in
-                                              ("rollout_id", "started_at", "finished_at", "status"))):
+    for r, started, finished, status in zip(rollout_ids, *(table.column(c).to_pylist() for c in
+                                                          ("started_at", "finished_at", "status"))):
         when = started or finished or _EPOCH
         if r is not None and (r not in last or when >= last[r][0]):
             last[r] = (when, status)
@@ -164,6 +164,8 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
     run's) was taken call by call for retries answered alike, and the first run lost its calls."""
     restarts: dict[Any, set[datetime]] = {}
     for (rollout_id, _), rows in groups.items():
+        if len(rows) < 2:  # (most requests are sent once)
+            continue
         ok = sorted((i for i in rows if status[i] == "ok"), key=when)
         if len(ok) < 2:
             continue
@@ -464,22 +466,22 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if t.rollout_id:
             models_of.setdefault(t.rollout_id, set()).add(name)
     report.mixed_model_rollouts = {r: sorted(m) for r, m in sorted(models_of.items()) if len(m) > 1}
+    rollout_ids = table.column("rollout_id").to_pylist()
     apis_of: dict[str, set[str]] = {}
-    for r, api in zip(table.column("rollout_id").take(chosen).to_pylist(),
-                      table.column("api").take(chosen).to_pylist()):
+    for r, api in zip((rollout_ids[i] for i in rows), table.column("api").take(chosen).to_pylist()):
         if r is not None and api is not None:
             apis_of.setdefault(r, set()).add(api)
     report.mixed_api_rollouts = {r: sorted(a) for r, a in sorted(apis_of.items()) if len(a) > 1}
     report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
-    known = {r for r in table.column("rollout_id").to_pylist() if r is not None}
+    known = {r for r in rollout_ids if r is not None}
     known |= {t.rollout_id for t in trajectories if t.rollout_id}  # the conv-<call id> ones build names
     labels = load_labels(options.rewards, options.tasks, known)
     report.problems.extend(labels.problems)
     groups = attach(trajectories, labels, options.reward_mode)
     built = {t.rollout_id for t in trajectories}
     report.rollouts_without_usable_call = sorted(known - built)  # inspect counts them among its rollouts
-    report.cut_off_rollouts = {r: status for r, status in _ending_in_failure(table).items() if r in built}
+    report.cut_off_rollouts = {r: status for r, status in _ending_in_failure(table, rollout_ids).items() if r in built}
     report.rewarded_without_calls = sorted(r for r in labels.rewards if r not in built)
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)

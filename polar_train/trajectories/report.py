@@ -105,8 +105,7 @@ class BuildReport:
             ("realigned calls", str(self.realigned_calls) if self.realign else "off (--realign)"),
             ("rewards", f"{self.rollouts_with_reward} rollouts ({self.reward_mode}), "
                         f"{self.rollouts_without_reward} without"
-                        + (f" ({', '.join(self.unrewarded_rollouts[:5])}"
-                           + (" ..." if len(self.unrewarded_rollouts) > 5 else "") + ")"
+                        + (f" ({_some(self.unrewarded_rollouts)})"
                            if self.rollouts_with_reward and self.unrewarded_rollouts else "")
                         + (f"; {len(self.rewarded_without_calls)} rewarded without a usable call (problems)"
                            if self.rewarded_without_calls else "")
@@ -123,35 +122,36 @@ class BuildReport:
                                               "one rollout, or without one, than the builder follows: later calls "
                                               "of theirs fork)"))
         if self.restarted_rollouts:
-            names = ", ".join(self.restarted_rollouts[:5]) + (" ..." if len(self.restarted_rollouts) > 5 else "")
             rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "
-                                               f"({names}): one rollout id for several sessions? each needs its own"))
+                                               f"({_some(self.restarted_rollouts)}): one rollout id for several "
+                                               "sessions? each needs its own"))
         if self.mixed_model_rollouts:
-            named = "; ".join(f"{r}: {', '.join(m)}" for r, m in list(self.mixed_model_rollouts.items())[:5])
-            rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}"
-                         + (" ..." if len(self.mixed_model_rollouts) > 5 else "")
-                         + "): a rollout id reused in a later round? each session needs its own"))
+            named = _some([f"{r}: {', '.join(m)}" for r, m in self.mixed_model_rollouts.items()], sep="; ")
+            rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}): a rollout id "
+                                                       "reused in a later round? each session needs its own"))
         if self.cut_off_rollouts:
-            named = ", ".join(f"{r}: {st}" for r, st in list(self.cut_off_rollouts.items())[:5])
-            rows.append(("rollouts ending in a failed call", f"{len(self.cut_off_rollouts)} ({named}"
-                         + (" ..." if len(self.cut_off_rollouts) > 5 else "")
-                         + "): sessions cut off? their rewards score unfinished runs"))
+            named = _some([f"{r}: {st}" for r, st in self.cut_off_rollouts.items()])
+            rows.append(("rollouts ending in a failed call", f"{len(self.cut_off_rollouts)} ({named}): sessions cut "
+                                                             "off? their rewards score unfinished runs"))
         if self.mixed_api_rollouts:
-            named = "; ".join(f"{r}: {', '.join(a)}" for r, a in list(self.mixed_api_rollouts.items())[:5])
-            rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}"
-                         + (" ..." if len(self.mixed_api_rollouts) > 5 else "")
-                         + "): two harnesses under one rollout id? each session needs its own"))
+            named = _some([f"{r}: {', '.join(a)}" for r, a in self.mixed_api_rollouts.items()], sep="; ")
+            rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}): two harnesses "
+                                                     "under one rollout id? each session needs its own"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         if self.singleton_groups:
-            lines.append(f"{'':<{width}}  size-1 groups: {', '.join(self.singleton_groups[:10])}"
-                         + (" ..." if len(self.singleton_groups) > 10 else ""))
+            lines.append(f"{'':<{width}}  size-1 groups: {_some(self.singleton_groups, 10)}")
         if self.equal_reward_groups:
-            lines.append(f"{'':<{width}}  all-equal groups: {', '.join(self.equal_reward_groups[:10])}"
-                         + (" ..." if len(self.equal_reward_groups) > 10 else ""))
+            lines.append(f"{'':<{width}}  all-equal groups: {_some(self.equal_reward_groups, 10)}")
         if self.problems:
             lines.append(f"problems ({len(self.problems)}):")
             lines.extend(f"  {p}" for p in self.problems[:max_problems])
             if len(self.problems) > max_problems:
                 lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json")
         return "\n".join(lines)
+
+
+def _some(items: list[str], shown: int = 5, sep: str = ", ") -> str:
+    """The first ``shown`` of ``items`` joined, `` ...`` where there are more: a table line names
+    examples, the JSON holds them all."""
+    return sep.join(items[:shown]) + (" ..." if len(items) > shown else "")

@@ -152,7 +152,8 @@ def _rollout_of(loc: str, rec: dict[str, Any], known: set[str], problems: list[s
         return None
     rid = str(rid).strip()
     if rid not in known:
-        problems.append(f"{loc}: unknown rollout {rid!r} (no call of it is in the call log: a misspelt id, or a session that ended before its first model call)")
+        problems.append(f"{loc}: unknown rollout {rid!r} (no call of it is in the call log: a misspelt id, or a "
+                        "session that ended before its first model call)")
         return None
     return rid
 
