@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
-import shutil
 import json
+import os
+import shutil
 import ssl
+import time
 
 import httpx
 import openai
@@ -170,3 +172,62 @@ def test_an_address_it_cannot_listen_on_is_refused_before_the_model_loads(tiny_m
                                                    "Address already in use")
     assert main(["serve", "--model", str(tiny_model_dir), "--host", "no-such-host.invalid"]) == 2
     assert "cannot listen on no-such-host.invalid:8000: " in capsys.readouterr().err
+
+
+def _encrypt_key(key_path, pass_phrase: bytes):
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    out = key_path.with_name("key-encrypted.pem")
+    out.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.BestAvailableEncryption(pass_phrase)))
+    return out
+
+
+# pexpect forks a pty child that execs at once; the test process's threads do not run in it
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of forkpty:DeprecationWarning")
+def test_an_encrypted_key_asks_its_pass_phrase_once(tmp_path, tiny_model_dir):
+    """OpenSSL asked at the check before the model loads, and uvicorn asked again: a user typed it
+    twice (and a script feeding it once hung). Now it is asked once, in a real terminal (a pty)."""
+    import pexpect
+
+    from tests.support.procs import VENV_BIN, port_open
+
+    cert, key = _self_signed(tmp_path)
+    encrypted = _encrypt_key(key, b"s3cret phrase")
+    port = free_port()
+    child = pexpect.spawn(str(VENV_BIN / "polar-train"),
+                          ["serve", "--model", str(tiny_model_dir), "--port", str(port),
+                           "--ssl-certfile", str(cert), "--ssl-keyfile", str(encrypted)],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, encoding="utf-8", timeout=120)
+    try:
+        child.expect("(?i)pass ?phrase")
+        child.sendline("s3cret phrase")
+        ctx = ssl.create_default_context(cafile=str(cert))
+        deadline = time.monotonic() + 120
+        # the server comes up (no second prompt holds it), and nothing else asks for the phrase
+        while not (port_open(port) and _https_ok(f"https://127.0.0.1:{port}/health", ctx)):
+            assert child.isalive(), child.before
+            assert time.monotonic() < deadline, "serve not up after 120 s"
+            if child.expect(["(?i)pass ?phrase", pexpect.TIMEOUT], timeout=0.2) == 0:
+                pytest.fail("the pass phrase was asked a second time")
+    finally:
+        child.terminate(force=True)
+
+    wrong = pexpect.spawn(str(VENV_BIN / "polar-train"),
+                          ["serve", "--model", str(tiny_model_dir), "--port", str(free_port()),
+                           "--ssl-certfile", str(cert), "--ssl-keyfile", str(encrypted)],
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, encoding="utf-8", timeout=60)
+    wrong.expect("(?i)pass ?phrase")
+    wrong.sendline("not it")
+    wrong.expect(pexpect.EOF)
+    wrong.close()
+    assert wrong.exitstatus == 2
+    assert "the pass phrase does not decrypt the key" in wrong.before and "Traceback" not in wrong.before
+
+
+def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        return httpx.get(url, verify=ctx, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

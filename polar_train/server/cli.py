@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
-    p.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile (PEM)")
+    p.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile (PEM; an encrypted one asks its pass phrase at the terminal)")
     p.add_argument("--script", default=None,
                    help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
     p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
@@ -68,22 +68,39 @@ def _check_can_listen(host: str, port: int) -> None:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _check_tls(certfile: str, keyfile: str) -> None:
+def _check_tls(certfile: str, keyfile: str) -> str | None:
     """Load the certificate and key once before the model loads: a file that is no PEM, or a key
     that does not belong to the certificate, is one line now, not uvicorn's ``ssl.SSLError``
-    traceback after the weights are in memory."""
+    traceback after the weights are in memory. An encrypted key's pass phrase is asked here once
+    and returned for uvicorn (OpenSSL asked for it at this check and again at uvicorn's)."""
+    import getpass
     import ssl
 
     from ..cli import UserError
 
+    asked: list[str] = []
+
+    def pass_phrase() -> str:
+        if not asked:
+            try:
+                asked.append(getpass.getpass(f"pass phrase of --ssl-keyfile {keyfile}: "))
+            except EOFError:
+                raise UserError(f"--ssl-keyfile {keyfile} is encrypted and no pass phrase could be read "
+                                "(run serve from a terminal, or give a key without a pass phrase)") from None
+        return asked[0]
+
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, password=pass_phrase)
     except ssl.SSLError as exc:
+        if asked:
+            raise UserError(f"--ssl-keyfile {keyfile}: the pass phrase does not decrypt the key, or the key "
+                            f"does not belong to --ssl-certfile {certfile} ({exc.reason or exc})") from None
         raise UserError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a PEM certificate and its "
                         f"key ({exc.reason or exc})") from None
     except OSError as exc:
         raise UserError(f"cannot read --ssl-certfile {certfile} / --ssl-keyfile {keyfile}: "
                         f"{exc.strerror or exc}") from None
+    return asked[0] if asked else None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -97,8 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
     for option, f in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
         if f and (problem := not_a_file(f)) is not None:
             raise UserError(f"{option}: {problem}")
-    if args.ssl_certfile:
-        _check_tls(args.ssl_certfile, args.ssl_keyfile)
+    key_pass_phrase = _check_tls(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
     if args.adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
 
@@ -146,7 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     # vLLM's request lines, their query strings (a client's ?key=...) cut off
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, log_config=log_config(),
-                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, timeout_keep_alive=30,
+                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                            ssl_keyfile_password=key_pass_phrase, timeout_keep_alive=30,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     server = uvicorn.Server(config)
     # not uvicorn.run, which swallows the Ctrl-C it re-raises after its shutdown (exit 0, no line):
