@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
-    p.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile (PEM; an encrypted one asks its pass phrase at the terminal)")
+    p.add_argument("--ssl-keyfile", default=None,
+                   help="private key of --ssl-certfile (PEM; an encrypted one asks its pass phrase at the terminal)")
     p.add_argument("--script", default=None,
                    help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
     p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
