@@ -106,6 +106,26 @@ def test_scripted_turn_index_and_side_call(scripted_url):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look."
 
 
+def test_a_scripted_call_to_a_tool_the_request_does_not_offer_is_logged(scripted_url, logs_dir):
+    """Answered as scripted (a model can do it too), but the serve log says so: a scenario written
+    for Codex's tool names got refused calls from another harness without a word."""
+    log = logs_dir / f"polar-serve-{scripted_url.rsplit(':', 1)[1]}.log"
+    msgs = [{"role": "user", "content": "fix add"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+    line = "scripted turn calls 'apply_patch', which this openai.chat request does not offer (its tools: shell)"
+    before = log.read_text().count("scripted turn calls")  # (other tests share this server)
+    offered = httpx.post(scripted_url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": msgs[:1], "tools": CHAT_TOOLS})  # turn 1 calls shell: offered
+    assert offered.status_code == 200 and log.read_text().count("scripted turn calls") == before
+    r = httpx.post(scripted_url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": msgs, "tools": CHAT_TOOLS})  # turn 2 calls apply_patch
+    assert r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "apply_patch"
+    text = log.read_text()
+    assert text.count("scripted turn calls") == before + 1 and line in text
+
+
 def test_scripted_responses_sdk_stream_and_not(scripted_url):
     client = openai.OpenAI(base_url=scripted_url + "/v1", api_key="unused")
     r = client.responses.create(model="tiny", input="fix add", tools=RESP_TOOLS,

@@ -52,7 +52,14 @@ class Server:
         """Resolve a scripted answer before any byte is sent (so a mismatch is a clean 400)."""
         if self.script is None:
             return
-        turn = self.script.turn_for(req["view"])
+        view = req["view"]
+        turn = self.script.turn_for(view)
+        # answered as scripted (a model may call a tool it was not offered too), but said: a
+        # scenario written for one harness's tool names gets refused calls from another's
+        unoffered = sorted({c["name"] for c in turn.tool_calls} - set(view.tool_names))
+        if unoffered:
+            log.warning("scripted turn calls %s, which this %s request does not offer (its tools: %s)",
+                        ", ".join(map(repr, unoffered)), view.api, ", ".join(view.tool_names) or "none")
         req["scripted_ids"] = turn_token_ids(self.tokenizer, turn)
 
     def tokens(self, req: dict[str, Any],
