@@ -436,6 +436,13 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
                                         "rewards \\(rebuilt with another rewards file\\?\\)"):
         train_cli.run(_args(rescored, tiny_model_dir, out, "max_steps=2", resume=True))
 
+    marker = out / ".polar-train-run"  # without it nothing was checked: other data went on unsaid
+    marker.rename(tmp_path / "marker")
+    with pytest.raises(UserError, match=f"^--resume: {out} has no .polar-train-run \\(a folder polar-train train "
+                                        "did not write, or its marker was removed\\)"):
+        train_cli.run(_args(fewer, tiny_model_dir, out, "max_steps=2", resume=True))
+    (tmp_path / "marker").rename(marker)
+
     capsys.readouterr()
     assert train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",
                                "learning_rate=5e-3", resume=True)) == 0
