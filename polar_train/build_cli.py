@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .paths import cannot_write_folder
+from .paths import cannot_write_folder, user_path
 
 #: The leading underscore: Parquet dataset readers (pyarrow, pandas) skip it; as build_report.json,
 #: ``pd.read_parquet(out)`` failed on it ("Could not read schema from 'out/build_report.json'").
@@ -155,18 +155,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read the call log under CAPTURES, stitch calls into trajectories by token "
                     "prefix, attach rewards and task groups, and write Parquet parts plus "
                     f"{REPORT_NAME} under --out.")
-    p.add_argument("captures", help="capture folder (holding calls/*.parquet) or a folder of parts; parts in "
+    p.add_argument("captures", type=user_path,
+                   help="capture folder (holding calls/*.parquet) or a folder of parts; parts in "
                    "subfolders are read too, so a parent folder builds several captures together")
-    p.add_argument("--out", required=True, help="output folder for part-*.parquet and the report")
-    p.add_argument("--rewards", help="JSONL/CSV/Parquet with rollout_id, reward[, task_id]")
-    p.add_argument("--tasks", help="JSONL/CSV/Parquet with rollout_id, task_id (the GRPO group)")
+    p.add_argument("--out", required=True, type=user_path, help="output folder for part-*.parquet and the report")
+    p.add_argument("--rewards", type=user_path, help="JSONL/CSV/Parquet with rollout_id, reward[, task_id]")
+    p.add_argument("--tasks", type=user_path, help="JSONL/CSV/Parquet with rollout_id, task_id (the GRPO group)")
     p.add_argument("--reward-mode", choices=("broadcast", "split"), default="broadcast",
                    help="broadcast: each trajectory of a rollout gets its reward; split: the "
                         "reward is divided among them (default: broadcast)")
     p.add_argument("--realign", action="store_true",
                    help="continue a trajectory across BPE drift (re-rendered completion "
                         "tokenised differently) instead of forking; marks it realigned")
-    p.add_argument("--tokenizer", help="model folder whose tokenizer compares token bytes "
+    p.add_argument("--tokenizer", type=user_path, help="model folder whose tokenizer compares token bytes "
                                        "(default: the built-in Qwen3.5 tokenizer)")
     p.add_argument("--rows-per-part", type=_positive_int, default=2000,
                    help="trajectories per Parquet part (default: 2000)")

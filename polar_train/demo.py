@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .cli import UserError
 from .installed import NotInstalled, addon_script, mitmdump_command, polar_train_command
-from .paths import cannot_write_folder, holds_other_files
+from .paths import cannot_write_folder, holds_other_files, user_path
 from .tiny_model import MAX_FINAL_NORM_WEIGHT
 
 
@@ -323,7 +323,8 @@ def _cmd(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = DemoConfig()
     p = sub.add_parser("demo", help="capture → build → train → capture again, on CPU (the embedded default)")
-    p.add_argument("--workdir", default=str(d.workdir), help=f"where the demo writes (default: {d.workdir})")
+    p.add_argument("--workdir", default=str(d.workdir), type=user_path,
+                   help=f"where the demo writes (default: {d.workdir})")
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"training rounds (0: capture the baseline only; default: {d.rounds})")
     p.add_argument("--group-size", type=int, default=d.group_size, help=f"sessions per task (GRPO group; default: {d.group_size})")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"tokens per model call, at most {MAX_TOKENS} (default: {d.max_tokens})")

@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .paths import user_path
+
 if TYPE_CHECKING:  # the reader (pyarrow) is imported only when a command runs
     from .calllog import PartProblem
 
@@ -253,6 +255,6 @@ def _rows(text: str) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a capture folder's call log")
-    p.add_argument("dir", help="capture folder (polar_out) or its calls/ subfolder")
+    p.add_argument("dir", type=user_path, help="capture folder (polar_out) or its calls/ subfolder")
     p.add_argument("--top", type=_rows, default=20, help="rows shown per table (default 20; 0: the per-api totals only)")
     p.set_defaults(func=_cmd_inspect)

@@ -4,8 +4,24 @@ else's files."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
+
+
+def user_path(value: str) -> str:
+    """An argparse ``type`` for paths: ``~`` and ``~user`` expanded as the shell would have. A quoted
+    ``'~/run'``, or ``--output=~/run`` (bash expands no ``~`` after ``=``), reached the command as
+    it is: train wrote half a run into a folder named ``~`` here and TRL the other half into $HOME,
+    and an unknown ``~user`` was a traceback."""
+    if not value.startswith("~"):
+        return value
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):  # left as it was: no such user (or no home to expand ~ to)
+        user = value[1:].split("/", 1)[0]
+        raise argparse.ArgumentTypeError(f"{value}: cannot expand ~{user} (no home folder of "
+                                         f"{'user ' + repr(user) if user else 'this user'})")
+    return expanded
 
 
 def make_private_dir(path: str | Path) -> None:

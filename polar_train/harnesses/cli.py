@@ -16,22 +16,24 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..paths import user_path
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("harness", help="run Codex, Claude Code or Pi non-interactively through the proxy")
     p.add_argument("name", choices=["codex", "claude-code", "pi"], help="which harness")
     p.add_argument("prompt", help="the task, as a user would type it")
-    p.add_argument("--workdir", default=".", help="the repository the session works in (default: .)")
+    p.add_argument("--workdir", default=".", type=user_path, help="the repository the session works in (default: .)")
     p.add_argument("--server", required=True,
                    help="model server root URL, e.g. http://127.0.0.1:8000 (vLLM, SGLang, polar-train serve)")
     p.add_argument("--model", default="tiny", help="model name the server serves (default: tiny)")
     p.add_argument("--proxy-port", type=int, default=None,
                    help="port of `mitmdump -s addons/polar_capture.py` on 127.0.0.1 (omit: no proxy)")
     p.add_argument("--rollout", default=None, help="rollout id, sent as the proxy user name")
-    p.add_argument("--ca-cert", default=None,
+    p.add_argument("--ca-cert", default=None, type=user_path,
                    help="mitmproxy CA certificate (default for an https:// server: "
                         "~/.mitmproxy/mitmproxy-ca-cert.pem; an http:// server needs none)")
-    p.add_argument("--home", default=None,
+    p.add_argument("--home", default=None, type=user_path,
                    help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",

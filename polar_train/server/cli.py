@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from ..paths import not_a_file
+from ..paths import not_a_file, user_path
 
 
 #: Seconds a Ctrl-C or SIGTERM waits for open streams to end before it cuts them: a request
@@ -18,17 +18,19 @@ SHUTDOWN_GRACE_S = 5.0
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model on CPU with vLLM's wire format (OpenAI chat, "
                                      "responses, Anthropic messages)")
-    p.add_argument("--model", required=True, help="model directory (e.g. from `polar-train tiny-model`)")
+    p.add_argument("--model", required=True, type=user_path,
+                   help="model directory (e.g. from `polar-train tiny-model`)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
-    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
-    p.add_argument("--ssl-keyfile", default=None,
+    p.add_argument("--ssl-certfile", default=None, type=user_path, help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", default=None, type=user_path,
                    help="private key of --ssl-certfile (PEM; an encrypted one asks its pass phrase at the terminal)")
-    p.add_argument("--script", default=None,
+    p.add_argument("--script", default=None, type=user_path,
                    help="answer from this scenario file instead of sampling (docs/scenario-format.md)")
-    p.add_argument("--adapter", default=None, help="a peft LoRA adapter directory to apply to the model")
+    p.add_argument("--adapter", default=None, type=user_path,
+                   help="a peft LoRA adapter directory to apply to the model")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of requests that bring none (default: none, a random sample)")
     p.add_argument("--max-model-len", type=int, default=4096,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import UserError, said_interrupted, signal_status
-from ..paths import cannot_write_folder, holds_other_files, make_private_dir
+from ..paths import cannot_write_folder, holds_other_files, make_private_dir, user_path
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
 
@@ -33,10 +33,10 @@ EXIT_FAILED = 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="folder of trajectory Parquet parts (or one .parquet file)")
-    p.add_argument("--model", required=True, help="base model directory (or HF model dir)")
-    p.add_argument("--output", required=True, help="run folder: checkpoints, metrics, final adapter")
-    p.add_argument("--config", default=None, help="train.yaml: GRPOConfig + LoRA + polar options")
+    p.add_argument("data", type=user_path, help="folder of trajectory Parquet parts (or one .parquet file)")
+    p.add_argument("--model", required=True, type=user_path, help="base model directory (or HF model dir)")
+    p.add_argument("--output", required=True, type=user_path, help="run folder: checkpoints, metrics, final adapter")
+    p.add_argument("--config", default=None, type=user_path, help="train.yaml: GRPOConfig + LoRA + polar options")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override one option (repeatable), e.g. --set learning_rate=1e-5")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output")

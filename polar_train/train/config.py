@@ -7,6 +7,7 @@ TRL config (flat keys, ``env:`` block), every ``GRPOConfig`` option works unchan
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -18,7 +19,7 @@ import yaml
 from trl import GRPOConfig, TrlParser
 
 from ..cli import UserError
-from ..paths import not_a_file
+from ..paths import not_a_file, user_path
 
 
 #: TRL's vLLM importance-sampling modes (its error message, raised only mid-training, lists these).
@@ -142,6 +143,11 @@ class TrainConfig(GRPOConfig):
                              f"{self.epsilon:g} and {self.epsilon_high}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
+        if isinstance(self.init_adapter, str):  # `--set init_adapter=~/runs/r1/adapter`: no shell expands it
+            try:
+                self.init_adapter = user_path(self.init_adapter)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"init_adapter {exc}") from None
         if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
             self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
         if self.mask_truncated_completions:

@@ -1,0 +1,73 @@
+"""Every path a command takes expands ``~`` as the shell would have: a quoted ``'~/run'``, or
+``--output=~/run`` (bash expands no ``~`` after ``=``), reached train as it was, and it wrote half a
+run into a folder named ``~`` in the working folder while TRL wrote the other half into $HOME."""
+
+from __future__ import annotations
+
+import pytest
+
+from polar_train.cli import build_parser, main
+
+#: (sub-command line, the path options' destinations) for each command that takes paths
+COMMANDS = [
+    (["tiny-model", "~/m"], ["dir"]),
+    (["serve", "--model", "~/m", "--ssl-certfile", "~/c", "--ssl-keyfile", "~/k", "--script", "~/s",
+      "--adapter", "~/a"], ["model", "ssl_certfile", "ssl_keyfile", "script", "adapter"]),
+    (["inspect", "~/caps"], ["dir"]),
+    (["build", "~/caps", "--out=~/out", "--rewards", "~/r", "--tasks", "~/t", "--tokenizer", "~/m"],
+     ["captures", "out", "rewards", "tasks", "tokenizer"]),
+    (["train", "~/traj", "--model", "~/m", "--output=~/run", "--config", "~/c.yaml"],
+     ["data", "model", "output", "config"]),
+    (["harness", "codex", "p", "--server", "http://127.0.0.1:1", "--workdir", "~/w", "--home", "~/h",
+      "--ca-cert", "~/ca"], ["workdir", "home", "ca_cert"]),
+    (["demo", "--workdir=~/d"], ["workdir"]),
+]
+
+
+@pytest.mark.parametrize("argv, dests", COMMANDS, ids=[c[0][0] for c in COMMANDS])
+def test_every_path_option_expands_the_home_folder(argv, dests, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(argv)
+    for dest in dests:
+        value = getattr(args, dest)
+        assert value.startswith(str(tmp_path) + "/") and "~" not in value, (dest, value)
+
+
+def test_an_unknown_users_home_is_one_line(capsys):
+    """``~nouser/x`` was a RuntimeError traceback (pathlib's expanduser) in inspect, build, tiny-model."""
+    for argv in (["inspect", "~no-such-user-here/x"], ["build", "c", "--out", "~no-such-user-here/o"],
+                 ["tiny-model", "~no-such-user-here/t"]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "cannot expand ~no-such-user-here (no home folder of user 'no-such-user-here')" in err
+        assert "Traceback" not in err
+
+
+def test_train_output_given_with_equals_is_the_home_folder_not_a_local_tilde(tmp_path, monkeypatch, capsys):
+    """The command as a user typed it: data and model under ``~``, both found (they were "not
+    found"), and no folder named ``~`` made in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["train", "~/no-traj", "--model", "~/m", "--output=~/run"]) == 2
+    assert f"trajectory data not found: {tmp_path / 'home' / 'no-traj'}" in capsys.readouterr().err
+    assert list(work.iterdir()) == []
+
+
+def test_init_adapter_in_set_or_yaml_expands_the_home_folder(tmp_path, monkeypatch):
+    """``--set init_adapter=~/runs/r1/adapter`` passes no shell that expands it."""
+    from polar_train.cli import UserError
+    from polar_train.train.config import load_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(None, ["init_adapter=~/runs/r1/adapter"], str(tmp_path / "r"))
+    assert config.init_adapter == str(tmp_path / "runs" / "r1" / "adapter")
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("init_adapter: ~/runs/r2/adapter\n")
+    assert load_config(str(yaml_file), [], str(tmp_path / "r")).init_adapter == str(tmp_path / "runs/r2/adapter")
+    with pytest.raises(UserError, match="init_adapter ~no-such-user-here/a: cannot expand ~no-such-user-here"):
+        load_config(None, ["init_adapter=~no-such-user-here/a"], str(tmp_path / "r"))
