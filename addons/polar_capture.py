@@ -41,6 +41,7 @@ from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.redact import utf8
 from polar_train.capture.tap import StreamTap, decode_whole, decoder_for
 from polar_train.capture.worker import RowWorker
+from polar_train.terminal import printable
 from polar_train.tokenizer import holds_tokenizer
 from polar_train.wire.lax import lax_true
 
@@ -607,7 +608,7 @@ def _say_websocket_once(host: str, path: str) -> None:
         _websocket_said = True
         log.warning("polar_capture: a WebSocket session to %s%s carries model calls, which the capture does not "
                     "record; each such session gets a proxy_error row - configure the harness for HTTP "
-                    "(docs/capture.md)", host, path.split("?", 1)[0])
+                    "(docs/capture.md)", printable(host), printable(path.split("?", 1)[0]))  # a client's path
 
 
 def _say_streamed_once() -> None:

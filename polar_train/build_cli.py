@@ -125,7 +125,7 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     report = result.report
     if not result.trajectories:
         if not report.parts_read:  # every part skipped: the input is unusable, as an empty folder is
-            from .inspect import printable  # one line, as inspect says it (a table of zeros hid it)
+            from .terminal import printable  # one line, as inspect says it (a table of zeros hid it)
 
             more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
             raise UserError(f"no readable call-log part in {captures}; skipped {printable(report.problems[0])}{more}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .paths import user_path
+from .terminal import printable
 
 
 class UserError(Exception):
@@ -240,12 +241,9 @@ def _run_command(args: argparse.Namespace) -> int:
             # a word, not a silent 130 (docs promise one line)
             print(f"polar-train {args.command}: interrupted ({signal_name(status)})", file=sys.stderr, flush=True)
         return status
-    except UserError as exc:
-        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
-            ValueError) as exc:
-        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
+    except (UserError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
+            ValueError) as exc:  # one line: a path or id in it (a file's name, a labels file's) printed escaped
+        print(f"polar-train {args.command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError as exc:
         try:

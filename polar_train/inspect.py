@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .paths import user_path
+from .terminal import printable
 
 if TYPE_CHECKING:  # the reader (pyarrow) is imported only when a command runs
     from .calllog import PartProblem
@@ -40,15 +41,6 @@ def load_calls(path: str | Path):
         return read_call_log(root, rebuild=False)  # lengths and counts only: checked, not rebuilt
     except CallLogError as exc:
         raise UserError(str(exc)) from None
-
-
-def printable(text: object) -> str:
-    """``text`` with what a terminal would act on escaped: a newline in a rollout id would split a
-    table's row, a right-to-left override (U+202E) reverse the rest of the line."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _columns(text: str) -> int:

@@ -509,3 +509,32 @@ def test_a_new_out_folder_is_the_owners_only(tmp_path, monkeypatch):
     assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "new" / "traj").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "shared").stat().st_mode & 0o777 == 0o755
+
+
+def test_ids_and_names_from_the_capture_and_labels_reach_the_terminal_escaped(tmp_path):
+    """A task id in a rewards file, a rollout id and model name a client sent, a part's file name:
+    build printed them raw (an ESC ] 0 ; ... BEL retitled the terminal, ESC [ 2 J cleared it, a
+    U+202E reversed the line, a U+200B made 'r\\u200b1' read as the rewarded 'r1'), and a
+    5-million-character id whole on one line; inspect escaped them already."""
+    evil = "\x1b]0;PWNED\x07\x1b[2J"
+    folder = tmp_path / "cap"
+    rows = []
+    for rid in ("r1", "r\u200b1", "\u202egnp.exe", "evil" + evil):
+        conv = Conversation(rollout_id=rid, task_id=None, name=rid)
+        conv.user("hi")
+        rows.append(conv.assistant("Hello."))
+    rows[-1]["model"] = "m" + evil
+    write_parts(folder, rows)
+    (folder / "calls" / f"part-{evil}.parquet").write_bytes(b"not parquet")
+    rewards = tmp_path / "rewards.jsonl"
+    rewards.write_text(json.dumps({"rollout_id": "r1", "reward": 1, "task_id": "g" + evil}) + "\n"
+                       + json.dumps({"rollout_id": "x" * 5_000_000, "reward": 0}) + "\n")
+    proc = run_build(folder, "--out", tmp_path / "out", "--rewards", rewards)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text and "\u200b" not in text
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J" in text and "r\\u200b1" in text and "\\u202egnp.exe" in text
+    assert max(map(len, text.splitlines())) < 1000
+    # an error line too: the path named in it is escaped
+    bad = run_build(folder / f"missing{evil}", "--out", tmp_path / "out2")
+    assert bad.returncode == 2 and "\x1b" not in bad.stderr and "missing\\x1b]0;PWNED" in bad.stderr

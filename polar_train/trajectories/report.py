@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..terminal import shown
+
 
 @dataclass
 class BuildReport:
@@ -82,8 +84,8 @@ class BuildReport:
     def table(self, max_problems: int = 20) -> str:
         """The human summary: one metric per line, then any problems."""
 
-        def counts(d: dict[str, int]) -> str:
-            return ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
+        def counts(d: dict[str, int]) -> str:  # (model names are a client's: shown escaped)
+            return ", ".join(f"{shown(k)} {v}" for k, v in sorted(d.items(), key=lambda kv: (-kv[1], kv[0]))) or "none"
 
         pct = 100.0 * self.tokens_trained / self.tokens_total if self.tokens_total else 0.0
         rows = [
@@ -126,15 +128,17 @@ class BuildReport:
                                                f"({_some(self.restarted_rollouts)}): one rollout id for several "
                                                "sessions? each needs its own"))
         if self.mixed_model_rollouts:
-            named = _some([f"{r}: {', '.join(m)}" for r, m in self.mixed_model_rollouts.items()], sep="; ")
+            named = _some([f"{shown(r)}: {', '.join(map(shown, m))}" for r, m in self.mixed_model_rollouts.items()],
+                          sep="; ", escaped=True)
             rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}): a rollout id "
                                                        "reused in a later round? each session needs its own"))
         if self.cut_off_rollouts:
-            named = _some([f"{r}: {st}" for r, st in self.cut_off_rollouts.items()])
+            named = _some([f"{shown(r)}: {st}" for r, st in self.cut_off_rollouts.items()], escaped=True)
             rows.append(("rollouts ending in a failed call", f"{len(self.cut_off_rollouts)} ({named}): sessions cut "
                                                              "off? their rewards score unfinished runs"))
         if self.mixed_api_rollouts:
-            named = _some([f"{r}: {', '.join(a)}" for r, a in self.mixed_api_rollouts.items()], sep="; ")
+            named = _some([f"{shown(r)}: {', '.join(a)}" for r, a in self.mixed_api_rollouts.items()], sep="; ",
+                          escaped=True)
             rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}): two harnesses "
                                                      "under one rollout id? each session needs its own"))
         width = max(len(k) for k, _ in rows)
@@ -145,13 +149,14 @@ class BuildReport:
             lines.append(f"{'':<{width}}  all-equal groups: {_some(self.equal_reward_groups, 10)}")
         if self.problems:
             lines.append(f"problems ({len(self.problems)}):")
-            lines.extend(f"  {p}" for p in self.problems[:max_problems])
+            lines.extend(f"  {shown(p, 400)}" for p in self.problems[:max_problems])
             if len(self.problems) > max_problems:
                 lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json")
         return "\n".join(lines)
 
 
-def _some(items: list[str], shown: int = 5, sep: str = ", ") -> str:
-    """The first ``shown`` of ``items`` joined, `` ...`` where there are more: a table line names
-    examples, the JSON holds them all."""
-    return sep.join(items[:shown]) + (" ..." if len(items) > shown else "")
+def _some(items: list[str], count: int = 5, sep: str = ", ", escaped: bool = False) -> str:
+    """The first ``count`` of ``items`` joined, `` ...`` where there are more: a table line names
+    examples, the JSON holds them all. Ids are a client's or a labels file's: each is shown escaped
+    and cut (``escaped``: the caller did that to the ids inside)."""
+    return sep.join(items[:count] if escaped else map(shown, items[:count])) + (" ..." if len(items) > count else "")

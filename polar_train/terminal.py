@@ -1,0 +1,22 @@
+"""Text from captures and labels files made safe to print: ids, model names and file names are
+whatever a client or a file held, and a terminal acts on what it is sent."""
+
+from __future__ import annotations
+
+
+def printable(text: object) -> str:
+    """``text`` with what a terminal would act on escaped: a newline in a rollout id would split a
+    table's row, an escape sequence (``ESC ]0;...``) retitle the window or clear the screen, a
+    right-to-left override (U+202E) reverse the rest of the line, a zero-width space make two ids
+    look alike."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def shown(text: object, limit: int = 100) -> str:
+    """:func:`printable`, cut to ``limit`` characters with ``…``: a 5-million-character rollout id
+    in a rewards file was echoed whole on one report line."""
+    text = printable(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
