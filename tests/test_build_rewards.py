@@ -293,3 +293,19 @@ def test_rollouts_build_names_itself_take_rewards(tmp_path):
     result = build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
     assert not result.report.problems
     assert {t.rollout_id: t.reward for t in result.trajectories} == {names[0]: 1.0, names[1]: 0.0}
+
+
+def test_ids_in_labels_files_are_trimmed_as_the_capture_trims_them(tmp_path, captures):
+    """``"g1 "`` made a group of its own beside ``"g1"`` (a CSV written with spaces after commas),
+    a task id of spaces only became a group named "   ", and ``"rollout_id": true`` was looked up
+    as the rollout 'True'."""
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "r1", "reward": 1.0, "task_id": "g1"},
+                                              {"rollout_id": " r2", "reward": 0.0, "task_id": "g1 "},
+                                              {"rollout_id": "r3", "reward": 0.5, "task_id": "   "},
+                                              {"rollout_id": True, "reward": 0.5}])
+    tasks = write_jsonl(tmp_path / "t.jsonl", [{"rollout_id": "r4", "task_id": "\tg1"}])
+    result = build_trajectories(captures, BuildOptions(rewards=path, tasks=tasks))
+    per = by_rollout(result)
+    assert {t.group_id for r in ("r1", "r2", "r4") for t in per[r]} == {"g1"}
+    assert per["r3"][0].group_id is None
+    assert f"{path}: line 4: rollout_id True is not a string or a number" in result.report.problems

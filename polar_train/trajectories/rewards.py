@@ -123,17 +123,23 @@ def _reward_value(value: Any) -> float | None:
     return None
 
 
-def _task_text(value: Any) -> str | None:
-    """A task id as text: a whole-number float is written as the integer (JSON ``1`` and ``1.0``,
-    or a Parquet column that became float, name one group, not two). None for what names no task
-    (a list, an object, true/false, a fraction): ``str()`` of it made up a group without a word."""
+def _id_text(value: Any) -> str | None:
+    """A rollout or task id as text, trimmed as the capture trims ids (``"g1 "`` made a group of its
+    own beside ``"g1"``): a whole-number float is written as the integer (JSON ``1`` and ``1.0``, or
+    a Parquet column that became float, name one group, not two). None for what names nothing (a
+    list, an object, true/false, a fraction): ``str()`` of it made up an id without a word."""
     if isinstance(value, Decimal):  # a Parquet decimal column (DuckDB writes 3.0 so)
         return str(int(value)) if value.is_finite() and value == value.to_integral_value() else None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         return None
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else None
-    return str(value)
+    return str(value).strip()
+
+
+def _blank(value: Any) -> bool:
+    """No id given: absent, null, or a string of spaces only (the capture refuses such an id too)."""
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 @dataclass
@@ -146,11 +152,16 @@ class Labels:
 
 
 def _rollout_of(loc: str, rec: dict[str, Any], known: set[str], problems: list[str]) -> str | None:
-    rid = rec.get("rollout_id")
-    if rid is None or (isinstance(rid, str) and not rid.strip()):
+    given = rec.get("rollout_id")
+    if _blank(given):
         problems.append(f"{loc}: no rollout_id")
         return None
-    rid = str(rid).strip()
+    rid = _id_text(given)
+    if isinstance(given, float) and math.isfinite(given) and (rid is None or rid not in known):
+        rid = repr(given)  # a rollout named "1.5", or "2.0" (not "2"): the capture's own text
+    if rid is None:  # true was looked up as the rollout 'True'
+        problems.append(f"{loc}: rollout_id {given!r} is not a string or a number")
+        return None
     if rid not in known:
         problems.append(f"{loc}: unknown rollout {rid!r} (no call of it is in the call log: a misspelt id, or a "
                         "session that ended before its first model call)")
@@ -190,12 +201,12 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             seen.add(rid)
             labels.rewards[rid] = value
             task = rec.get("task_id")
-            if task not in (None, ""):
-                if _task_text(task) is None:
+            if not _blank(task):
+                if _id_text(task) is None:
                     labels.problems.append(f"{loc}: task_id {task!r} of rollout {rid!r} is not a string or a whole "
                                            "number; left out (the reward is kept)")
                 else:
-                    labels.tasks[rid] = _task_text(task)
+                    labels.tasks[rid] = _id_text(task)
         if not labels.rewards:
             _nothing_usable(path, "reward", labels.problems)
     if tasks_path is not None:
@@ -207,18 +218,18 @@ def load_labels(rewards_path: str | Path | None, tasks_path: str | Path | None,
             if rid is None:
                 continue
             task = rec.get("task_id")
-            if task in (None, ""):
+            if _blank(task):
                 labels.problems.append(f"{loc}: no task_id for rollout {rid!r}")
                 continue
-            if _task_text(task) is None:
+            if _id_text(task) is None:
                 labels.problems.append(f"{loc}: task_id {task!r} of rollout {rid!r} is not a string or a whole number")
                 continue
             if rid in listed:  # as for rewards: the first row counts (the same task again is harmless)
-                if listed[rid] != _task_text(task):
-                    labels.problems.append(f"{loc}: rollout {rid!r} listed again with task {_task_text(task)!r}; "
+                if listed[rid] != _id_text(task):
+                    labels.problems.append(f"{loc}: rollout {rid!r} listed again with task {_id_text(task)!r}; "
                                            f"the first task id {listed[rid]!r} is kept")
                 continue
-            listed[rid] = labels.tasks[rid] = _task_text(task)
+            listed[rid] = labels.tasks[rid] = _id_text(task)
         if not listed:
             _nothing_usable(path, "task id", labels.problems[problems_before:])
     return labels
