@@ -43,6 +43,10 @@ def load_calls(path: str | Path):
         raise UserError(str(exc)) from None
 
 
+#: The per-rollout row of the calls without a rollout id (in brackets: a real id shows bare).
+_NO_ROLLOUT = "[no rollout id]"
+
+
 def _columns(text: str) -> int:
     """Terminal columns of ``text``: an emoji or CJK character takes two, a combining mark none
     (``len`` counted one each, and a rollout id holding an emoji pushed its row's columns right)."""
@@ -141,14 +145,14 @@ def summarize(table, top: int = 20) -> str:
                          c["usage_mismatch"]])
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
                                     *sources, "usage_mismatch"], api_rows))  # sources: shares of the ok calls
-    per_rollout: dict[str, Counter] = {}
+    per_rollout: dict[str | None, Counter] = {}  # None apart: a rollout named "(none)" is not the calls without one
     # a request seen before in its rollout is a retry, also where another proxy (or a restarted
     # one) counted its attempts afresh: each proxy numbers only the attempts it saw
     hashes = table.column("request_hash").to_pylist() if "request_hash" in table.column_names else [None] * n
     seen: set[tuple[str, str]] = set()
     for i in range(n):
         rollout = col["rollout_id"][i]
-        c = per_rollout.setdefault(rollout or "(none)", Counter())
+        c = per_rollout.setdefault(rollout, Counter())
         c["calls"] += 1
         c["ok"] += col["status"][i] == "ok"
         key = (rollout, hashes[i]) if rollout is not None and hashes[i] is not None else None
@@ -160,7 +164,8 @@ def summarize(table, top: int = 20) -> str:
     if top == 0:  # totals only: the count, no table of rollouts
         out.append(f"\n{len(ranked)} rollouts")
     else:
-        roll_rows = [[k, c["calls"], c["ok"], c["retries"], c["tokens"]] for k, c in ranked[:top]]
+        roll_rows = [[_NO_ROLLOUT if k is None else k, c["calls"], c["ok"], c["retries"], c["tokens"]]
+                     for k, c in ranked[:top]]
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
                           roll_rows) + more)

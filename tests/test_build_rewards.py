@@ -309,3 +309,19 @@ def test_ids_in_labels_files_are_trimmed_as_the_capture_trims_them(tmp_path, cap
     assert {t.group_id for r in ("r1", "r2", "r4") for t in per[r]} == {"g1"}
     assert per["r3"][0].group_id is None
     assert f"{path}: line 4: rollout_id True is not a string or a number" in result.report.problems
+
+
+def test_a_conversation_without_an_id_is_not_given_one_a_client_named(tmp_path):
+    """A client naming its rollout ``conv-<call id>`` of a call sent without an id: the two were
+    one rollout (one reward for both), a fork of each other."""
+    anon = Conversation(rollout_id=None, name="anon")
+    anon.user("anonymous task")
+    rows = [anon.assistant("answer")]
+    taken = f"conv-{rows[0]['call_id']}"
+    named = Conversation(rollout_id=taken, name="named")
+    named.user("a named task")
+    rows.append(named.assistant("named answer"))
+    write_parts(tmp_path / "cap", rows)
+    result = build_trajectories(tmp_path / "cap")
+    assert sorted(t.rollout_id for t in result.trajectories) == [taken, f"{taken}-2"]
+    assert all(t.fork_cause is None for t in result.trajectories)

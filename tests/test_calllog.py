@@ -482,3 +482,16 @@ def test_a_call_id_stored_twice_resolves_from_the_row_inspect_and_build_count(tm
     write_parts(tmp_path, [*rows, impostor])
     by_row = read_call_log(tmp_path).table.to_pylist()
     assert [r["prompt_token_ids"] for r in by_row[:len(rows)]] == [r["prompt_token_ids"] for r in session_rows]
+
+
+def test_inspect_keeps_a_rollout_named_none_apart_from_the_calls_without_one(tmp_path, session_rows, capsys):
+    """A rollout literally named "(none)" was counted in one row with the calls that have no
+    rollout id (build keeps them apart)."""
+    from polar_train.cli import main
+
+    rows = [dict(session_rows[0], rollout_id="(none)"), *(dict(r, rollout_id=None) for r in session_rows[1:])]
+    write_parts(tmp_path, rows)
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "per rollout (2)" in out
+    assert re.search(r"\n\(none\) +1 ", out) and re.search(rf"\n\[no rollout id\] +{len(rows) - 1} ", out)

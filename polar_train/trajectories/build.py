@@ -445,7 +445,8 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.usage_mismatch_calls = sum(1 for u, src in zip(usage, sources) if u is False and src == "rendered")
     stitcher = Stitcher(realign=options.realign,
                         token_bytes_factory=token_bytes_factory,
-                        fallback_prompt=_fallback_resolver(table))
+                        fallback_prompt=_fallback_resolver(table),
+                        named_rollouts=frozenset(c.rollout_id for c in calls if c.rollout_id is not None))
     for call in calls:
         stitcher.add(call)
     stitcher.settle_main_conversations()

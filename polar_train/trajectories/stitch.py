@@ -338,8 +338,10 @@ class Stitcher:
     """
 
     def __init__(self, *, realign: bool = False, token_bytes: TokenBytes | None = None,
-                 token_bytes_factory=None, fallback_prompt=None):
+                 token_bytes_factory=None, fallback_prompt=None, named_rollouts: frozenset[str] = frozenset()):
         self.realign = realign
+        #: the rollout ids the capture names: a conversation without one is never given one of them
+        self._named_rollouts = named_rollouts
         self._token_bytes = token_bytes
         self._token_bytes_factory = token_bytes_factory
         self._fallback_prompt = fallback_prompt
@@ -379,6 +381,15 @@ class Stitcher:
 
     def _record(self, t: Trajectory, call: Call) -> None:
         self._where[call.call_id] = (t, t.buf, t.last_prompt_len, t.match_len)
+
+    def _anonymous_rollout(self, call: Call) -> str:
+        """``conv-<first call id>`` for a conversation sent without a rollout id; another name where
+        a client named a rollout so (its calls and the conversation were one rollout, one reward)."""
+        name, n = f"conv-{call.call_id}", 1
+        while name in self._named_rollouts:
+            n += 1
+            name = f"conv-{call.call_id}-{n}"
+        return name
 
     def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
         key = call.rollout_id
@@ -571,7 +582,7 @@ class Stitcher:
                 return self._extend(best, call, call.prompt[best.match_len:])
             return self._start(call, best.rollout_id, "sampler_change")
         if not pool:
-            return self._start(call, key if key is not None else f"conv-{call.call_id}", None)
+            return self._start(call, key if key is not None else self._anonymous_rollout(call), None)
         # 2. fork: classify against the open trajectory sharing the longest prefix
         parent, d = None, -1
         prompt = call.prompt
@@ -594,7 +605,7 @@ class Stitcher:
                 cause = "retokenization"
         from_the_start = cause == "branch" and self._opens_conversation(parent.rollout_id, call.prompt)
         if from_the_start and key is None:  # anonymous: the same first request again is another session
-            return self._start(call, f"conv-{call.call_id}", None)  # (a GRPO group sent without ids)
+            return self._start(call, self._anonymous_rollout(call), None)  # (a GRPO group sent without ids)
         if from_the_start and key in self._went_on:  # the rollout had gone on (in any of its trajectories)
             self.stats.restarts[key] += 1  # a parallel sample of the first prompt looks so too: a note only
         if cause == "retokenization" and self.realign and _same_sampler(parent, call):
@@ -605,7 +616,7 @@ class Stitcher:
             parent.reset_prompt_space(call.prompt[:resume])  # prompt space follows the prompt
             return self._extend(parent, call, glue)
         if key is None and cause == "new_conversation":  # anonymous: a new conversation = new rollout
-            return self._start(call, f"conv-{call.call_id}", None)
+            return self._start(call, self._anonymous_rollout(call), None)
         if not from_the_start:
             self._went_on.add(key)  # the rollout went past its first prompt (a restart can be told)
         child = self._start(call, parent.rollout_id, cause)
