@@ -1597,3 +1597,36 @@ def test_the_harness_checks_probe_is_marked_and_never_leaves_the_proxy(tmp_path)
         assert probe.response.headers.get(CAPTURE_MARK) == "1"
         assert CAPTURE_MARK not in plain.response.headers and CAPTURE_MARK not in call.response.headers
         addon.done()
+
+
+def test_every_refused_identity_is_said_once_and_control_characters_are_refused_before_trimming(
+        caplog, monkeypatch):
+    """A proxy user "\\r\\ninj" was kept as "inj" (the spaces went first, then nothing was left to
+    refuse); an empty header, proxy credentials that are not Basic base64 of UTF-8, went without a
+    word; a bad value sent as both rollout and task was said for the task only."""
+    from polar_train.capture import identity
+
+    monkeypatch.setattr(identity, "_refused_said", set())
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+
+    def resolve(headers: dict[str, str], connect: str | None = None):
+        return resolve_identity(_view(headers), connect, None, "x-polar-rollout", "x-polar-task", {})
+
+    assert resolve({}, _basic("\r\ninj", "pw")).rollout_id is None
+    assert resolve({"x-polar-rollout": "\tr1"}).rollout_id is None
+    assert resolve({"x-polar-rollout": " r1 "}).rollout_id == "r1"  # plain spaces are trimmed, as documented
+    assert resolve({"x-polar-rollout": ""}).rollout_id is None
+    assert resolve({}, "Basic !!!").source == "none"
+    assert resolve({}, "Basic " + base64.b64encode(b"caf\xe9:x").decode()).source == "none"
+    assert resolve({}, "Bearer abc").source == "none"
+    both = resolve({"x-polar-rollout": "bad\x01", "x-polar-task": "bad\x01"})
+    assert both.rollout_id is None and both.task_id is None
+    text = caplog.text
+    for said in ("rollout id '\\r\\ninj' refused (holds a control character", "rollout id '\\tr1' refused",
+                 "rollout id '' refused (empty)", "proxy credentials not base64", "proxy credentials not UTF-8",
+                 "proxy credentials of scheme 'Bearer', not Basic", "rollout id 'bad\\x01' refused",
+                 "task id 'bad\\x01' refused"):
+        assert text.count(said) == 1, said
+    assert "abc" not in text and "caf" not in text  # a credential's token is never logged
+    resolve({"x-polar-rollout": ""})
+    assert caplog.text.count("rollout id '' refused (empty)") == 1  # once

@@ -31,7 +31,7 @@ CAPTURE_MARK = "x-polar-capture"
 MAX_ID_CHARS = 512
 
 log = logging.getLogger("polar_capture")
-_refused_said: set[str] = set()
+_refused_said: set[tuple[str, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -49,26 +49,38 @@ def id_problem(value: str) -> str | None:
         return "empty"
     if len(value) > MAX_ID_CHARS:
         return f"longer than {MAX_ID_CHARS} characters"
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+    if _control(value):
         return "holds a control character or an undecodable byte"
     return None
+
+
+def _control(value: str) -> bool:
+    return any(unicodedata.category(c) in ("Cc", "Cs") for c in value)
 
 
 def valid_id(value: str | None, what: str = "rollout id", show: bool = True) -> str | None:
     """The id as sent (surrounding spaces removed), or None when there is none or it cannot be one;
     a refused id is said once in the log (it used to vanish without a word, and every call so left
-    without a rollout was pooled with the others)."""
+    without a rollout was pooled with the others). Control characters are looked for before the
+    spaces go: ``"\\r\\ninj"`` was kept as ``inj``."""
     if value is None:
         return None
-    value = value.strip()
-    problem = id_problem(value)
+    problem = "holds a control character or an undecodable byte" if _control(value) else id_problem(value.strip())
     if problem is None:
-        return value
-    if value and len(_refused_said) < 100 and value[:80] not in _refused_said:
-        _refused_said.add(value[:80])
-        shown = repr(value[:80] + ("..." if len(value) > 80 else "")) if show else "(from an API key: not shown)"
-        log.warning("polar_capture: %s %s refused (%s); the call is recorded without one", what, shown, problem)
+        return value.strip()
+    shown = repr(value[:80] + ("..." if len(value) > 80 else "")) if show else "(from an API key: not shown)"
+    _say_once(what, value, f"polar_capture: {what} {shown} refused ({problem}); the call is recorded without one")
     return None
+
+
+def _say_once(what: str, value: str, line: str) -> None:
+    """Log ``line`` the first time ``value`` is refused as ``what`` (a rollout and a task refused
+    alike are two lines; two long ids alike in their first 80 characters are two too), at most
+    100 lines a process: a client sending a bad id on every call would flood the log."""
+    key = (what, hash(value))
+    if key not in _refused_said and len(_refused_said) < 100:
+        _refused_said.add(key)
+        log.warning("%s", line)
 
 
 def _first(headers: Any, name: str) -> str | None:
@@ -83,10 +95,15 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
         return None
     scheme, _, token = value.strip().partition(" ")
     if scheme.lower() != "basic" or not token:
+        _say_once("proxy credentials", scheme.lower(), f"polar_capture: proxy credentials of scheme {scheme[:20]!r}, "
+                  "not Basic: the call is recorded without a rollout id")
         return None
     try:
         decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError) as exc:  # (the token holds the password: never logged)
+        problem = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not base64"
+        _say_once("proxy credentials", problem, f"polar_capture: proxy credentials {problem} (Basic user:password "
+                  "expected): the call is recorded without a rollout id")
         return None
     user, _, _ = decoded.partition(":")
     return valid_id(user)  # as sent: clients percent-decode the proxy URL's user name themselves
