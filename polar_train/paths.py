@@ -61,7 +61,7 @@ def cannot_write_folder(folder: str | Path, what: str) -> str | None:
     a model load."""
     out = Path(folder)
     if out.is_symlink() and not out.exists():
-        return f"{what} {out} is a broken symbolic link"
+        return f"{what} {out} is a broken symbolic link (or a loop of them)"
     if out.exists():
         if not out.is_dir():
             return f"{what} is a file, not a folder: {out}"
@@ -71,6 +71,8 @@ def cannot_write_folder(folder: str | Path, what: str) -> str | None:
     parent = out.absolute().parent
     while not parent.exists() and not parent.is_symlink():
         parent = parent.parent
+    if parent.is_symlink() and not parent.exists():  # (it was called a file)
+        return f"{what} {out}: {parent} is a broken symbolic link (or a loop of them)"
     if not parent.is_dir():
         return f"{what} {out}: {parent} is a file, not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):

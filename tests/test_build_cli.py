@@ -158,8 +158,10 @@ def test_an_out_folder_holding_files_no_build_wrote_is_refused_untouched(tmp_pat
 def test_an_unwritable_out_fails_before_the_build(tmp_path, capture, capsys):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # under a loop: it was called "a file"
     cases = [(tmp_path / "afile" / "sub", f"{tmp_path / 'afile'} is a file, not a folder"),
-             (tmp_path / "dangling", "is a broken symbolic link")]
+             (tmp_path / "dangling", "is a broken symbolic link"),
+             (tmp_path / "loop" / "x", f"{tmp_path / 'loop'} is a broken symbolic link (or a loop of them)")]
     if os.geteuid() != 0:  # root may write anywhere
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
