@@ -259,6 +259,9 @@ def test_output_folder_not_writable(tmp_path: Path) -> None:
     ("polar_flush_rows=many", "polar_capture: polar_flush_rows: not an integer: many"),
     ("polar_flush_row=10", "polar_capture: polar_flush_row: no such option (the addon's are polar_out, "),
     ("polar_out=", "polar_capture: polar_out: empty; give a value or leave the option out"),
+    # no shell expands ~ in --set: an unknown user's home was pathlib's RuntimeError traceback
+    ("polar_out=~no-such-user-here/caps", "polar_capture: polar_out: ~no-such-user-here/caps: cannot expand "
+                                          "~no-such-user-here (no home folder of user 'no-such-user-here')"),
     ("polar_out=a & polar_out=b", "polar_capture: polar_out: Received multiple values for polar_out"),
     ("polar_flush_seconds=inf", "polar_capture: polar_flush_seconds: must be a finite number of seconds"),
     # the same in the confdir's config.yaml, where values come typed (mitmproxy's TypeError traceback);

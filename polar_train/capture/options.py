@@ -7,10 +7,13 @@ snapshot instead of mitmproxy's live options object.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..paths import user_path
 
 #: (name, type, default, help). Types are what ``loader.add_option`` accepts.
 OPTION_SPECS: list[tuple[str, type, Any, str]] = [
@@ -93,8 +96,8 @@ class CaptureOptions:
             raise ValueError(f"polar_rollout_header and polar_task_header: both are {rollout_header!r}; "
                              "which one would name the rollout?")
         return cls(
-            out=_not_empty("polar_out", opts.polar_out),
-            tokenizer=opts.polar_tokenizer,
+            out=_home_expanded("polar_out", _not_empty("polar_out", opts.polar_out)),
+            tokenizer=_home_expanded("polar_tokenizer", opts.polar_tokenizer),
             inject=opts.polar_inject,
             strip=bool(getattr(opts, "polar_strip", True)),
             flush_rows=_at_least("polar_flush_rows", opts.polar_flush_rows, 1),
@@ -110,6 +113,15 @@ class CaptureOptions:
             prompt_delta=bool(getattr(opts, "polar_prompt_delta", False)),
             tokenize_insecure=bool(getattr(opts, "ssl_insecure", False)),
         )
+
+
+def _home_expanded(name: str, value: str) -> str:
+    """A path option with ``~`` expanded (``--set polar_out=~/caps``: no shell expands it); an
+    unknown ``~user`` is one line, not pathlib's RuntimeError traceback at the worker's start."""
+    try:
+        return user_path(value) if value else value
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def _not_empty(name: str, value: str) -> str:
