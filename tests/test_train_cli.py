@@ -691,3 +691,59 @@ def test_trls_deprecated_alias_is_taken_without_its_notice(trajectories, tiny_mo
     assert proc.returncode == 2
     assert proc.stderr == ("polar-train train: error: vllm_importance_sampling_cap (the cap of the importance weight) "
                            "must be a finite number above 0, got -1.0\n")
+
+
+def test_a_second_run_into_the_same_output_meanwhile_is_refused(trajectories, tiny_model_dir, tmp_path,
+                                                                 monkeypatch, capsys):
+    """Two runs into one --output both said "adapter written"; the second's replaced the first's and
+    metrics.jsonl held both runs' steps. A run that finished while another loaded its model is seen
+    under the lock. A Ctrl-C while the summary is written leaves no empty train_summary.json (it
+    stayed empty: a resume refuses a finished run) and says that the adapter is complete. No real
+    training here: ``train`` is replaced, the saving and the locking are real."""
+    from transformers.trainer_utils import TrainOutput
+
+    from polar_train.train.trainer import RecordedGRPOTrainer
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", lambda self, *a, **k: TrainOutput(0, 0.0, {}))
+    out = tmp_path / "run"
+    first, _, _ = train_cli.build_trainer(_args(trajectories, tiny_model_dir, out))  # holds the folder
+    capsys.readouterr()
+    with pytest.raises(UserError, match=f"^another polar-train train is writing into {out}; wait for it to end"):
+        train_cli.run(_args(trajectories, tiny_model_dir, out))
+    first.polar_run_lock.close()
+
+    from polar_train import model_load
+
+    loading = model_load.load_causal_lm
+    later = tmp_path / "later"
+
+    def another_run_finishes_meanwhile(*args, **kwargs):
+        later.mkdir(mode=0o700)
+        (later / "metrics.jsonl").write_text("{}\n")
+        return loading(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(model_load, "load_causal_lm", another_run_finishes_meanwhile)
+        with pytest.raises(UserError, match=f"^{later} already holds a run \\(written while this one loaded"):
+            train_cli.run(_args(trajectories, tiny_model_dir, later))
+    assert (later / "metrics.jsonl").read_text() == "{}\n"
+
+    replace = Path.replace
+
+    def ctrl_c_at_the_summary(self, target):
+        if Path(target).name == "train_summary.json":
+            raise KeyboardInterrupt
+        return replace(self, target)
+
+    summary_cut = tmp_path / "summary-cut"
+    with monkeypatch.context() as m:
+        m.setattr(Path, "replace", ctrl_c_at_the_summary)
+        with pytest.raises(KeyboardInterrupt):
+            train_cli.run(_args(trajectories, tiny_model_dir, summary_cut))
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"polar-train train: interrupted after the adapter was written ({summary_cut / 'adapter'} is complete); "
+        "train_summary.json not written")
+    assert (summary_cut / "adapter" / "adapter_model.safetensors").is_file()
+    assert sorted(p.name for p in summary_cut.iterdir() if "summary" in p.name) == []
+    assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "again")) == 0  # the locks were let go
+    assert json.loads((tmp_path / "again" / "train_summary.json").read_text())["steps"] == 0

@@ -152,6 +152,8 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
 #: Marks a folder as a run's output (one that stopped before its metrics may be started again);
 #: holds the run's identity (:func:`run_identity`), which ``--resume`` must match.
 RUN_MARKER = ".polar-train-run"
+#: Held by the run writing into the folder (:mod:`polar_train.folder_lock`).
+RUN_LOCK = ".polar-train.lock"
 
 
 def run_identity(model: str, trajectories, init_adapter: str | None = None) -> dict[str, Any]:
@@ -346,7 +348,7 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any]) -> 
         return str(last)
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")
-    if holds_other_files(out, RUN_MARKER):
+    if holds_other_files(out, RUN_MARKER, RUN_LOCK):
         # TRL writes its model card as README.md there, and runs/ and checkpoint-*/: a user's would go
         raise UserError(f"--output {out} is not empty and holds no run of ours: give a new or empty folder")
     return None
@@ -469,7 +471,6 @@ def build_trainer(args: argparse.Namespace):
     from transformers import AutoTokenizer
 
     from ..model_load import adapter_base_note, first_line, load_adapter, load_causal_lm, lora_target_problems
-    from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
     dtype = torch.bfloat16 if config.bf16 else torch.float32
     # by its absolute path: peft records it in the adapter (base_model_name_or_path), which
@@ -497,6 +498,41 @@ def build_trainer(args: argparse.Namespace):
         make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
     except OSError as exc:  # what the check before could not foresee (/proc, a folder made meanwhile)
         raise UserError(f"--output {out}: cannot make it: {exc.strerror or exc}") from None
+    lock = _hold_run_lock(out, args.resume) if os.environ.get("RANK", "0") == "0" else None
+    try:
+        trainer = _make_trainer(args, out, config, identity, checkpoint, model, tok, peft_config, grouped)
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    trainer.polar_run_lock = lock  # released when train() ends
+    return trainer, report, checkpoint
+
+
+def _hold_run_lock(out: Path, resume: bool):
+    """Lock ``out`` for this run; a second run into it meanwhile is refused (both said they wrote the
+    adapter, and the second's replaced the first's). The folder is checked again under the lock: a
+    run that finished while this one loaded its model holds an adapter now."""
+    from ..folder_lock import hold_folder_lock
+
+    try:
+        lock = hold_folder_lock(out, RUN_LOCK, f"another polar-train train is writing into {out}; wait for it to "
+                                               "end or choose another --output")
+    except FileExistsError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"--output {out}: cannot lock it: {exc.strerror or exc}") from None
+    if not resume and ((out / "adapter").exists() or (out / "metrics.jsonl").exists()):
+        lock.close()
+        raise UserError(f"{out} already holds a run (written while this one loaded its model): use --resume or "
+                        "another --output")
+    return lock
+
+
+def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint, model, tok, peft_config, grouped):
+    """The marker written and the trainer made, under the run's lock."""
+    from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
+
     if os.environ.get("RANK", "0") == "0":
         try:
             # where the data is: notebooks/02 finds an unfinished run's build report by it
@@ -513,13 +549,20 @@ def build_trainer(args: argparse.Namespace):
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
     trainer.add_callback(MismatchCheckpointCallback(trainer))
-    return trainer, report, checkpoint
+    return trainer
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Run training; returns the summary that is also written to ``<output>/train_summary.json``."""
     trainer, report, checkpoint = build_trainer(args)  # its checks come before the slow imports
+    try:
+        return _train(args, trainer, report, checkpoint)
+    finally:
+        if trainer.polar_run_lock is not None:
+            trainer.polar_run_lock.close()
 
+
+def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, Any]:
     from .trainer import mismatch_warning, restore_first_epoch_mismatch
 
     out = Path(args.output)
@@ -570,10 +613,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
     if trainer.accelerator.is_main_process:
         text = json.dumps(_finite_or_null(summary), indent=2, default=str, allow_nan=False) + "\n"
-        try:
-            (out / "train_summary.json").write_text(text)
-        except OSError as exc:
-            raise TrainFailure(f"cannot write {out / 'train_summary.json'}: {exc.strerror or exc}") from None
+        _write_summary(out, text, adapter_dir)
         print(f"trained {summary['steps']} steps; adapter written to {adapter_dir}", flush=True)
         if first is not None:
             print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
@@ -581,6 +621,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if (warning := mismatch_warning(first, trainer.args.init_adapter)) is not None:
                 print(warning, file=sys.stderr, flush=True)
     return summary
+
+
+def _write_summary(out: Path, text: str, adapter_dir: Path) -> None:
+    """``train_summary.json`` whole or not at all (a temporary file renamed): written in place, a
+    Ctrl-C left it empty, and a resume refused the finished run, so it stayed so. An interrupt here
+    says that the adapter is complete."""
+    final = out / "train_summary.json"
+    tmp = out / f".train_summary.json.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(text)
+        tmp.replace(final)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"polar-train train: interrupted after the adapter was written ({adapter_dir} is complete); "
+              f"{final.name} not written", file=sys.stderr, flush=True)
+        raise said_interrupted(exc) from None
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TrainFailure(f"cannot write {final}: {exc.strerror or exc} ({adapter_dir} is complete)") from None
 
 
 def _save_adapter(trainer, adapter_dir: Path) -> None:

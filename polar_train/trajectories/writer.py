@@ -152,14 +152,10 @@ def _signals_held() -> Iterator[None]:
 def _only_writer(out_dir: Path) -> Iterator[None]:
     """Hold ``out_dir``'s lock while writing: two builds into one folder (one suspended mid-swap
     with Ctrl-Z, say) could otherwise leave parts of both and trajectories twice."""
-    import fcntl
+    from ..folder_lock import hold_folder_lock
 
-    with open(out_dir / LOCK_NAME, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FileExistsError(f"another polar-train build is writing into {out_dir}; wait for it to end or "
-                                  "choose another folder") from None
+    with hold_folder_lock(out_dir, LOCK_NAME, f"another polar-train build is writing into {out_dir}; wait for "
+                                              "it to end or choose another folder"):
         yield  # the lock goes with the file's closing
 
 

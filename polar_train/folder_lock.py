@@ -1,0 +1,29 @@
+"""One writer per output folder: a build's ``--out``, a training run's ``--output``.
+
+Why: two builds into one folder left parts of both; two training runs into one folder both said
+they wrote the adapter, and the second's replaced the first's, with both runs' steps in one
+metrics file. An ``flock`` on a dot-file in the folder goes with the process (a killed writer
+leaves no stale lock behind).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO
+
+
+def hold_folder_lock(folder: Path, name: str, busy: str) -> IO[str]:
+    """Lock ``folder/name`` for this process and return the open file (the lock lasts until it is
+    closed); raises ``FileExistsError(busy)`` when another process holds it."""
+    import fcntl
+
+    lock = open(folder / name, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise FileExistsError(busy) from None
+    except BaseException:
+        lock.close()
+        raise
+    return lock
