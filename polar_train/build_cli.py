@@ -116,7 +116,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespace, report_bytes: list[bytes]) -> int:
     from .cli import UserError, print_out
     from .trajectories import build_trajectories
-    from .trajectories.writer import json_bytes, part_paths, write_trajectories
+    from .trajectories.writer import json_bytes, new_build_id, part_paths, write_trajectories
 
     try:
         result = build_trajectories(captures, options)
@@ -135,10 +135,12 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
         return 1
     report.out = str(out)
     report.output_parts = [p.name for p in part_paths(out, len(result.trajectories), args.rows_per_part)]
+    report.build_id = new_build_id()  # in each part's metadata too: the trainer refuses a mix of builds
     report_bytes.append(json_bytes(report.to_json()))
     try:
         parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part,
-                                   extra={REPORT_NAME: report_bytes[0]}, retire=(OLD_REPORT_NAME,))
+                                   extra={REPORT_NAME: report_bytes[0]}, retire=(OLD_REPORT_NAME,),
+                                   build_id=report.build_id)
     except FileExistsError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

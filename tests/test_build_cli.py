@@ -540,3 +540,37 @@ def test_ids_and_names_from_the_capture_and_labels_reach_the_terminal_escaped(tm
     # an error line too: the path named in it is escaped
     bad = run_build(folder / f"missing{evil}", "--out", tmp_path / "out2")
     assert bad.returncode == 2 and "\x1b" not in bad.stderr and "missing\\x1b]0;PWNED" in bad.stderr
+
+
+def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train(tmp_path, capture):
+    """A build killed outright (SIGKILL, the OOM killer) while it swapped its parts for an earlier
+    build's left some of each, or some new parts only; train took the mix without a word."""
+    import shutil
+
+    from polar_train.cli import UserError
+    from polar_train.train.data import DataReport, read_table
+
+    for name in ("a", "b"):
+        assert main(["build", str(capture), "--out", str(tmp_path / name), "--rows-per-part", "1"]) == 0
+    parts = sorted(p.name for p in (tmp_path / "a").glob("part-*.parquet"))
+    assert len(parts) == 3
+    assert read_table(tmp_path / "a", DataReport()).num_rows == 3  # a whole build
+    report = json.loads((tmp_path / "a" / "_build_report.json").read_text())
+    assert pq.read_schema(tmp_path / "a" / parts[0]).metadata[b"polar_train.build_id"] == report["build_id"].encode()
+
+    mixed = tmp_path / "mixed"  # the old build's first part, the new build's others
+    shutil.copytree(tmp_path / "a", mixed)
+    for name in parts[1:]:
+        shutil.copy(tmp_path / "b" / name, mixed / name)
+    with pytest.raises(UserError, match=f"^{mixed} holds parts of 2 builds \\(part-0000"):
+        read_table(mixed, DataReport())
+    cut = tmp_path / "cut"  # the old parts removed, one new part renamed into place
+    cut.mkdir()
+    shutil.copy(tmp_path / "b" / parts[0], cut / parts[0])
+    with pytest.raises(UserError, match=f"^{cut} holds 1 of the 3 parts of its build: a build killed"):
+        read_table(cut, DataReport())
+    together = tmp_path / "together"  # two whole builds, each in a subfolder: trained together
+    together.mkdir()
+    shutil.copytree(tmp_path / "a", together / "a")
+    shutil.copytree(tmp_path / "b", together / "b")
+    assert read_table(together, DataReport()).num_rows == 6

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from ..cli import UserError
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns
 from ..trajectories.rewards import MAX_ABS_REWARD
+from ..trajectories.writer import build_problem
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
 #: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
@@ -129,11 +130,13 @@ def parquet_files(path: str | Path) -> list[Path]:
 def read_table(path: str | Path, report: DataReport) -> pa.Table:
     tables = []
     wanted = [c for c in REQUIRED + _OPTIONAL]
+    by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] = {}
     for f in parquet_files(path):
         try:
             schema = pq.read_schema(f)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
             raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
+        by_folder.setdefault(f.parent, []).append((f, dict(schema.metadata or {})))
         expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
         problems = missing_columns(schema, expected)
         if problems:
@@ -150,6 +153,9 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
             raise UserError(f"{f}: unreadable data ({exc})") from None
         tables.append(_cast_to_schema(f, table))
         report.files += 1
+    for folder, parts in by_folder.items():
+        if (problem := build_problem(parts)) is not None:
+            raise UserError(f"{folder} holds {problem}")
     return pa.concat_tables(tables, promote_options="default")
 
 

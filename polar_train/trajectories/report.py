@@ -71,6 +71,7 @@ class BuildReport:
     #: among calls without a rollout (1,024) than the builder follows: a later call of theirs forks.
     closed_at_cap: int = 0
     output_parts: list[str] = field(default_factory=list)
+    build_id: str | None = None  # as in each part's Parquet metadata (polar_train.build_id)
 
     @property
     def merge_ratio(self) -> float:

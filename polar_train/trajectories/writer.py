@@ -29,6 +29,11 @@ from .stitch import Trajectory
 
 ROWS_PER_PART = 2000
 PART_GLOB = "part-*.parquet"
+#: Parquet metadata of every part: the build it belongs to and how many parts that build wrote.
+#: A build killed outright (SIGKILL, the OOM killer) during its swap left some old parts and some
+#: new ones; the trainer took the mix without a word. It now compares these (:func:`build_problem`).
+BUILD_ID_KEY = b"polar_train.build_id"
+BUILD_PARTS_KEY = b"polar_train.build_parts"
 #: The lock a build holds on its --out folder while it writes (a dot-file: readers skip it).
 LOCK_NAME = ".polar-build.lock"
 
@@ -159,9 +164,36 @@ def _only_writer(out_dir: Path) -> Iterator[None]:
         yield  # the lock goes with the file's closing
 
 
+def new_build_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | None:
+    """Why the parts of one folder (each with its Parquet metadata) are no whole build, or None:
+    parts of two builds, or fewer parts than their build wrote. Parts without a build id (another
+    tool's, an older version's) are not judged."""
+    builds: dict[bytes, list[tuple[Path, bytes]]] = {}
+    for path, meta in parts:
+        if BUILD_ID_KEY in meta:
+            builds.setdefault(meta[BUILD_ID_KEY], []).append((path, meta.get(BUILD_PARTS_KEY, b"")))
+    if len(builds) > 1:
+        first = [members[0][0].name for members in builds.values()]
+        return (f"parts of {len(builds)} builds ({', '.join(first[:3])}, ... are of different ones): a build "
+                "killed while it replaced an earlier one, or parts copied together? build again (several builds: "
+                "each in a subfolder of its own)")
+    for members in builds.values():
+        declared = {count for _, count in members}
+        if len(declared) == 1 and (count := declared.pop()).isdigit() and int(count) != len(members):
+            return (f"{len(members)} of the {int(count)} parts of its build: a build killed while it wrote its "
+                    "parts, or parts removed? build again")
+    return None
+
+
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                        rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None,
-                       retire: Sequence[str] = ()) -> list[Path]:
+                       retire: Sequence[str] = (), build_id: str | None = None) -> list[Path]:
     """Write ``part-NNNNN.parquet`` files (and ``extra``: file name -> bytes, e.g. the build
     report) under ``out``; returns the parts' paths. ``retire``: names of files an earlier
     build wrote that this one replaces under other names (an older report name), removed in the swap.
@@ -182,6 +214,7 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
             raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
                                   "or choose another folder")
+    build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode()}
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     make_private_dir(out_dir)  # the trajectories hold the captured prompts
     written: list[tuple[Path, Path]] = []
@@ -193,8 +226,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 start = n * rows_per_part
                 tmp = _temp_name(final)
                 written.append((tmp, final))
-                pq.write_table(trajectories_table(trajectories[start:start + rows_per_part]), tmp,
-                               write_page_checksum=True)  # the trainer verifies them: no silently other ids
+                table = trajectories_table(trajectories[start:start + rows_per_part])
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **build})
+                pq.write_table(table, tmp, write_page_checksum=True)  # the trainer verifies them: no silently other ids
             for name, data in (extra or {}).items():
                 final = out_dir / name
                 tmp = _temp_name(final)
