@@ -29,6 +29,8 @@ def first_line(exc: BaseException) -> str:
         return type(exc).__name__
     if lines[0].endswith(":") and len(lines) > 1:  # "Validation error for field 'x':" says why below
         return f"{lines[0]} {lines[1]}"
+    if isinstance(exc, KeyError) and any(c.isalpha() for c in lines[0]):  # a file without a key the loader reads
+        return f"missing key {lines[0]} (a file there is not what the loader expects)"  # (a bare 'added_tokens')
     if not any(c.isalpha() for c in lines[0]):  # a bare number (pickle's KeyError for a junk .bin) says nothing
         return f"{type(exc).__name__}: {lines[0]}"
     return lines[0]

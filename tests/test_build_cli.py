@@ -243,6 +243,11 @@ def test_a_tokenizer_folder_that_does_not_load_is_one_line(tmp_path, capture, ti
     assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(tokenizer_file)]) == 2
     assert capsys.readouterr().err == (f"polar-train build: error: tokenizer {tokenizer_file} is a file; name the "
                                        "model or tokenizer folder it is in\n")
+    (broken / "config.json").unlink()
+    tokenizer_file.write_text('{"not": "a tokenizer"}')  # tokenizers' bare KeyError: "...: 'added_tokens'"
+    assert main(["build", str(capture), "--out", str(tmp_path / "out"), "--tokenizer", str(broken)]) == 2
+    assert capsys.readouterr().err.startswith(f"polar-train build: error: cannot load the tokenizer in {broken}: "
+                                              "missing key 'added_tokens' (a file there is not what the loader")
 
 
 def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture, capsys):
