@@ -100,9 +100,16 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None,
                  seed: int | None = None, max_model_len: int = 4096) -> None:
-        from ..model_load import adapter_base_note, load_adapter, load_causal_lm
+        from ..model_load import ModelLoadError, adapter_base_note, first_line, load_adapter, load_causal_lm
 
         self.model_dir = Path(model_dir)
+        try:  # first: the tokenizer's loader reads config.json too, and a typo there was blamed on the tokenizer
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(str(self.model_dir))
+        except Exception as exc:  # noqa: BLE001 - wrong types are huggingface_hub's own error
+            raise ModelLoadError(f"cannot load the model in {self.model_dir}: its config.json: "
+                                 f"{first_line(exc)}") from None
         self.tokenizer = load_tokenizer(self.model_dir)
         model = load_causal_lm(self.model_dir, torch.float32)
         if adapter is not None:
