@@ -104,9 +104,11 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     # the schedule's options: a learning rate given at --resume was ignored unsaid, another max_steps
     # mixed two schedules (the run's: learning_rate=5e-3, max_steps=2)
     rescheduled = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
-                              "--set", "learning_rate=0.5", "--set", "max_steps=3", "--set", "save_steps=1", "--resume")
+                              "--set", "learning_rate=0.5", "--set", "max_steps=3", "--set", "save_steps=1",
+                              "--set", "vllm_importance_sampling_clip_max=3", "--resume")  # (a cap: went on unsaid)
     assert rescheduled.returncode == 2 and rescheduled.stderr.strip().splitlines()[-1] == (
-        "polar-train train: error: --resume: learning_rate=0.5 (the run: 0.005), max_steps=3 (the run: 2): a resumed "
+        "polar-train train: error: --resume: learning_rate=0.5 (the run: 0.005), max_steps=3 (the run: 2), "
+        "vllm_importance_sampling_clip_max=3.0 (the run: 2.0): a resumed "
         "run continues its checkpoint's optimizer, schedule and data order; give the run's values, or start a new "
         "--output (init_adapter= a checkpoint to go on from its weights)"), rescheduled.stderr
     started = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),

@@ -178,7 +178,12 @@ def run_identity(model: str, trajectories, init_adapter: str | None = None) -> d
 RESUME_FIXED = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "max_steps",
                 "num_train_epochs", "weight_decay", "optim", "seed", "num_generations", "per_device_train_batch_size",
                 "gradient_accumulation_steps", "steps_per_generation", "loss_type", "beta", "temperature",
-                "scale_rewards", "epsilon", "epsilon_high")
+                "scale_rewards", "epsilon", "epsilon_high",
+                # the loss's importance weights and the data's groups and lengths (a probe resumed with
+                # another cap of the sampler weight, which changes the loss as epsilon does, unsaid)
+                "importance_sampling_level", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "delta", "sampler_logprobs",
+                "max_completion_length", "unequal_groups", "min_group_size", "lora_dropout")
 
 
 def run_options(config) -> dict[str, Any]:
