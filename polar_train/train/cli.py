@@ -619,7 +619,8 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
     if trainer.accelerator.is_main_process:
         text = json.dumps(_finite_or_null(summary), indent=2, default=str, allow_nan=False) + "\n"
         _write_summary(out, text, adapter_dir)
-        print(f"trained {summary['steps']} steps; adapter written to {adapter_dir}", flush=True)
+        steps = summary["steps"]
+        print(f"trained {steps} step{'' if steps == 1 else 's'}; adapter written to {adapter_dir}", flush=True)
         if first is not None:
             print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
