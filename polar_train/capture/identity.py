@@ -83,6 +83,12 @@ def _say_once(what: str, value: str, line: str) -> None:
         log.warning("%s", line)
 
 
+#: Authentication schemes (IANA's registry) other than Basic: the only part of a credential ever
+#: logged (any other first word may be the secret itself).
+_KNOWN_SCHEMES = frozenset({"bearer", "digest", "negotiate", "ntlm", "hoba", "mutual", "vapid", "scram-sha-1",
+                            "scram-sha-256", "privatetoken", "concealed", "dpop", "gnap", "aws4-hmac-sha256"})
+
+
 def _first(headers: Any, name: str) -> str | None:
     """The first value of a header sent more than once (joined, the values made no valid id)."""
     values = headers.get_all(name) if hasattr(headers, "get_all") else []
@@ -94,9 +100,13 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
     if not value:
         return None
     scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "basic" or not token:
-        _say_once("proxy credentials", scheme.lower(), f"polar_capture: proxy credentials of scheme {scheme[:20]!r}, "
-                  "not Basic: the call is recorded without a rollout id")
+    if scheme.lower() != "basic" or not token.strip():
+        # the scheme is named only where it is one (a word before a credential): a bare token, or one
+        # after a tab, would be the credential itself (a password in the log)
+        named = scheme if token.strip() and scheme.lower() in _KNOWN_SCHEMES else None
+        _say_once("proxy credentials", named or "", "polar_capture: proxy credentials " + (
+            f"of scheme {named!r}, not Basic" if named else "without a Basic credential") +
+            ": the call is recorded without a rollout id")
         return None
     try:
         decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8")
