@@ -567,13 +567,27 @@ def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train
     shutil.copytree(tmp_path / "a", mixed)
     for name in parts[1:]:
         shutil.copy(tmp_path / "b" / name, mixed / name)
-    with pytest.raises(UserError, match=f"^{mixed} holds parts of 2 builds \\(part-0000"):
+    with pytest.raises(UserError, match=f"^{mixed} holds parts of 2 builds \\(part-00000.parquet and part-00001"):
         read_table(mixed, DataReport())
     cut = tmp_path / "cut"  # the old parts removed, one new part renamed into place
     cut.mkdir()
     shutil.copy(tmp_path / "b" / parts[0], cut / parts[0])
-    with pytest.raises(UserError, match=f"^{cut} holds 1 of the 3 parts of its build: a build killed"):
+    with pytest.raises(UserError, match=f"^{cut} holds 1 of the 3 parts of its build \\(no part-00001.parquet "
+                                        "...\\): a build killed"):
         read_table(cut, DataReport())
+    # one part taken out of a build is judged alone (a file given, or under another name), as is a
+    # table written back from a build's rows with its metadata
+    assert read_table(cut / parts[0], DataReport()).num_rows == 1
+    shutil.copy(tmp_path / "b" / parts[1], cut / "picked.parquet")
+    (cut / parts[0]).unlink()
+    assert read_table(cut, DataReport()).num_rows == 1
+    older = tmp_path / "older"  # an earlier version's part (no build id) beside this build's: a mix
+    shutil.copytree(tmp_path / "a", older)
+    table = pq.read_table(older / parts[2])
+    meta = {k: v for k, v in table.schema.metadata.items() if not k.startswith(b"polar_train.build")}
+    pq.write_table(table.replace_schema_metadata(meta), older / parts[2])
+    with pytest.raises(UserError, match=f"^{older} holds parts of 2 builds"):
+        read_table(older, DataReport())
     together = tmp_path / "together"  # two whole builds, each in a subfolder: trained together
     together.mkdir()
     shutil.copytree(tmp_path / "a", together / "a")

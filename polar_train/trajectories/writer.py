@@ -170,24 +170,39 @@ def new_build_id() -> str:
     return uuid.uuid4().hex
 
 
+#: The name of a part :func:`write_trajectories` writes (``part-00000.parquet`` ...).
+PART_NAME = re.compile(r"part-(\d{5,})\.parquet")
+
+
 def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | None:
-    """Why the parts of one folder (each with its Parquet metadata) are no whole build, or None:
-    parts of two builds, or fewer parts than their build wrote. Parts without a build id (another
-    tool's, an older version's) are not judged."""
-    builds: dict[bytes, list[tuple[Path, bytes]]] = {}
-    for path, meta in parts:
-        if BUILD_ID_KEY in meta:
-            builds.setdefault(meta[BUILD_ID_KEY], []).append((path, meta.get(BUILD_PARTS_KEY, b"")))
+    """Why the build parts in one folder (each with its Parquet metadata) are no whole build, or
+    None: parts of two builds (an earlier version's part, without a build id, beside this one's
+    included), or not the parts ``part-00000`` ... its build wrote. Only parts of ours named as we
+    name them are judged, and only where one of them records its build (a file taken out of a
+    build, or parts another tool wrote, are not)."""
+    ours = [(path, meta) for path, meta in parts
+            if PART_NAME.fullmatch(path.name) and meta.get(b"polar_train.table") == b"trajectories"]
+    if not any(BUILD_ID_KEY in meta for _, meta in ours):
+        return None
+    builds: dict[bytes | None, list[Path]] = {}
+    for path, meta in ours:
+        builds.setdefault(meta.get(BUILD_ID_KEY), []).append(path)
     if len(builds) > 1:
-        first = [members[0][0].name for members in builds.values()]
-        return (f"parts of {len(builds)} builds ({', '.join(first[:3])}, ... are of different ones): a build "
-                "killed while it replaced an earlier one, or parts copied together? build again (several builds: "
-                "each in a subfolder of its own)")
-    for members in builds.values():
-        declared = {count for _, count in members}
-        if len(declared) == 1 and (count := declared.pop()).isdigit() and int(count) != len(members):
-            return (f"{len(members)} of the {int(count)} parts of its build: a build killed while it wrote its "
-                    "parts, or parts removed? build again")
+        names = [sorted(members)[0].name for members in builds.values()]
+        return (f"parts of {len(builds)} builds ({' and '.join(names[:2])} are of different ones): a build killed "
+                "while it replaced an earlier one, or parts copied together? build again (several builds are "
+                "trained together each in a subfolder of its own)")
+    ((path, meta),) = ours[:1]
+    count = meta.get(BUILD_PARTS_KEY, b"").decode(errors="replace")
+    if not count.isdigit():
+        return None
+    expected = {f"part-{n:05d}.parquet" for n in range(int(count))}
+    have = {p.name for p, _ in ours}
+    if have != expected:
+        missing = sorted(expected - have)
+        return (f"{len(have & expected)} of the {len(expected)} parts of its build"
+                + (f" (no {missing[0]}{' ...' if len(missing) > 1 else ''})" if missing else "")
+                + ": a build killed while it wrote its parts, or parts removed? build again")
     return None
 
 
