@@ -311,9 +311,11 @@ def test_ids_in_labels_files_are_trimmed_as_the_capture_trims_them(tmp_path, cap
     assert f"{path}: line 4: rollout_id True is not a string or a number" in result.report.problems
 
 
-def test_a_conversation_without_an_id_is_not_given_one_a_client_named(tmp_path):
+@pytest.mark.parametrize("named_call_failed", [False, True])
+def test_a_conversation_without_an_id_is_not_given_one_a_client_named(tmp_path, named_call_failed):
     """A client naming its rollout ``conv-<call id>`` of a call sent without an id: the two were
-    one rollout (one reward for both), a fork of each other."""
+    one rollout (one reward for both), a fork of each other; also where the named rollout's calls
+    all failed (a rewards file still names it)."""
     anon = Conversation(rollout_id=None, name="anon")
     anon.user("anonymous task")
     rows = [anon.assistant("answer")]
@@ -321,7 +323,9 @@ def test_a_conversation_without_an_id_is_not_given_one_a_client_named(tmp_path):
     named = Conversation(rollout_id=taken, name="named")
     named.user("a named task")
     rows.append(named.assistant("named answer"))
+    if named_call_failed:
+        rows[1]["status"] = "upstream_error"
     write_parts(tmp_path / "cap", rows)
     result = build_trajectories(tmp_path / "cap")
-    assert sorted(t.rollout_id for t in result.trajectories) == [taken, f"{taken}-2"]
+    assert sorted(t.rollout_id for t in result.trajectories) == [taken, f"{taken}-2"][named_call_failed:]
     assert all(t.fork_cause is None for t in result.trajectories)

@@ -747,5 +747,30 @@ def test_a_second_run_into_the_same_output_meanwhile_is_refused(trajectories, ti
         "train_summary.json not written")
     assert (summary_cut / "adapter" / "adapter_model.safetensors").is_file()
     assert sorted(p.name for p in summary_cut.iterdir() if "summary" in p.name) == []
-    assert train_cli.run(_args(trajectories, tiny_model_dir, tmp_path / "again")) == 0  # the locks were let go
-    assert json.loads((tmp_path / "again" / "train_summary.json").read_text())["steps"] == 0
+    from polar_train.folder_lock import hold_folder_lock
+
+    for folder in (out, summary_cut):  # the runs let their locks go (refused, interrupted, or done)
+        hold_folder_lock(folder, train_cli.RUN_LOCK, "held").close()
+
+    # a resume picks its checkpoint before the model loads (minutes for a large one): a run that went
+    # on meanwhile is seen under the lock (it resumed from the stale checkpoint, cut the other's metrics)
+    going = tmp_path / "going"
+    trainer, _, _ = train_cli.build_trainer(_args(trajectories, tiny_model_dir, going, "max_steps=3"))
+    trainer.create_optimizer_and_scheduler(num_training_steps=3)
+    trainer.state.global_step = 1
+    trainer._save_checkpoint(trainer.model, None)
+    trainer.polar_run_lock.close()
+
+    def the_other_run_saves_step_2(*args, **kwargs):
+        import shutil
+
+        shutil.copytree(going / "checkpoint-1", going / "checkpoint-2")
+        state = json.loads((going / "checkpoint-2" / "trainer_state.json").read_text())
+        (going / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({**state, "global_step": 2}))
+        return loading(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(model_load, "load_causal_lm", the_other_run_saves_step_2)
+        with pytest.raises(UserError, match=f"^--resume: the run in {going} went on while this one loaded its model "
+                                            "\\(its newest complete checkpoint is now checkpoint-2\\)"):
+            train_cli.run(_args(trajectories, tiny_model_dir, going, "max_steps=3", resume=True))

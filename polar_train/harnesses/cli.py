@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--proxy-port", type=int, default=None,
                    help="port of `mitmdump -s addons/polar_capture.py` on 127.0.0.1 (omit: no proxy)")
     p.add_argument("--rollout", default=None,
-                   help="rollout id, sent as the proxy user name (1-128 of A-Z a-z 0-9 . _ ~ -; needs --proxy-port)")
+                   help="rollout id, sent as the proxy user name (1-128 of A-Z a-z 0-9 . _ ~ -; with --proxy-port)")
     p.add_argument("--ca-cert", default=None, type=user_path,
                    help="mitmproxy CA certificate (default for an https:// server: "
                         "~/.mitmproxy/mitmproxy-ca-cert.pem; an http:// server needs none)")

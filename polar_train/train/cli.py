@@ -335,7 +335,7 @@ def complete_checkpoint(out: Path, resumable: bool = True) -> tuple[Path | None,
     return None, skipped
 
 
-def _check_output(out: Path, resume: bool, config, identity: dict[str, Any]) -> str | None:
+def _check_output(out: Path, resume: bool, config, identity: dict[str, Any], say: bool = True) -> str | None:
     if (problem := cannot_write_folder(out, "--output")) is not None:
         raise UserError(problem)
     if resume:
@@ -348,7 +348,7 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any]) -> 
         _check_same_run(out, identity)
         _check_resumable(last, config)
         _check_same_options(out, identity["options"])
-        for note in skipped:
+        for note in skipped if say else ():
             print(f"resume: skipping incomplete {note}; resuming from {last.name}", flush=True)
         return str(last)
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
@@ -505,6 +505,11 @@ def build_trainer(args: argparse.Namespace):
         raise UserError(f"--output {out}: cannot make it: {exc.strerror or exc}") from None
     lock = _hold_run_lock(out, args.resume) if os.environ.get("RANK", "0") == "0" else None
     try:
+        if lock is not None and args.resume:  # another run in the folder may have gone on meanwhile
+            again = _check_output(out, True, config, identity, say=False)
+            if again != checkpoint:
+                raise UserError(f"--resume: the run in {out} went on while this one loaded its model (its newest "
+                                f"complete checkpoint is now {Path(again).name}): run the command again")
         trainer = _make_trainer(args, out, config, identity, checkpoint, model, tok, peft_config, grouped)
     except BaseException:
         if lock is not None:

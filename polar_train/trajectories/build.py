@@ -446,7 +446,9 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     stitcher = Stitcher(realign=options.realign,
                         token_bytes_factory=token_bytes_factory,
                         fallback_prompt=_fallback_resolver(table),
-                        named_rollouts=frozenset(c.rollout_id for c in calls if c.rollout_id is not None))
+                        # every row's: a client's rollout whose calls all failed is named in a rewards file too
+                        named_rollouts=frozenset(r for r in table.column("rollout_id").unique().to_pylist()
+                                                 if r is not None))
     for call in calls:
         stitcher.add(call)
     stitcher.settle_main_conversations()
