@@ -15,7 +15,9 @@ from typing import IO
 def hold_folder_lock(folder: Path, name: str, busy: str) -> IO[str]:
     """Lock ``folder/name`` for this process and return the open file (the lock lasts until it is
     closed); raises ``FileExistsError(busy)`` when another process holds it."""
+    import errno
     import fcntl
+    import sys
 
     lock = open(folder / name, "a")
     try:
@@ -23,6 +25,13 @@ def hold_folder_lock(folder: Path, name: str, busy: str) -> IO[str]:
     except BlockingIOError:
         lock.close()
         raise FileExistsError(busy) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            lock.close()
+            raise
+        # some network and FUSE file systems have no locks: the writing goes on, unguarded, as before
+        print(f"polar-train: warning: {folder}: the file system does not lock files ({exc.strerror}); "
+              "a second writer into this folder meanwhile would not be refused", file=sys.stderr, flush=True)
     except BaseException:
         lock.close()
         raise

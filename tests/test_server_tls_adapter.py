@@ -220,10 +220,12 @@ def test_an_encrypted_key_asks_its_pass_phrase_once(tmp_path, tiny_model_dir):
                           ["serve", "--model", str(tiny_model_dir), "--port", str(free_port()),
                            "--ssl-certfile", str(cert), "--ssl-keyfile", str(encrypted)],
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, encoding="utf-8", timeout=60)
-    wrong.expect("(?i)pass ?phrase")
-    wrong.sendline("not it")
-    wrong.expect(pexpect.EOF)
-    wrong.close()
+    try:
+        wrong.expect("(?i)pass ?phrase")
+        wrong.sendline("not it")
+        wrong.expect(pexpect.EOF)
+    finally:
+        wrong.close(force=True)
     assert wrong.exitstatus == 2
     assert "the pass phrase does not decrypt the key" in wrong.before and "Traceback" not in wrong.before
 

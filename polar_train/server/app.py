@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ..terminal import shown
 from . import chat, messages, responses
 from .common import check_model
 from .completion import iterate_in_thread
@@ -57,9 +58,9 @@ class Server:
         # answered as scripted (a model may call a tool it was not offered too), but said: a
         # scenario written for one harness's tool names gets refused calls from another's
         unoffered = sorted({c["name"] for c in turn.tool_calls} - set(view.tool_names))
-        if unoffered:
+        if unoffered:  # (a client's tool names: shown escaped and cut, never raw into the log)
             log.warning("scripted turn calls %s, which this %s request does not offer (its tools: %s)",
-                        ", ".join(map(repr, unoffered)), view.api, ", ".join(view.tool_names) or "none")
+                        ", ".join(map(repr, unoffered)), view.api, ", ".join(map(shown, view.tool_names)) or "none")
         req["scripted_ids"] = turn_token_ids(self.tokenizer, turn)
 
     def tokens(self, req: dict[str, Any],

@@ -78,6 +78,7 @@ def _check_tls(certfile: str, keyfile: str) -> str | None:
     and returned for uvicorn (OpenSSL asked for it at this check and again at uvicorn's)."""
     import getpass
     import ssl
+    import warnings
 
     from ..cli import UserError
 
@@ -86,7 +87,9 @@ def _check_tls(certfile: str, keyfile: str) -> str | None:
     def pass_phrase() -> str:
         if not asked:
             try:
-                asked.append(getpass.getpass(f"pass phrase of --ssl-keyfile {keyfile}: "))
+                with warnings.catch_warnings():  # no terminal: Python's warning quoted its own source line
+                    warnings.simplefilter("ignore", getpass.GetPassWarning)
+                    asked.append(getpass.getpass(f"pass phrase of --ssl-keyfile {keyfile}: "))
             except EOFError:
                 raise UserError(f"--ssl-keyfile {keyfile} is encrypted and no pass phrase could be read "
                                 "(run serve from a terminal, or give a key without a pass phrase)") from None
@@ -117,7 +120,6 @@ def _serve(args: argparse.Namespace) -> int:
     for option, f in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
         if f and (problem := not_a_file(f)) is not None:
             raise UserError(f"{option}: {problem}")
-    key_pass_phrase = _check_tls(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
     if args.adapter:
         from ..model_load import ModelLoadError, check_adapter_folder
 
@@ -152,6 +154,8 @@ def _serve(args: argparse.Namespace) -> int:
             script = Script.load(args.script)
         except ScriptError as exc:
             raise UserError(str(exc)) from None
+    # last of the checks: an encrypted key's pass phrase is typed once the cheap checks passed
+    key_pass_phrase = _check_tls(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
 
     import uvicorn
 
