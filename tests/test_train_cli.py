@@ -438,18 +438,31 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
                                         "rewards \\(rebuilt with another rewards file\\?\\)"):
         train_cli.run(_args(rescored, tiny_model_dir, out, "max_steps=2", resume=True))
 
+    with pytest.raises(UserError, match="^--resume: lora_dropout=0.3 \\(checkpoint: 0.0\\): a resumed run keeps"):
+        train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1", "learning_rate=5e-3",
+                            "lora_dropout=0.3", resume=True))  # (a marker of an earlier version has none of it)
     marker = out / ".polar-train-run"  # without it nothing was checked: other data went on unsaid
     marker.rename(tmp_path / "marker")
     with pytest.raises(UserError, match=f"^--resume: {out} has no .polar-train-run \\(a folder polar-train train "
                                         "did not write, or its marker was removed\\)"):
         train_cli.run(_args(fewer, tiny_model_dir, out, "max_steps=2", resume=True))
     (tmp_path / "marker").rename(marker)
+    # a run an earlier version started: its marker records fewer options; those it lacks are named
+    # (not checked), and the resume does not record its own values of them as the run's
+    saved = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**saved, "options": {k: v for k, v in saved["options"].items()
+                                                       if not k.startswith(("vllm_importance", "max_completion"))}}))
 
     capsys.readouterr()
     assert train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",
                                "learning_rate=5e-3", resume=True)) == 0
+    said = capsys.readouterr().out
     assert ("resume: skipping incomplete checkpoint-2 (no readable trainer_state.json: its save was cut short); "
-            "resuming from checkpoint-1") in capsys.readouterr().out
+            "resuming from checkpoint-1") in said
+    assert ("resume: the run's marker (an earlier version's) records no vllm_importance_sampling_correction, "
+            "vllm_importance_sampling_mode, vllm_importance_sampling_clip_min, vllm_importance_sampling_clip_max, "
+            "max_completion_length: give the values the run started with (not checked)") in said
+    assert not any(k.startswith("vllm_importance") for k in json.loads(marker.read_text())["options"])
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 2 and summary["resumed_from"] == str((out / "checkpoint-1").resolve())
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()

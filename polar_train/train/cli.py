@@ -203,6 +203,11 @@ def _check_same_options(out: Path, options: dict[str, Any]) -> None:
         return
     changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
                if key in saved and key in options and saved[key] != options[key]]
+    # (lora_dropout is compared with the checkpoint's adapter_config.json)
+    unknown = [key for key in RESUME_FIXED if key not in saved and key != "lora_dropout"]
+    if unknown and not changed:  # a run an earlier version started: these went unrecorded
+        print(f"resume: the run's marker (an earlier version's) records no {', '.join(unknown)}: give the values "
+              "the run started with (not checked)", flush=True)
     if changed:
         raise UserError(f"--resume: {', '.join(changed)}: a resumed run continues its checkpoint's optimizer, schedule "
                         "and data order; give the run's values, or start a new --output (init_adapter= a checkpoint "
@@ -397,7 +402,8 @@ def _check_resumable(checkpoint: Path, config) -> None:
                             f"{start.get('lora_alpha')}; the checkpoint's LoRA r={saved.get('r')}, lora_alpha="
                             f"{saved.get('lora_alpha')}: resume with the init_adapter the run started from")
         return
-    changed = _lora_differences(config, saved, "checkpoint", ("lora_r", "lora_alpha", "lora_target_modules"))
+    changed = _lora_differences(config, saved, "checkpoint", ("lora_r", "lora_alpha", "lora_dropout",
+                                                              "lora_target_modules"))
     if changed:
         raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA shape; give the "
                         "checkpoint's values or start a new --output")
@@ -543,6 +549,12 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
     """The marker written and the trainer made, under the run's lock."""
     from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
 
+    if checkpoint is not None:  # a resume records only what the run recorded (an earlier version's marker
+        # holds fewer options: this resume's values of the others are not the run's, and were not checked)
+        saved = _saved_marker(out).get("options")
+        options = {k: v for k, v in identity["options"].items() if k in saved} if isinstance(saved, dict) else None
+        identity = {k: v for k, v in identity.items() if k != "options"} | (
+            {"options": options} if options is not None else {})
     if os.environ.get("RANK", "0") == "0":
         try:
             # where the data is: notebooks/02 finds an unfinished run's build report by it
