@@ -581,6 +581,11 @@ def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train
     shutil.copy(tmp_path / "b" / parts[1], cut / "picked.parquet")
     (cut / parts[0]).unlink()
     assert read_table(cut, DataReport()).num_rows == 1
+    extra = tmp_path / "extra"  # a whole build and a copy of one of its parts under another number
+    shutil.copytree(tmp_path / "a", extra)
+    shutil.copy(extra / parts[0], extra / "part-00003.parquet")
+    with pytest.raises(UserError, match=f"^{extra} holds part-00003.parquet beside the 3 parts of its build, not one"):
+        read_table(extra, DataReport())
     older = tmp_path / "older"  # an earlier version's part (no build id) beside this build's: a mix
     shutil.copytree(tmp_path / "a", older)
     table = pq.read_table(older / parts[2])

@@ -1613,6 +1613,8 @@ def test_every_refused_identity_is_said_once_and_control_characters_are_refused_
     """A proxy user "\\r\\ninj" was kept as "inj" (the spaces went first, then nothing was left to
     refuse); an empty header, proxy credentials that are not Basic base64 of UTF-8, went without a
     word; a bad value sent as both rollout and task was said for the task only."""
+    from polar_train.capture import identity
+
     caplog.set_level(logging.WARNING, logger="polar_capture")
 
     def resolve(headers: dict[str, str], connect: str | None = None):
@@ -1635,9 +1637,14 @@ def test_every_refused_identity_is_said_once_and_control_characters_are_refused_
         assert text.count(said) == 1, said
     assert "abc" not in text and "caf" not in text  # a credential's token is never logged
     secret = base64.b64encode(b"r1:hunter2-very-secret").decode()
-    for credential in (secret, f"Basic\t{secret}", f"hunter2 {secret}"):  # no scheme: the whole of it is secret
+    for credential, said in ((secret, "without a Basic credential"), (f"Basic\t{secret}", "without a Basic credential"),
+                             (f"hunter2 {secret}", "without a Basic credential"),  # no scheme: all of it is secret
+                             ("Basic " + base64.b64encode(b"sk-live-" + b"A" * 600).decode(), "not user:password"),
+                             ("Basic " + base64.b64encode(b"sk-secret\x01xyz").decode(), "not user:password")):
+        identity._refused_said.clear()  # each case says its own line
+        caplog.clear()
         assert resolve({}, credential).source == "none"
-    assert "proxy credentials without a Basic credential" in caplog.text
-    assert secret[:6] not in caplog.text and "hunter2" not in caplog.text
+        assert f"proxy credentials {said}" in caplog.text, credential
+        assert not any(part in caplog.text for part in (secret[:6], "hunter2", "sk-", "AAAA")), caplog.text
     resolve({"x-polar-rollout": ""})
     assert caplog.text.count("rollout id '' refused (empty)") == 1  # once

@@ -104,7 +104,7 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
         # the scheme is named only where it is one (a word before a credential): a bare token, or one
         # after a tab, would be the credential itself (a password in the log)
         named = scheme if token.strip() and scheme.lower() in _KNOWN_SCHEMES else None
-        _say_once("proxy credentials", named or "", "polar_capture: proxy credentials " + (
+        _say_once("proxy credentials", (named or "").lower(), "polar_capture: proxy credentials " + (
             f"of scheme {named!r}, not Basic" if named else "without a Basic credential") +
             ": the call is recorded without a rollout id")
         return None
@@ -115,7 +115,11 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
         _say_once("proxy credentials", problem, f"polar_capture: proxy credentials {problem} (Basic user:password "
                   "expected): the call is recorded without a rollout id")
         return None
-    user, _, _ = decoded.partition(":")
+    user, colon, _ = decoded.partition(":")
+    if not colon:  # no user name: all of it may be a secret (a key given as the credential), never logged
+        _say_once("proxy credentials", "no colon", "polar_capture: proxy credentials not user:password (no ':' in "
+                  "the decoded Basic credential): the call is recorded without a rollout id")
+        return None
     return valid_id(user)  # as sent: clients percent-decode the proxy URL's user name themselves
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..paths import not_a_file, user_path
@@ -87,9 +88,12 @@ def _check_tls(certfile: str, keyfile: str) -> str | None:
     def pass_phrase() -> str:
         if not asked:
             try:
-                with warnings.catch_warnings():  # no terminal: Python's warning quoted its own source line
-                    warnings.simplefilter("ignore", getpass.GetPassWarning)
+                with warnings.catch_warnings(record=True) as said:  # Python's warning quoted its source line
+                    warnings.simplefilter("always", getpass.GetPassWarning)
                     asked.append(getpass.getpass(f"pass phrase of --ssl-keyfile {keyfile}: "))
+                if any(issubclass(w.category, getpass.GetPassWarning) for w in said):
+                    print("polar-train serve: warning: no terminal to hide the pass phrase in: it was read as typed",
+                          file=sys.stderr, flush=True)
             except EOFError:
                 raise UserError(f"--ssl-keyfile {keyfile} is encrypted and no pass phrase could be read "
                                 "(run serve from a terminal, or give a key without a pass phrase)") from None

@@ -195,17 +195,20 @@ def run_options(config) -> dict[str, Any]:
     return {key: plain(getattr(config, key, None)) for key in RESUME_FIXED}
 
 
-def _check_same_options(out: Path, options: dict[str, Any]) -> None:
+def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) -> None:
     """Refuse a resume whose :data:`RESUME_FIXED` options differ from those the run started with
-    (a marker of an older version recorded none: nothing to compare)."""
+    (a marker of an older version recorded fewer, or none: those are named, not compared)."""
     saved = _saved_marker(out).get("options")
     if not isinstance(saved, dict):
+        if say:
+            print("resume: the run's marker (an earlier version's) records none of its options: give the values the "
+                  "run started with (not checked)", flush=True)
         return
     changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
                if key in saved and key in options and saved[key] != options[key]]
     # (lora_dropout is compared with the checkpoint's adapter_config.json)
     unknown = [key for key in RESUME_FIXED if key not in saved and key != "lora_dropout"]
-    if unknown and not changed:  # a run an earlier version started: these went unrecorded
+    if unknown and not changed and say:  # a run an earlier version started: these went unrecorded
         print(f"resume: the run's marker (an earlier version's) records no {', '.join(unknown)}: give the values "
               "the run started with (not checked)", flush=True)
     if changed:
@@ -352,7 +355,7 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any], say
             raise UserError(f"--resume: no checkpoint-* folder in {out}")
         _check_same_run(out, identity)
         _check_resumable(last, config)
-        _check_same_options(out, identity["options"])
+        _check_same_options(out, identity["options"], say)
         for note in skipped if say else ():
             print(f"resume: skipping incomplete {note}; resuming from {last.name}", flush=True)
         return str(last)
@@ -405,7 +408,7 @@ def _check_resumable(checkpoint: Path, config) -> None:
     changed = _lora_differences(config, saved, "checkpoint", ("lora_r", "lora_alpha", "lora_dropout",
                                                               "lora_target_modules"))
     if changed:
-        raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA shape; give the "
+        raise UserError(f"--resume: {', '.join(changed)}: a resumed run keeps its LoRA options; give the "
                         "checkpoint's values or start a new --output")
 
 

@@ -198,11 +198,13 @@ def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | Non
         return None
     expected = {f"part-{n:05d}.parquet" for n in range(int(count))}
     have = {p.name for p, _ in ours}
-    if have != expected:
-        missing = sorted(expected - have)
-        return (f"{len(have & expected)} of the {len(expected)} parts of its build"
-                + (f" (no {missing[0]}{' ...' if len(missing) > 1 else ''})" if missing else "")
-                + ": a build killed while it wrote its parts, or parts removed? build again")
+    if missing := sorted(expected - have):
+        return (f"{len(have & expected)} of the {len(expected)} parts of its build (no {missing[0]}"
+                f"{' ...' if len(missing) > 1 else ''}): a build killed while it wrote its parts, or parts removed? "
+                "build again")
+    if extra := sorted(have - expected):
+        return (f"{extra[0]}{' ...' if len(extra) > 1 else ''} beside the {len(expected)} parts of its build, not "
+                "one of them (a part copied under another number?): move it away, or build again")
     return None
 
 
