@@ -136,6 +136,10 @@ class _Unwinding:
         raise SystemExit(128 + signum)
 
 
+#: The signals that stop a command by unwinding it (its clean-up runs), each with exit 128 + N.
+UNWINDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _sigterm_unwinds(program: str = "polar-train") -> Iterator[None]:
     """:class:`_Unwinding` for the block (from the main thread only: the one that may set it)."""
@@ -143,7 +147,11 @@ def _sigterm_unwinds(program: str = "polar-train") -> Iterator[None]:
         yield
         return
     handler = _Unwinding(program)
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too (the terminal closed, an ssh session dropped): the children, in sessions of their own,
+    # never get it, and Python's default skipped the clean-up: the demo's server and proxy ran on, the
+    # proxy's CA key left in /tmp. A signal the caller ignores (nohup, a background job's SIGINT) stays so.
+    previous = {s: signal.signal(s, handler) for s in UNWINDING_SIGNALS
+                if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -201,8 +209,9 @@ def _finish_on_signal(status: int) -> None:
         os._exit(status)
 
     if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, finish)
+        for s in UNWINDING_SIGNALS:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                signal.signal(s, finish)
 
 
 def said_interrupted(exc: BaseException) -> BaseException:

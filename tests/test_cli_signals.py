@@ -55,6 +55,8 @@ def _start() -> subprocess.Popen:
     (signal.SIGINT, signal.SIGINT, 130),
     (signal.SIGTERM, signal.SIGINT, 128 + signal.SIGTERM),
     (signal.SIGTERM, signal.SIGTERM, 128 + signal.SIGTERM),
+    # the terminal closed: Python's default skipped the clean-up (the demo's server and proxy ran on)
+    (signal.SIGHUP, signal.SIGTERM, 128 + signal.SIGHUP),
 ])
 def test_a_second_signal_does_not_cut_the_clean_up_short(first, second, code) -> None:
     proc = _start()
@@ -133,3 +135,23 @@ def test_an_interrupt_a_command_did_not_report_gets_one_line(exc, status, line, 
 
     with pytest.raises(SystemExit):
         _run_command(argparse.Namespace(command="inspect", func=exits))
+
+
+def test_a_signal_the_caller_ignores_stays_ignored() -> None:
+    """Under ``nohup`` (SIGHUP ignored) a hang-up must not stop the command: the handler that
+    unwinds is installed only for signals the caller left to their default."""
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGTERM)  # delivered after the hang-up: the first to stop it
+        assert proc.stdout.readline() == "cleaning\n"
+        proc.stdin.write("go on\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "cleaned\n"
+        assert proc.wait(60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()

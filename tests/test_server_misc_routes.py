@@ -73,7 +73,8 @@ def test_a_lone_surrogate_a_stream_echoes_is_escaped(polar_base_url, echoed):
     assert events[-1]["response"][key] == value  # the same string back, from its escape
 
 
-@pytest.mark.parametrize("signum, status", [("SIGINT", 130), ("SIGTERM", 143)])
+# SIGHUP: the terminal closed (it ran on, or raised inside uvicorn's loop: a lifespan traceback)
+@pytest.mark.parametrize("signum, status", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(tiny_model_dir, tmp_path, signum,
                                                                                status):
     """A probe: Ctrl-C ended serve with exit 0 and no line (uvicorn.run swallowed it), and a stop
