@@ -181,7 +181,7 @@ def run_script(main_function: Callable[[], int | None]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    with _sigterm_unwinds():
+    with _sigterm_unwinds(f"polar-train {args.command}"):  # (a second signal's note names the command)
         return _run_command(args)
 
 

@@ -222,6 +222,17 @@ def show_one_call(captures: Path) -> None:
 WORKDIR_MARKER = ".polar-demo"
 
 
+def remove_later_rounds(work: Path, rounds: int) -> None:
+    """Remove an earlier demo's ``round<N>/`` past this one's last: a rerun with fewer ``--rounds``
+    left them beside the new rounds, captured by an adapter that was replaced."""
+    import re
+    import shutil
+
+    for stale in work.iterdir():
+        if stale.is_dir() and (m := re.fullmatch(r"round(\d+)", stale.name)) and int(m.group(1)) > rounds:
+            shutil.rmtree(stale)
+
+
 def run_demo(cfg: DemoConfig) -> int:
     from .tiny_model import TinyModelSpec, write_tiny_model
 
@@ -235,13 +246,14 @@ def run_demo(cfg: DemoConfig) -> int:
         print(f"[model] building the tiny model in {model_dir} (final norm weight "
               f"{cfg.final_norm_weight:g})", flush=True)
         write_tiny_model(model_dir, spec)
+    import shutil
+
+    remove_later_rounds(work, cfg.rounds)
     adapter: Path | None = None
     history = []
     for r in range(cfg.rounds + 1):
         out = work / f"round{r}"
         if out.exists():
-            import shutil
-
             shutil.rmtree(out)
         label = "baseline" if r == 0 else f"after training round {r}"
         print(f"[round {r}] capture {len(TASKS)} tasks x {cfg.group_size} sessions through the proxy "
@@ -296,7 +308,7 @@ def _check(args: argparse.Namespace) -> Path:
         if not value > 0:  # also nan
             raise UserError(f"{name}: more than 0, got {value:g}")
         if not value <= high:
-            raise UserError(f"{name}: at most {high:g}, got {value:g}")
+            raise UserError(f"{name}: at most {high:g}, got {value!r}")  # (:g printed 1.0000001 as 1)
     try:  # a wheel without its addon: found now, not after the model is built and a server started
         addon_script()
     except NotInstalled as exc:

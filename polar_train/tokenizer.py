@@ -134,7 +134,11 @@ def tokenizer_json_path() -> Path:
     """A cached ``tokenizer.json`` of the converted vocabulary (built on first use, ~6 s)."""
     path = _cache_dir() / f"qwen3_5-tokenizer-{_fingerprint()}.json"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only HOME: the bare errno line named no way out
+            raise PermissionError(f"cannot make the tokenizer cache {path.parent} ({exc.strerror or exc}): set "
+                                  "POLAR_TRAIN_CACHE to a writable folder") from None
         _convert_tokenizer_json(path)
     return path
 

@@ -69,6 +69,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, args: l
     # inf made a model whose server answered 500, 99999999 tokens after the model and server started
     (["--learning-rate", "inf"], "--learning-rate: at most 1, got inf"),
     (["--learning-rate", "1e300"], "--learning-rate: at most 1, got 1e+300"),
+    (["--learning-rate", "1.0000001"], "--learning-rate: at most 1, got 1.0000001"),  # it read "got 1"
     (["--final-norm-weight", "inf"], "--final-norm-weight: at most 100, got inf"),
     (["--final-norm-weight=-inf"], "--final-norm-weight: more than 0, got -inf"),
     (["--learning-rate", "nan"], "--learning-rate: more than 0, got nan"),
@@ -212,3 +213,13 @@ def test_each_step_is_echoed_as_the_command_a_user_types(monkeypatch: pytest.Mon
     demo._run(["/usr/bin/true", "x"], "true")
     assert capsys.readouterr().out == "  $ polar-train build caps --out traj\n  $ true x\n"
     assert ran[0][:3] == [sys.executable, "-m", "polar_train.cli"]
+
+
+def test_a_rerun_with_fewer_rounds_removes_the_later_ones(tmp_path: Path) -> None:
+    """``--rounds 0`` after a run of two left round1/ and round2/, captured by adapters it replaced."""
+    from polar_train.demo import remove_later_rounds
+
+    for name in ("round0", "round1", "round2", "round10", "tiny-model", "roundabout"):
+        (tmp_path / name).mkdir()
+    remove_later_rounds(tmp_path, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["round0", "roundabout", "tiny-model"]

@@ -197,6 +197,51 @@ def test_client_disconnect_stops_a_non_streamed_generation(tiny_tokenizer):
         thread.join(30)
 
 
+def test_a_client_gone_while_it_sent_its_body_is_no_internal_error(tiny_tokenizer, monkeypatch, caplog):
+    """A probe: each client that closed its connection half way through its body was logged as an
+    "internal error" with a traceback (starlette's ClientDisconnect): anyone could flood the log."""
+    import logging
+
+    import uvicorn
+
+    from polar_train.server import app as server_app
+
+    answered = threading.Event()
+    statuses: list[int] = []
+    real_error = server_app._error
+
+    def recorded(exc, anthropic=False):
+        response = real_error(exc, anthropic)
+        statuses.append(response.status_code)
+        answered.set()
+        return response
+
+    monkeypatch.setattr(server_app, "_error", recorded)
+    caplog.set_level(logging.ERROR, logger="polar_train.server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(server_app.build_app(server_app.Server(_EndlessEngine(tiny_tokenizer),
+                                                                                   "tiny")),
+                                           host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the observable "started", with a deadline
+        assert server.started
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           b"application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": ")
+        assert answered.wait(30), "the request was never finished"
+        assert statuses == [499]
+        assert "internal error" not in caplog.text and "Traceback" not in caplog.text
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 def test_top_logprobs_text_and_an_empty_previous_response_id_as_vllm(polar_base_url):
     """vLLM's check_logprobs looks at the raw value, and it asks ``is not None`` of a previous id."""
     r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "2"})

@@ -65,3 +65,15 @@ def test_decode_roundtrips_nfc_text(fast):
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60))
 def test_random_text_matches_tiktoken(fast, text):
     assert fast.encode(text, add_special_tokens=False) == tiktoken_encode(text)
+
+
+def test_a_cache_folder_that_cannot_be_made_names_the_variable_that_moves_it(tmp_path, monkeypatch):
+    """A read-only HOME: the demo and tiny-model said only "[Errno 1] Operation not permitted"."""
+    from polar_train import tokenizer
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("POLAR_TRAIN_CACHE", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(tokenizer, "_fingerprint", lambda: "not-built-yet")
+    with pytest.raises(PermissionError, match=f"^cannot make the tokenizer cache {tmp_path / 'file' / 'cache'} "
+                                              r"\(.*\): set POLAR_TRAIN_CACHE to a writable folder$"):
+        tokenizer.tokenizer_json_path()

@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -140,7 +140,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
         return None
 
 
-def _error(exc: Exception, anthropic: bool = False) -> JSONResponse:
+def _error(exc: Exception, anthropic: bool = False) -> Response:
+    if isinstance(exc, ClientDisconnect):  # gone while it sent its body: no one to answer, nothing went wrong
+        return Response(status_code=499)  # (it was logged as an internal error with a traceback, per client)
     if not isinstance(exc, ApiError):
         log.exception("internal error")
         exc = ApiError(f"internal server error: {type(exc).__name__}: {exc}")
