@@ -5,6 +5,7 @@ generating for a client that left."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -168,12 +169,14 @@ class _EndlessEngine:
             self.cancelled.set()
 
 
-def test_client_disconnect_stops_a_non_streamed_generation(tiny_tokenizer):
+@contextlib.contextmanager
+def _served_in_process(engine):
+    """Our app with ``engine`` under uvicorn in a thread; yields its port (a test reaches the
+    server's own objects, which a subprocess would not show)."""
     import uvicorn
 
     from polar_train.server.app import Server, build_app
 
-    engine = _EndlessEngine(tiny_tokenizer)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -186,23 +189,27 @@ def test_client_disconnect_stops_a_non_streamed_generation(tiny_tokenizer):
         while not server.started and time.monotonic() < deadline:
             time.sleep(0.01)  # polling the observable "started", with a deadline
         assert server.started
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_client_disconnect_stops_a_non_streamed_generation(tiny_tokenizer):
+    engine = _EndlessEngine(tiny_tokenizer)
+    with _served_in_process(engine) as port:
         body = json.dumps({**CHAT, "max_tokens": 4000}).encode()
         with socket.create_connection(("127.0.0.1", port)) as client:
             client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                            b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             assert engine.started.wait(30)
         assert engine.cancelled.wait(30), "generation went on after the client left"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_a_client_gone_while_it_sent_its_body_is_no_internal_error(tiny_tokenizer, monkeypatch, caplog):
     """A probe: each client that closed its connection half way through its body was logged as an
     "internal error" with a traceback (starlette's ClientDisconnect): anyone could flood the log."""
     import logging
-
-    import uvicorn
 
     from polar_train.server import app as server_app
 
@@ -218,28 +225,13 @@ def test_a_client_gone_while_it_sent_its_body_is_no_internal_error(tiny_tokenize
 
     monkeypatch.setattr(server_app, "_error", recorded)
     caplog.set_level(logging.ERROR, logger="polar_train.server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(server_app.build_app(server_app.Server(_EndlessEngine(tiny_tokenizer),
-                                                                                   "tiny")),
-                                           host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling the observable "started", with a deadline
-        assert server.started
+    with _served_in_process(_EndlessEngine(tiny_tokenizer)) as port:
         with socket.create_connection(("127.0.0.1", port)) as client:
             client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                            b"application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": ")
         assert answered.wait(30), "the request was never finished"
-        assert statuses == [499]
-        assert "internal error" not in caplog.text and "Traceback" not in caplog.text
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    assert statuses == [499]
+    assert "internal error" not in caplog.text and "Traceback" not in caplog.text
 
 
 def test_top_logprobs_text_and_an_empty_previous_response_id_as_vllm(polar_base_url):
