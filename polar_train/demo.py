@@ -246,14 +246,14 @@ def run_demo(cfg: DemoConfig) -> int:
         print(f"[model] building the tiny model in {model_dir} (final norm weight "
               f"{cfg.final_norm_weight:g})", flush=True)
         write_tiny_model(model_dir, spec)
-    import shutil
-
     remove_later_rounds(work, cfg.rounds)
     adapter: Path | None = None
     history = []
     for r in range(cfg.rounds + 1):
         out = work / f"round{r}"
         if out.exists():
+            import shutil
+
             shutil.rmtree(out)
         label = "baseline" if r == 0 else f"after training round {r}"
         print(f"[round {r}] capture {len(TASKS)} tasks x {cfg.group_size} sessions through the proxy "

@@ -180,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     # not uvicorn.run, which swallows the Ctrl-C it re-raises after its shutdown (exit 0, no line):
     # here it reaches the CLI, which says "interrupted (SIGINT)" and exits 130, as for SIGTERM 143
-    hung_up = _stop_on_hangup(server)
+    hung_up = _StopOnHangup(server)
     try:
         server.run()
     finally:  # streams cut at the stop: their sampling threads end before the interpreter does
@@ -195,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-class _stop_on_hangup:
+class _StopOnHangup:
     """A SIGHUP (the terminal closed) stops the server as SIGTERM does: uvicorn handles only SIGINT
     and SIGTERM, and the CLI's unwinding raised inside its event loop (a lifespan traceback). Left
     alone where the caller ignores it (nohup)."""
