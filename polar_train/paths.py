@@ -9,19 +9,28 @@ import os
 from pathlib import Path
 
 
-def user_path(value: str) -> str:
-    """An argparse ``type`` for paths: ``~`` and ``~user`` expanded as the shell would have. A quoted
-    ``'~/run'``, or ``--output=~/run`` (bash expands no ``~`` after ``=``), reached the command as
-    it is: train wrote half a run into a folder named ``~`` here and TRL the other half into $HOME,
-    and an unknown ``~user`` was a traceback."""
+def expand_home(value: str) -> str:
+    """``value`` with ``~`` and ``~user`` expanded as the shell would have; ``ValueError`` for a
+    ``~user`` that names no home. A quoted ``'~/run'``, ``--output=~/run`` (bash expands no ``~``
+    after ``=``) or ``--set polar_out=~/caps`` reached a command as it was: train wrote half a run
+    into a folder named ``~`` here and TRL the other half into $HOME, and an unknown ``~user`` was
+    pathlib's traceback."""
     if not value.startswith("~"):
         return value
     expanded = os.path.expanduser(value)
     if expanded.startswith("~"):  # left as it was: no such user (or no home to expand ~ to)
         user = value[1:].split("/", 1)[0]
-        raise argparse.ArgumentTypeError(f"{value}: cannot expand ~{user} (no home folder of "
-                                         f"{'user ' + repr(user) if user else 'this user'})")
+        raise ValueError(f"{value}: cannot expand ~{user} (no home folder of "
+                         f"{'user ' + repr(user) if user else 'this user'})")
     return expanded
+
+
+def user_path(value: str) -> str:
+    """:func:`expand_home` as an argparse ``type`` (its error as argparse says one)."""
+    try:
+        return expand_home(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def make_private_dir(path: str | Path) -> None:

@@ -7,13 +7,12 @@ snapshot instead of mitmproxy's live options object.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..paths import user_path
+from ..paths import expand_home
 
 #: (name, type, default, help). Types are what ``loader.add_option`` accepts.
 OPTION_SPECS: list[tuple[str, type, Any, str]] = [
@@ -116,11 +115,10 @@ class CaptureOptions:
 
 
 def _home_expanded(name: str, value: str) -> str:
-    """A path option with ``~`` expanded (``--set polar_out=~/caps``: no shell expands it); an
-    unknown ``~user`` is one line, not pathlib's RuntimeError traceback at the worker's start."""
+    """A path option with ``~`` expanded (no shell expands it in ``--set``), its error named."""
     try:
-        return user_path(value) if value else value
-    except argparse.ArgumentTypeError as exc:
+        return expand_home(value)
+    except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
 
 

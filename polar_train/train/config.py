@@ -7,7 +7,6 @@ TRL config (flat keys, ``env:`` block), every ``GRPOConfig`` option works unchan
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import re
@@ -19,7 +18,7 @@ import yaml
 from trl import GRPOConfig, TrlParser
 
 from ..cli import UserError
-from ..paths import not_a_file, user_path
+from ..paths import expand_home, not_a_file
 
 
 #: TRL's vLLM importance-sampling modes (its error message, raised only mid-training, lists these).
@@ -145,8 +144,8 @@ class TrainConfig(GRPOConfig):
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
         if isinstance(self.init_adapter, str):  # `--set init_adapter=~/runs/r1/adapter`: no shell expands it
             try:
-                self.init_adapter = user_path(self.init_adapter)
-            except argparse.ArgumentTypeError as exc:
+                self.init_adapter = expand_home(self.init_adapter)
+            except ValueError as exc:
                 raise ValueError(f"init_adapter {exc}") from None
         if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
             self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]

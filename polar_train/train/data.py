@@ -130,13 +130,14 @@ def parquet_files(path: str | Path) -> list[Path]:
 def read_table(path: str | Path, report: DataReport) -> pa.Table:
     tables = []
     wanted = [c for c in REQUIRED + _OPTIONAL]
-    by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] = {}  # (one file given: judged alone, never)
+    by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] = {}
+    judge_builds = Path(path).is_dir()  # (one part file given as the data is never judged: it stands alone)
     for f in parquet_files(path):
         try:
             schema = pq.read_schema(f)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
             raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
-        if Path(path).is_dir():
+        if judge_builds:
             by_folder.setdefault(f.parent, []).append((f, dict(schema.metadata or {})))
         expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
         problems = missing_columns(schema, expected)
