@@ -9,7 +9,11 @@ of the headers ``allow``, ``content-type`` and ``content-length`` are compared (
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
+import time
 
 import httpx
 import pytest
@@ -73,26 +77,23 @@ def test_a_lone_surrogate_a_stream_echoes_is_escaped(polar_base_url, echoed):
     assert events[-1]["response"][key] == value  # the same string back, from its escape
 
 
-# SIGHUP: the terminal closed (it ran on, or raised inside uvicorn's loop: a lifespan traceback)
-@pytest.mark.parametrize("signum, status", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
-def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(tiny_model_dir, tmp_path, signum,
-                                                                               status):
-    """A probe: Ctrl-C ended serve with exit 0 and no line (uvicorn.run swallowed it), and a stop
-    waited for every open stream to end - a request without max_tokens streams up to the context
-    length, so a Ctrl-C looked hung for minutes."""
-    import signal
-    import threading
-    import time
+@contextlib.contextmanager
+def _serving_a_stream(tiny_model_dir, tmp_path, *, shell_prefix: str = "", log_level: str = "warning"):
+    """A ``polar-train serve`` with one open stream (400 tokens x 0.3 s: two minutes, unless a stop
+    cuts it); yields the server once the stream has sent its first event. ``shell_prefix`` runs
+    before it in a shell (``trap '' INT``: a caller that ignores a signal)."""
+    import shlex
 
-    from polar_train.server.cli import SHUTDOWN_GRACE_S
     from tests.support.procs import VENV_BIN, ManagedProcess, free_port, http_ok
 
     port = free_port()
-    server = ManagedProcess([str(VENV_BIN / "polar-train"), "serve", "--model", str(tiny_model_dir), "--port", str(port),
-                             "--chunk-delay-ms", "300"], tmp_path / "serve.log").start()
+    command = [str(VENV_BIN / "polar-train"), "serve", "--model", str(tiny_model_dir), "--port", str(port),
+               "--chunk-delay-ms", "300", "--log-level", log_level]
+    server = ManagedProcess(["/bin/sh", "-c", f"{shell_prefix} exec {shlex.join(command)}"],
+                            tmp_path / "serve.log").start()
     streaming = threading.Event()
 
-    def stream() -> None:  # 400 tokens x 0.3 s: two minutes, unless the stop cuts it
+    def stream() -> None:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True,
                 "ignore_eos": True}
         try:
@@ -106,14 +107,65 @@ def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(
         server.wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "polar-train serve")
         threading.Thread(target=stream, daemon=True).start()
         assert streaming.wait(60)
+        yield server
+    finally:
+        server.stop()
+
+
+# SIGHUP: the terminal closed (it ran on, or raised inside uvicorn's loop: a lifespan traceback)
+@pytest.mark.parametrize("signum, status", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(tiny_model_dir, tmp_path, signum,
+                                                                               status):
+    """A probe: Ctrl-C ended serve with exit 0 and no line (uvicorn.run swallowed it), and a stop
+    waited for every open stream to end - a request without max_tokens streams up to the context
+    length, so a Ctrl-C looked hung for minutes."""
+    from polar_train.server.cli import SHUTDOWN_GRACE_S
+
+    with _serving_a_stream(tiny_model_dir, tmp_path) as server:
         started = time.monotonic()
         server.proc.send_signal(getattr(signal, signum))
         returncode = server.proc.wait(timeout=120)
         took = time.monotonic() - started
-    finally:
-        server.stop()
     err = server.log()
     assert returncode == status
     assert err.strip().splitlines()[-1] == f"polar-train serve: interrupted ({signum})"
     assert "Traceback" not in err
     assert took < SHUTDOWN_GRACE_S + 15  # the stream was cut after the grace, not streamed to its end
+
+
+def test_a_second_ctrl_c_during_the_grace_cuts_the_open_streams_at_once(tiny_model_dir, tmp_path):
+    """A second Ctrl-C is uvicorn's force quit ("CTRL+C to force quit", it says): the streams ran on
+    to the end of the grace all the same (Python 3.12's ``wait_closed`` waits for each connection),
+    then the app's skipped lifespan shutdown logged a CancelledError traceback."""
+    with _serving_a_stream(tiny_model_dir, tmp_path, log_level="info") as server:
+        server.proc.send_signal(signal.SIGINT)
+        server.wait_until(lambda: "CTRL+C to force quit" in server.log(), 60, "the stop's grace")
+        server.proc.send_signal(signal.SIGINT)
+        returncode = server.proc.wait(timeout=120)
+    err = server.log()
+    assert returncode == 130
+    assert "second Ctrl-C: cutting 1 open request(s) now" in err
+    assert "timeout graceful shutdown exceeded" not in err  # cut by the second Ctrl-C, not by the grace's end
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "polar-train serve: interrupted (SIGINT)"
+
+
+def test_a_signal_the_caller_ignores_stays_ignored_while_serving():
+    """uvicorn took SIGINT and SIGTERM also where the caller ignores them (a background job of a
+    script ignores SIGINT; ``nohup``) and, after the stop it began, exited 0, unsaid. The handlers
+    serve installs leave an ignored signal ignored and handle the others."""
+    import uvicorn
+
+    from polar_train.server.stopping import StoppingServer
+
+    server = StoppingServer(uvicorn.Config(app=None))
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with server.capture_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == server.handle_exit
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -177,40 +177,20 @@ def _serve(args: argparse.Namespace) -> int:
                             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
                             ssl_keyfile_password=key_pass_phrase, timeout_keep_alive=30,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
-    server = uvicorn.Server(config)
+    from .stopping import StoppingServer
+
+    server = StoppingServer(config)
     # not uvicorn.run, which swallows the Ctrl-C it re-raises after its shutdown (exit 0, no line):
     # here it reaches the CLI, which says "interrupted (SIGINT)" and exits 130, as for SIGTERM 143
-    hung_up = _StopOnHangup(server)
     try:
         server.run()
     finally:  # streams cut at the stop: their sampling threads end before the interpreter does
         from .completion import stop_generation
 
         stop_generation(SHUTDOWN_GRACE_S)
-        hung_up.restore()
-    if hung_up.seen:  # after the same graceful stop as SIGTERM's: 129 and the CLI's one line
+    if server.hung_up:  # after the same graceful stop as SIGTERM's: 129 and the CLI's one line
         raise SystemExit(128 + signal.SIGHUP)
     if not server.started:
         return 1  # uvicorn logged why (the checks before the model loaded foresee the usual causes)
     return 0
 
-
-class _StopOnHangup:
-    """A SIGHUP (the terminal closed) stops the server as SIGTERM does: uvicorn handles only SIGINT
-    and SIGTERM, and the CLI's unwinding raised inside its event loop (a lifespan traceback). Left
-    alone where the caller ignores it (nohup)."""
-
-    def __init__(self, server) -> None:
-        self.seen = False
-        self._old = signal.getsignal(signal.SIGHUP)
-        if self._old is not signal.SIG_IGN:
-            signal.signal(signal.SIGHUP, self._stop)
-        self._server = server
-
-    def _stop(self, signum: int, frame: object) -> None:
-        self.seen = True
-        self._server.handle_exit(signum, frame)  # (uvicorn raises it again once stopped: here again)
-
-    def restore(self) -> None:
-        if self._old is not signal.SIG_IGN:
-            signal.signal(signal.SIGHUP, self._old if self._old is not None else signal.SIG_DFL)
