@@ -788,3 +788,31 @@ def test_a_second_run_into_the_same_output_meanwhile_is_refused(trajectories, ti
         with pytest.raises(UserError, match=f"^--resume: the run in {going} went on while this one loaded its model "
                                             "\\(its newest complete checkpoint is now checkpoint-2\\)"):
             train_cli.run(_args(trajectories, tiny_model_dir, going, "max_steps=3", resume=True))
+
+
+def test_two_processes_train_one_run_data_parallel(tiny_model_dir, tmp_path) -> None:
+    """train.md says ``accelerate launch -m polar_train.train ...`` trains data-parallel; never run
+    before (CI has one CPU device, no GPU). ``torchrun`` with two CPU processes is that path (gloo
+    for NCCL): the two share each step's groups, and the run's files and lines come from one of
+    them (each used to print the data report; metrics, marker and adapter must not be doubled)."""
+    from tests.support.procs import VENV_BIN, free_port
+
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                           "--master_port", str(free_port()), "-m", "polar_train.train",
+                           str(Path(__file__).parents[1] / "data" / "samples" / "demo" / "trajectories"),
+                           "--model", str(tiny_model_dir), "--output", str(out), "--set", "max_steps=2",
+                           "--set", "report_to=none"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("data: ") and "trajectories in" in line for line in lines) == 1
+    assert sum(line.startswith("trained 2 steps; adapter written to") for line in lines) == 1
+    summary = json.loads((out / "train_summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [1, 2]  # one process writes them
+    groups = summary["data"]["rows_out"]  # GRPO groups; a step takes one per process (batch = a group)
+    assert metrics[0]["epoch"] == pytest.approx(2 / groups)  # one process alone: 1 / groups per step
+    assert summary["steps"] == 2 and (out / "adapter" / "adapter_model.safetensors").is_file()

@@ -121,7 +121,7 @@ def prepare(args: argparse.Namespace):
                         f"{config.per_device_train_batch_size} x processes {config.world_size} x steps_per_generation "
                         f"{config.steps_per_generation}); the data makes {have} ({len(grouped.rows)} GRPO groups of "
                         f"{config.num_generations}): nothing would train; lower them")
-    if report.zero_reward_std_rows == len(grouped.rows):
+    if report.zero_reward_std_rows == len(grouped.rows) and _first_process():
         print("polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0, "
               "nothing to learn from (build with other --rewards?)", file=sys.stderr, flush=True)
     return config, grouped, report
@@ -477,8 +477,8 @@ def build_trainer(args: argparse.Namespace):
         except ModelLoadError as exc:
             raise UserError(f"init_adapter: {exc}") from None
         _check_init_adapter_shape(config, user_options(args.config, args.sets))
-    checkpoint = _check_output(out, args.resume, config, identity)
-    for line in report.lines():
+    checkpoint = _check_output(out, args.resume, config, identity, say=_first_process())
+    for line in report.lines() if _first_process() else ():
         print(line, flush=True)
 
     import torch
@@ -502,7 +502,7 @@ def build_trainer(args: argparse.Namespace):
     peft_config = None
     if config.init_adapter:
         model = load_adapter(model, config.init_adapter, is_trainable=True)
-        if (note := adapter_base_note(config.init_adapter, args.model)) is not None:
+        if (note := adapter_base_note(config.init_adapter, args.model)) is not None and _first_process():
             print(f"polar-train train: init_adapter: {note}", file=sys.stderr, flush=True)
         for adapter_config in model.peft_config.values():  # peft keeps the one it loaded: record this run's
             adapter_config.base_model_name_or_path = _resolved(args.model)
@@ -512,7 +512,7 @@ def build_trainer(args: argparse.Namespace):
         make_private_dir(out)  # checkpoints and metrics of a run on captured prompts: the owner's only
     except OSError as exc:  # what the check before could not foresee (/proc, a folder made meanwhile)
         raise UserError(f"--output {out}: cannot make it: {exc.strerror or exc}") from None
-    lock = _hold_run_lock(out, args.resume) if os.environ.get("RANK", "0") == "0" else None
+    lock = _hold_run_lock(out, args.resume) if _first_process() else None
     try:
         if lock is not None and args.resume:  # another run in the folder may have gone on meanwhile
             again = _check_output(out, True, config, identity, say=False)
@@ -526,6 +526,12 @@ def build_trainer(args: argparse.Namespace):
         raise
     trainer.polar_run_lock = lock  # released when train() ends
     return trainer, report, checkpoint
+
+
+def _first_process() -> bool:
+    """Whether this is the process that writes the run's files and says what it does: the only one,
+    or rank 0 of ``accelerate launch``/``torchrun`` (each of the others would repeat every line)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _hold_run_lock(out: Path, resume: bool):
@@ -558,13 +564,13 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
         options = {k: v for k, v in identity["options"].items() if k in saved} if isinstance(saved, dict) else None
         identity = {k: v for k, v in identity.items() if k != "options"} | (
             {"options": options} if options is not None else {})
-    if os.environ.get("RANK", "0") == "0":
+    if _first_process():
         try:
             # where the data is: notebooks/02 finds an unfinished run's build report by it
             _write_marker(out, {**identity, "trajectories_folder": _resolved(args.data)})
         except OSError as exc:
             raise TrainFailure(f"cannot write {out / RUN_MARKER}: {exc.strerror or exc}") from None
-    if checkpoint is not None and os.environ.get("RANK", "0") == "0":  # the steps after it are logged again;
+    if checkpoint is not None and _first_process():  # the steps after it are logged again;
         # by the one process that writes metrics.jsonl (accelerate launch starts one per GPU)
         try:
             keep_metrics_until(out / "metrics.jsonl", int(Path(checkpoint).name.rsplit("-", 1)[-1]))
