@@ -69,6 +69,13 @@ def _check_out(out: Path, captures: Path) -> None:
         if parts.is_file():  # one part: a rebuild replaces the part-*.parquet files in --out
             if target == parts.parent.resolve():
                 raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
+            folder = parts.parent.resolve()
+            if folder.name == "calls":  # a part in a capture (POLAR_OUT/calls/): trajectories in it would be
+                # read with its calls from then on (named as not a call log, or as a capture of another build)
+                root = folder.parent
+                if target == root or root in target.parents:
+                    raise UserError(f"--out {out} is inside the capture folder {root} of {captures}; choose "
+                                    "another folder")
         else:
             # the addon writes POLAR_OUT/calls/: given that calls/ folder, its capture folder is the parent
             folder, root = captures, captures.resolve()

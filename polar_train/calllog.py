@@ -200,6 +200,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     ``CallLog.prompt_lengths`` holds every prompt's full length. ``inspect`` needs no more, and
     a long session's rebuilt prompts and texts take gigabytes where the capture takes megabytes.
     """
+    if isinstance(skip, (str, bytes)):  # set("request_json") is its letters: "not call-log columns: _, e, j, ..."
+        raise TypeError(f"skip: give a set of column names, e.g. {{{skip!r}}}, not one string")
     unknown = sorted(set(skip) - set(CALL_LOG_SCHEMA.names))
     if unknown:
         raise ValueError(f"skip: not call-log columns: {', '.join(unknown)}")

@@ -262,6 +262,14 @@ def test_one_part_file_builds_anywhere_but_into_its_own_folder(tmp_path, capture
     assert part.read_bytes() == good.read_bytes()
     assert main(["build", str(part), "--out", str(part.parent / "traj")]) == 0  # a sibling folder is fine
     assert list((part.parent / "traj").glob("part-*.parquet")) and part.read_bytes() == good.read_bytes()
+    # a part in a capture's calls/ folder: trajectories under the capture were read with its calls from then
+    # on (each such part named "not a call log" by every later build and inspect of that capture)
+    for inside in (capture / "calls" / "traj", capture / "traj"):
+        assert main(["build", str(good), "--out", str(inside)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"polar-train build: error: --out {inside} is inside the capture folder {capture.resolve()} of {good}; "
+            "choose another folder")
+        assert not inside.exists()
 
 
 def _built(out: Path) -> tuple[list[str], dict]:

@@ -466,6 +466,8 @@ def test_skipped_columns_are_not_read_and_come_back_null(tmp_path, session_rows,
     assert all(by_id[r["call_id"]]["prompt_token_ids"] == r["prompt_token_ids"] for r in session_rows)
     with pytest.raises(ValueError, match="skip: not call-log columns: request_text"):
         read_call_log(tmp_path, skip=frozenset({"request_text"}))
+    with pytest.raises(TypeError, match="skip: give a set of column names, e.g. {'request_json'}, not one string"):
+        read_call_log(tmp_path, skip="request_json")  # was its letters: "not call-log columns: _, e, j, n, o, ..."
     # what compact rows are rebuilt from: skipped, a stored suffix came back as the whole prompt
     # (or a prompt came back null, "outside 0..105"), without a word (found by a probe)
     for column in ("prompt_prefix_call_id", "completion_token_ids", "call_id", "request_json_base_call_id",
