@@ -1179,3 +1179,40 @@ def test_rendered_calls_the_server_counted_otherwise_are_counted_in_the_report(t
     assert result.report.usage_mismatch_calls == 1
     assert "1 calls whose rendered ids the server counted otherwise" in result.report.table()
     assert result.report.to_json()["usage_mismatch_calls"] == 1
+
+
+@pytest.mark.parametrize("realign", [False, True])
+def test_a_reply_cut_inside_a_character_goes_on_as_its_text_did(tmp_path, realign):
+    """A reply cut by max_tokens inside a character (an emoji's first bytes): the server's text
+    leaves those ids out - with the space their first id carries - as vLLM's detokenizer does, and
+    the client sends back the text it got. The next prompt lacks ids the model sampled but no
+    earlier turn changed: it forked as a ``history_rewrite``, and ``--realign`` could not continue."""
+    from polar_train.server.detokenizer import Detokenizer
+
+    conv = Conversation(rollout_id="r1")
+    tok = conv.tok
+    conv.user("greet with an emoji")
+    whole = encode(tok, "Fine \U0001F9EA")  # "Fine", " \xf0\x9f", "\xa7", "\xaa"
+    cut = whole[:3]
+    said = Detokenizer(tok, skip_special_tokens=True).feed(cut)
+    assert said == "Fine"  # what the server returned for the cut reply
+    first = conv.assistant(said, completion_ids=cut, finish_reason="length")
+    conv.user("again")
+    second = conv.assistant("Oui.")
+    result = build(tmp_path, [first, second], realign=realign)
+    if realign:
+        (t,) = result.trajectories
+        assert t.realigned and result.report.realigned_calls == 1
+        assert_aligned(t, [first, second])
+    else:
+        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+
+
+def test_withheld_at_end_counts_the_ids_after_the_last_whole_character():
+    from polar_train.trajectories.tokenbytes import default_token_bytes, withheld_at_end
+
+    tok, tb = chat_tokenizer(), default_token_bytes()
+    whole = encode(tok, "Fine \U0001F9EA")
+    assert [withheld_at_end(tb, whole[:n]) for n in range(1, len(whole) + 1)] == [0, 1, 2, 0]
+    assert withheld_at_end(tb, encode(tok, "ok") + [IM_END_ID]) == 0 and withheld_at_end(tb, []) == 0
+    assert withheld_at_end(tb, encode(tok, "\U0001F9EA")[:1] + [10 ** 9]) == 0  # an id that names no token

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .tokenbytes import TokenBytes, ids_bytes, text_cover
+from .tokenbytes import TokenBytes, ids_bytes, text_cover, withheld_at_end
 
 SPECIAL_START_ID = 248044  # Qwen3.5 special tokens are 248044..248076
 IM_START_ID = 248045
@@ -453,14 +453,20 @@ class Stitcher:
         checked against a prompt) - or in the text that the generation prompt ends with (the
         ``assistant\n`` after ``<|im_start|>``), because re-rendering can merge it with the start
         of the completion: a completion that begins with newlines re-tokenises ``"\n" + "\n\n"``
-        as one ``"\n\n\n"`` token. Returns the index in ``prompt`` or None.
+        as one ``"\n\n\n"`` token. A reply cut inside a character is compared without the ids its
+        text left out (the client never had them to send back). Returns the index in ``prompt`` or None.
         """
         if d < text_tail_start(t.buf, t.last_prompt_len) or d >= t.match_len:
             return None
-        if SPECIAL_START_ID <= t.match_at(d) or (d < len(prompt) and SPECIAL_START_ID <= prompt[d]):
-            return None  # a special token on either side: no tokenisation of text produces it
+        if SPECIAL_START_ID <= t.match_at(d):
+            return None  # a special token: no tokenisation of text produces it
         tb = self.token_bytes()
-        want = ids_bytes(tb, t.match_tail(d))
+        end = t.match_len - withheld_at_end(tb, t.buf[t.last_prompt_len:t.match_len])
+        if d >= end:  # only what the reply's text left out differs: the prompt goes on from here
+            return d
+        if d < len(prompt) and SPECIAL_START_ID <= prompt[d]:
+            return None
+        want = ids_bytes(tb, t.buf[d:end])
         if want is None:
             return None  # an id that names no token: nothing to compare
         covered = text_cover(tb, prompt[d:], want)

@@ -92,6 +92,22 @@ def _growing(token_bytes: TokenBytes, ids) -> Iterator[tuple[int, bytearray | No
         yield j + 1, got
 
 
+def withheld_at_end(token_bytes: TokenBytes, ids) -> int:
+    """How many of the last ``ids`` of a reply its text leaves out: a reply cut (``max_tokens``)
+    inside a character. vLLM's detokenizer (tokenizers' ``DecodeStream``, our server's too) adds a
+    token's text only once the text ends in a whole character and never flushes what is left, so
+    the text a client sends back ends before those ids - also before a space or letter that shares
+    their token. At most 3 ids (a character is at most 4 bytes); 0 where an id names no token."""
+    n = len(ids)
+    for k in range(min(n, 4)):
+        pieces = [token_bytes(int(x)) for x in ids[max(0, n - k - 4):n - k]]
+        if None in pieces:
+            return 0
+        if not b"".join(pieces)[-8:].decode("utf-8", "replace").endswith("\ufffd"):
+            return k
+    return 0
+
+
 #: What ``surrogateescape`` makes of the bytes of a character not yet complete.
 _HALF_CHARACTER = "".join(chr(c) for c in range(0xDC80, 0xDD00))
 
