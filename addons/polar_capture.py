@@ -17,8 +17,10 @@ import functools
 import json
 import logging
 import re
+import signal
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 from mitmproxy import ctx, exceptions, http
@@ -33,6 +35,7 @@ except ModuleNotFoundError:  # a checkout (or an installed copy) this interprete
                                 _here.parents[1])))
 
 from polar_train.capture import handover, record
+from polar_train.capture.blind_spots import WATCHED, blind_spots
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import CAPTURE_MARK, PROBE_HEADER, identity_headers
 from polar_train.capture.json_members import compact
@@ -142,6 +145,21 @@ def _listen_hosts() -> list[str]:
     return hosts
 
 
+def _stop_on_hangup() -> None:
+    """SIGHUP (a closed terminal, a dropped ssh session) stops the proxy as SIGTERM does: mitmdump
+    takes only SIGINT and SIGTERM, and the default ended it at once - its open calls got no row and
+    no word. Left alone where the caller ignores it (``nohup``) or set it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL:
+        return
+    master = ctx.master
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, master.shutdown)
+    except (NotImplementedError, RuntimeError):  # no running loop here, or a platform without it
+        pass
+
+
 def _close_off_the_loop(writer: RowWorker) -> None:
     """Close a row worker on a thread of its own: it drains what it holds (seconds with a tokenizer
     to load), and on the event loop every connection would stand still meanwhile. Not a daemon:
@@ -178,6 +196,9 @@ class PolarCapture:
             log.error("polar_capture: %s", problem)  # at startup: mitmdump exits (as for a bad value)
 
     def configure(self, updated) -> None:
+        if self._running and WATCHED & set(updated):  # (at start: said once in running)
+            for note in blind_spots(ctx.options, only=set(updated)):
+                log.warning("polar_capture: %s", note)
         if not any(name.startswith("polar_") or name == "ssl_insecure" for name in updated):
             return  # (ssl_insecure: the /tokenize check trusts the upstream as the proxy does)
         if self._unusable and not self._running:
@@ -231,7 +252,10 @@ class PolarCapture:
             log.warning("polar_capture: stream_large_bodies is %s: a model call whose request or non-streamed "
                         "reply is larger passes unrecorded (a proxy_error row says so) and a reply keeps the "
                         "token ids the addon asked for", ctx.options.stream_large_bodies)
-        if any(host in ("", "0.0.0.0", "::") for host in _listen_hosts()):
+        for note in blind_spots(ctx.options):
+            log.warning("polar_capture: %s", note)
+        _stop_on_hangup()
+        if getattr(ctx.options, "server", True) and any(host in ("", "0.0.0.0", "::") for host in _listen_hosts()):
             log.warning("polar_capture: the proxy listens on all interfaces; prompts and keys of every "
                         "rollout pass through it - use --listen-host 127.0.0.1 (and no other host in "
                         "--mode ...@HOST:PORT) unless you mean it")
@@ -305,7 +329,9 @@ class PolarCapture:
                 fields = (*fields, (b"proxy-authorization", checked.encode("latin-1", "replace")))
         return record.CallState(
             api=api, method=req.method, host=host, path=req.path, client_conn_id=conn_id, identity=None,
-            started_at=record.utcnow(), upstream_base=base, call_id=flow.id.replace("-", ""),
+            started_at=record.utcnow(), upstream_base=base,
+            # a replayed request (client replay, mitmweb's Replay) keeps its flow's id: a call of its own
+            call_id=flow.id.replace("-", "") if flow.is_replay != "request" else uuid.uuid4().hex,
             header_fields=fields, connect_auth=connect_auth, listen_port=port)
 
     async def request(self, flow: http.HTTPFlow) -> None:

@@ -1648,3 +1648,39 @@ def test_every_refused_identity_is_said_once_and_control_characters_are_refused_
         assert not any(part in caplog.text for part in (secret[:6], "hunter2", "sk-", "AAAA")), caplog.text
     resolve({"x-polar-rollout": ""})
     assert caplog.text.count("rollout id '' refused (empty)") == 1  # once
+
+
+def test_a_replayed_request_is_a_call_of_its_own(tmp_path):
+    """Client replay (``-C``, mitmweb's Replay) sends a flow again under its own flow id: the row had
+    the first call's id, and inspect and build dropped one of the two as a copy."""
+    with _configured_addon(tmp_path) as addon:
+        f = _chat_flow({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]})
+        addon.requestheaders(f)
+        first = addon.calls.pop(f.id).call_id
+        f.is_replay = "request"
+        addon.requestheaders(f)
+        again = addon.calls.pop(f.id).call_id
+    assert first == f.id.replace("-", "") and again != first and len(again) == 32
+
+
+def test_settings_that_hide_or_change_calls_are_named():
+    from types import SimpleNamespace
+
+    from polar_train.capture.blind_spots import blind_spots
+
+    plain = SimpleNamespace(mode=["regular"], modify_body=[], rfile=None, proxyauth=None)
+    assert blind_spots(plain) == []
+    notes = blind_spots(SimpleNamespace(
+        mode=["regular@8080", "tcp@9000", "socks5@1080"], modify_body=["|~q|a|b"], modify_headers=["|~q|h|v"],
+        intercept="~u chat", rfile="saved.flows", ignore_hosts=["example"], allow_hosts=[], proxyauth=None,
+        server_replay=["s.flows"], client_replay=["c.flows"]))
+    assert [n.split(":", 1)[0] for n in notes] == [
+        "modify_body (1 rule(s)), modify_headers (1 rule(s)), intercept (~u chat", "server_replay", "client_replay",
+        "rfile", "ignore_hosts", "mode tcp@9000", "mode socks5 without proxyauth"]
+    assert "not as it reached the server" in notes[0] and "not recorded" in notes[3]
+    socks = SimpleNamespace(mode=["socks5@1080"], proxyauth="any")
+    assert blind_spots(socks) == []  # credentials read with proxyauth
+    # a change while running: only the notes of what changed
+    assert [n.split(":", 1)[0] for n in blind_spots(SimpleNamespace(mode=["regular"], map_remote=["|a|b"],
+                                                                    rfile="x"), only={"map_remote"})] == [
+        "map_remote (1 rule(s))"]

@@ -95,8 +95,11 @@ def test_a_request_body_cut_by_the_client_is_the_clients(tmp_path: Path, framing
             m.stop()
 
 
-def test_sigterm_with_16_streams_open(tmp_path: Path) -> None:
-    """Every finished call is on disk as ok; every stream still open has an error row."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_with_16_streams_open(tmp_path: Path, sig: int) -> None:
+    """Every finished call is on disk as ok; every stream still open has an error row. SIGHUP (a
+    closed terminal) too: mitmdump left it to its default, which ended the proxy at once - the open
+    streams had no row and no word."""
     with slow_upstream(tmp_path, delay_ms=20) as (base, _):
         m = start_mitm(tmp_path, options={"polar_flush_seconds": "3600", "polar_flush_rows": 100000})
         done_r, open_r = rid(), rid()
@@ -122,7 +125,7 @@ def test_sigterm_with_16_streams_open(tmp_path: Path) -> None:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(open_stream) for _ in range(16)]
             started.wait(60)  # all 16 streams have their first bytes
-            assert m.stop(signal.SIGTERM) is not None
+            assert m.stop(sig) is not None
             for f in futures:
                 f.result(timeout=60)
     assert len(ended) == 16
@@ -429,3 +432,24 @@ def test_with_stream_large_bodies_a_large_model_call_says_why_it_was_not_recorde
         assert row["status"] != "ok" and "stream_large_bodies" in row["error"], row
         log = m.proc.log()
         assert "polar_capture: stream_large_bodies is 4k" in log and no_addon_traceback(log)
+
+
+def test_flows_read_from_a_file_are_said_not_to_be_recorded(tmp_path: Path) -> None:
+    """``mitmdump -n -r saved.flows -s addon`` (an offline replay) wrote no row and said nothing - and
+    warned that the proxy listens on all interfaces, where nothing listens at all."""
+    from mitmproxy import io
+    from mitmproxy.test import tflow
+
+    from tests.support.mitm import ADDON
+    from tests.support.procs import VENV_BIN
+
+    saved = tmp_path / "saved.flows"
+    with saved.open("wb") as f:
+        io.FlowWriter(f).add(tflow.tflow(resp=True))
+    proc = subprocess.run([str(VENV_BIN / "mitmdump"), "-n", "-r", str(saved), "-s", str(ADDON), "--set",
+                           f"polar_out={tmp_path / 'out'}", "--set", f"confdir={tmp_path / 'conf'}", "--set",
+                           "flow_detail=0"], capture_output=True, text=True, timeout=120)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert f"polar_capture: rfile: flows read from {saved} are not recorded" in log
+    assert "listens on all interfaces" not in log and no_addon_traceback(log)
