@@ -111,6 +111,19 @@ def _client_side(flow: http.HTTPFlow, msg: str) -> bool:
     return "client" in m
 
 
+def _changed_since(req: http.Request, as_read: tuple) -> str | None:
+    """What of the request a later addon changed after this one read it (None: nothing)."""
+    body, host, port, path = as_read
+    changed = []
+    if req.raw_content is not body and req.raw_content != body:
+        changed.append("body")
+    if (req.host, req.port) != (host, port):
+        changed.append(f"server ({host}:{port} became {req.host}:{req.port})")
+    if req.path != path:
+        changed.append("path")
+    return ", ".join(changed) or None
+
+
 def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
     """The non-streamed body without injected fields (None: leave it as it is)."""
     try:
@@ -182,6 +195,9 @@ class PolarCapture:
             self.websockets = live.websockets
         self._drop_headers = _model_call_drops(self.opts)
         self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
+        #: What each open call's request was as the addon left it (body, host, port, path): a later
+        #: addon that changed it (modify_body, map_remote, an intercept edit) is seen at its answer.
+        self._as_read: dict[str, tuple] = {}
         self._running = False
         #: ``--set polar_...`` values mitmproxy could not use (logged at load; see unusable_deferred).
         self._unusable: list[str] = []
@@ -340,6 +356,8 @@ class PolarCapture:
             return
         try:
             await self._request(flow, state)
+            req = flow.request
+            self._as_read[flow.id] = (req.raw_content, req.host, req.port, req.path)
         except Exception as exc:
             log.exception("polar_capture: request hook failed")
             state.fail("proxy_error", f"request hook failed: {exc!r}")
@@ -410,6 +428,9 @@ class PolarCapture:
             state.fail("proxy_error", f"responseheaders hook failed: {exc!r}")
 
     def _responseheaders(self, flow: http.HTTPFlow, state: record.CallState) -> None:
+        as_read = self._as_read.pop(flow.id, None)
+        if as_read is not None:
+            state.request_changed = _changed_since(flow.request, as_read)
         resp = flow.response
         state.http_status = resp.status_code
         ctype, enc_raw = raw_headers.values(resp.headers.fields, b"content-type", b"content-encoding")
@@ -567,6 +588,7 @@ class PolarCapture:
         state.finalized = True
         if flow is not None:
             self.calls.pop(flow.id, None)
+            self._as_read.pop(flow.id, None)
         state.finished_at = record.utcnow()
         if self.writer is not None:
             self.writer.submit(state)  # the proxy holds no reference to it any more

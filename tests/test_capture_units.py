@@ -1684,3 +1684,39 @@ def test_settings_that_hide_or_change_calls_are_named():
     assert [n.split(":", 1)[0] for n in blind_spots(SimpleNamespace(mode=["regular"], map_remote=["|a|b"],
                                                                     rfile="x"), only={"map_remote"})] == [
         "map_remote (1 rule(s))"]
+
+
+@pytest.mark.parametrize("change", ["body", "server"])
+def test_a_request_a_later_addon_changed_says_so_in_its_row(tmp_path, change):
+    """mitmproxy's modify_body / map_remote / an intercept edit run after the addon read the request:
+    its row held the client's request as what the server saw, without a word (a probe)."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import taddons
+
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="0.1")
+
+        async def run(changed: bool):
+            f = _chat_flow({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+            addon.requestheaders(f)
+            await addon.request(f)
+            if changed and change == "body":  # as modify_body '|~q|Hi|HELLO' does
+                f.request.content = f.request.content.replace(b'"Hi"', b'"HELLO"')
+            elif changed:  # as map_remote does
+                f.request.host = "10.0.0.9"
+            f.response = Response.make(200, b"", Headers(content_type="text/event-stream"))
+            addon.responseheaders(f)
+            f.response.stream(WIRE["chat_inj_sse"].encode())
+            f.response.stream(b"")
+            await addon.response(f)
+
+        asyncio.run(run(False))
+        asyncio.run(run(True))
+        addon.done()
+    rows = [r for part in sorted((tmp_path / "calls").glob("part-*.parquet")) for r in pq.read_table(part).to_pylist()]
+    plain, changed = sorted(rows, key=lambda r: r["started_at"])
+    assert plain["error"] is None and plain["status"] == "ok"
+    assert changed["status"] == "ok" and changed["token_source"] == "server"  # the server's own ids stand
+    said = "body" if change == "body" else "server (address:22 became 10.0.0.9:22)"  # (tflow's host)
+    assert changed["error"].startswith(f"the request's {said} changed after the capture read it")

@@ -161,6 +161,9 @@ class CallState:
     #: unparsed: :meth:`request_object` sets ``stream`` and ``request_error`` from it.
     request_unread: bool = False
     request_error: str | None = None
+    #: What a later addon changed in the request after the proxy read it (``modify_body``,
+    #: ``map_remote``, an intercept edit): the recorded request is the client's, not the server's.
+    request_changed: str | None = None
     injected: bool = False
     asked: dict[str, Any] = field(default_factory=dict)
     request_hash: str | None = None
@@ -455,6 +458,13 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             log.exception("polar_capture: token ids of %s failed", state.call_id)
             error = f"token ids unavailable: {exc!r}"
 
+    if state.request_changed is not None:
+        note = (f"the request's {state.request_changed} changed after the capture read it (mitmproxy's "
+                "modify_body, map_remote, an intercept edit, ...): request_json is the client's")
+        if ids["token_source"] == "rendered":  # rendered from a request the server never saw
+            ids = _WITHOUT_IDS | {"server_tokenize_match": None}
+            note += "; its rendered token ids are not stored (the server saw another request)"
+        error = f"{error}; {note}" if error else note
     response = parsed.response
     if response is not None and state.injected:
         try:
