@@ -1677,7 +1677,7 @@ def test_settings_that_hide_or_change_calls_are_named():
     assert [n.split(":", 1)[0] for n in notes] == [
         "modify_body (1 rule(s)), modify_headers (1 rule(s)), intercept (~u chat", "server_replay", "client_replay",
         "rfile", "ignore_hosts", "mode tcp@9000", "mode socks5 without proxyauth"]
-    assert "not as it reached the server" in notes[0] and "not recorded" in notes[3]
+    assert "says in its error when the body or server changed" in notes[0] and "not recorded" in notes[3]
     socks = SimpleNamespace(mode=["socks5@1080"], proxyauth="any")
     assert blind_spots(socks) == []  # credentials read with proxyauth
     # a change while running: only the notes of what changed

@@ -32,8 +32,8 @@ def blind_spots(options: Any, only: frozenset[str] | set[str] | None = None) -> 
         rewriting["intercept"] = f"intercept ({opt('intercept')}: an edited request)"
     if rewriting:
         notes.append((set(rewriting), f"{', '.join(rewriting.values())}: changes a request after the capture read "
-                      "it; a row records the request as the client sent it (ids rendered from it, the host it "
-                      "named, its identity), not as it reached the server"))
+                      "it; a row records the request as the client sent it (its host, its identity headers, which "
+                      "then reach the server) and says in its error when the body or server changed"))
     if opt("server_replay", []):
         notes.append(({"server_replay"}, "server_replay: answers replayed from a file are recorded as model calls "
                       "(a replayed stream as an error: its body was not saved)"))
