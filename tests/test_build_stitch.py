@@ -488,6 +488,23 @@ def test_two_completed_attempts_keep_the_last(tmp_path):
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+def test_one_body_sent_to_two_apis_is_two_requests_not_a_retry(tmp_path):
+    """A chat call and a messages call of one rollout with byte-identical bodies shared a request
+    hash: the second was counted attempt 2 and the build dropped one as a superseded retry."""
+    from polar_train.capture.record import AttemptCounter
+
+    counter = AttemptCounter()
+    assert [counter.next("r1", "h", "openai.chat"), counter.next("r1", "h", "anthropic.messages"),
+            counter.next("r1", "h", "openai.chat")] == [1, 1, 2]
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one", append=False)
+    second = conv.assistant("two", request_hash=first["request_hash"], api="anthropic.messages")
+    result = build(tmp_path, [first, second])
+    assert sorted(c for t in result.trajectories for c in t.call_ids) == sorted([first["call_id"], second["call_id"]])
+    assert "superseded_retry" not in result.report.skipped
+
+
 @pytest.mark.parametrize("compact", [False, True])
 def test_of_two_completed_attempts_the_one_the_rollout_went_on_from_is_kept(tmp_path, compact):
     """The same request sent twice and both answered (a client that timed out and asked again):

@@ -61,20 +61,21 @@ def websocket_api(method: str, path: str, fields: tuple[tuple[bytes, bytes], ...
 
 
 class AttemptCounter:
-    """``attempt`` = 1 + earlier calls on the same rollout with the same request hash (bounded).
+    """``attempt`` = 1 + earlier calls on the same rollout to the same API with the same request
+    hash (bounded): a body sent to two endpoints is two requests, no retry.
 
     Kept by the row worker, which sees calls in the order they finish: "earlier" means finished
     earlier (a retry starts after the call it retries has ended, so this is its start order too).
     """
 
     def __init__(self, max_keys: int = 200_000) -> None:
-        self._seen: OrderedDict[tuple[str | None, str], int] = OrderedDict()
+        self._seen: OrderedDict[tuple[str | None, str, str], int] = OrderedDict()
         self._max = max_keys
 
-    def next(self, rollout_id: str | None, req_hash: str) -> int:
+    def next(self, rollout_id: str | None, req_hash: str, api: str = "") -> int:
         if rollout_id is None:  # no rollout to count on: one session's first prompt is every session's
             return 1
-        key = (rollout_id, req_hash)
+        key = (rollout_id, api, req_hash)
         n = self._seen.get(key, 0) + 1
         self._seen[key] = n
         self._seen.move_to_end(key)
@@ -94,7 +95,8 @@ def count_attempt(state: "CallState", attempts: AttemptCounter) -> None:
     elif state.request_body:
         state.request_hash = hashlib.sha256(state.request_body).hexdigest()[:32]
     if state.request_hash is not None:
-        state.attempt = attempts.next(state.identity.rollout_id if state.identity else None, state.request_hash)
+        state.attempt = attempts.next(state.identity.rollout_id if state.identity else None, state.request_hash,
+                                      state.api)
 
 
 def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, Any]) -> bytes:

@@ -72,7 +72,9 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
         return [], skipped
     status = table.column("status").to_pylist()
     rollout = table.column("rollout_id").to_pylist()
-    req = table.column("request_hash").to_pylist()
+    # a request is its body sent to one API: the same body sent to two endpoints is two requests
+    req = [(a, h) if h else None for a, h in zip(table.column("api").to_pylist(),
+                                                  table.column("request_hash").to_pylist())]
     attempt = table.column("attempt").to_pylist()
     started = table.column("started_at").to_pylist()
     finished = table.column("finished_at").to_pylist()
