@@ -33,6 +33,13 @@ except ModuleNotFoundError:  # a checkout (or an installed copy) this interprete
     _here = Path(__file__).resolve()
     sys.path.insert(0, str(next((p for p in _here.parents if (p / "polar_train" / "__init__.py").is_file()),
                                 _here.parents[1])))
+    try:
+        import polar_train  # noqa: F401,F811
+    except ModuleNotFoundError:  # a copy of this file away from a checkout, under a mitmdump without it
+        raise ModuleNotFoundError(
+            f"polar_capture: the polar_train package is not importable by this mitmdump ({sys.executable}) "
+            f"nor found above {_here.parent}: run the mitmdump of the environment polar-train is installed in, "
+            "with the addon it ships (mitmdump -s \"$(polar-train addon)\")", name="polar_train") from None
 
 from polar_train.capture import handover, record
 from polar_train.capture.blind_spots import WATCHED, blind_spots
@@ -252,6 +259,8 @@ class PolarCapture:
             self.writer = writer
             if old is not None:
                 _close_off_the_loop(old)
+                if self._running:  # (at start: said in running)
+                    log.info("polar_capture: writing calls to %s", Path(opts.out).expanduser() / "calls")
         self.opts = opts
         self._drop_headers = _model_call_drops(opts)
         self._identity_headers = identity_headers(opts.rollout_header, opts.task_header)

@@ -1720,3 +1720,37 @@ def test_a_request_a_later_addon_changed_says_so_in_its_row(tmp_path, change):
     assert changed["status"] == "ok" and changed["token_source"] == "server"  # the server's own ids stand
     said = "body" if change == "body" else "server (address:22 became 10.0.0.9:22)"  # (tflow's host)
     assert changed["error"].startswith(f"the request's {said} changed after the capture read it")
+
+
+def test_a_new_polar_out_while_running_is_said(tmp_path, caplog):
+    """mitmweb's options (or a config.yaml reload) can move the output while the proxy runs: the
+    calls went to the new folder without a word of where."""
+    from mitmproxy.test import taddons
+
+    caplog.set_level(logging.INFO, logger="polar_capture")
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path / "a"))
+        addon._running = True  # (as after the running hook)
+        tctx.configure(addon, polar_out=str(tmp_path / "b"))
+        addon.done()
+    assert f"polar_capture: writing calls to {tmp_path / 'b' / 'calls'}" in caplog.text
+
+
+def test_a_copy_of_the_addon_without_polar_train_says_how_to_run_it(tmp_path):
+    """A copy of the addon file run by a mitmdump whose Python lacks polar_train: a bare
+    ``No module named 'polar_train'`` that named no way out."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "polar_capture.py"
+    shutil.copy(REPO / "addons" / "polar_capture.py", copy)
+    script = ("import runpy, sys\nsys.modules['polar_train'] = None  # not importable here\n"
+              f"runpy.run_path({str(copy)!r})\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ModuleNotFoundError: polar_capture: the polar_train package is not importable by this mitmdump "
+        f"({sys.executable}) nor found above {tmp_path}: run the mitmdump of the environment polar-train is "
+        "installed in, with the addon it ships (mitmdump -s \"$(polar-train addon)\")")
