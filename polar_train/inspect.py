@@ -164,7 +164,9 @@ def summarize(table, top: int = 20) -> str:
     if top == 0:  # totals only: the count, no table of rollouts
         out.append(f"\n{len(ranked)} rollouts")
     else:
-        roll_rows = [[_NO_ROLLOUT if k is None else k, c["calls"], c["ok"], c["retries"], c["tokens"]]
+        # a client may name its rollout as the id-less row is labelled: quoted then, to tell them apart
+        roll_rows = [[_NO_ROLLOUT if k is None else f'"{k}"' if k == _NO_ROLLOUT else k, c["calls"], c["ok"],
+                      c["retries"], c["tokens"]]
                      for k, c in ranked[:top]]
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],

@@ -497,3 +497,9 @@ def test_inspect_keeps_a_rollout_named_none_apart_from_the_calls_without_one(tmp
     out = capsys.readouterr().out
     assert "per rollout (2)" in out
     assert re.search(r"\n\(none\) +1 ", out) and re.search(rf"\n\[no rollout id\] +{len(rows) - 1} ", out)
+    # a rollout named as the id-less row is labelled: shown quoted, apart from it
+    rows[0]["rollout_id"] = "[no rollout id]"
+    write_parts(tmp_path, rows)
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r'\n"\[no rollout id\]" +1 ', out) and re.search(rf"\n\[no rollout id\] +{len(rows) - 1} ", out)
