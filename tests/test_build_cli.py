@@ -606,3 +606,28 @@ def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train
     shutil.copytree(tmp_path / "a", together / "a")
     shutil.copytree(tmp_path / "b", together / "b")
     assert read_table(together, DataReport()).num_rows == 6
+
+
+def test_the_build_is_on_disk_before_its_names(tmp_path, capture, monkeypatch):
+    """A rename can reach the disk before the data of the file it names: after a power cut a
+    build's parts and report were there by name and empty. Each is flushed under its temporary
+    name, and the folder after the swap."""
+    import os
+
+    from polar_train import durable
+
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(durable.os, "fsync", recording)
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out)]) == 0
+    parts, report = _built(out)
+    temps = [Path(p).name for p in synced if Path(p).parent == out and Path(p).name.startswith(".")]
+    assert sorted(t[1:t.index(".tmp")] for t in temps if ".parquet" in t) == parts
+    assert any("_build_report.json" in t for t in temps)
+    assert synced[-1] == str(out)  # the folder, after the swap

@@ -816,3 +816,31 @@ def test_two_processes_train_one_run_data_parallel(tiny_model_dir, tmp_path) -> 
     groups = summary["data"]["rows_out"]  # GRPO groups; a step takes one per process (batch = a group)
     assert metrics[0]["epoch"] == pytest.approx(2 / groups)  # one process alone: 1 / groups per step
     assert summary["steps"] == 2 and (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_the_run_files_are_on_disk_before_their_names(trajectories, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """A rename can reach the disk before the data of the file it names: after a power cut the
+    adapter, the summary or the marker were there by name and empty. Each is flushed under its
+    temporary name, and its folder after the rename. No real training: the saving is real."""
+    from transformers.trainer_utils import TrainOutput
+
+    from polar_train import durable
+    from polar_train.train.trainer import RecordedGRPOTrainer
+
+    monkeypatch.setattr(RecordedGRPOTrainer, "train", lambda self, *a, **k: TrainOutput(0, 0.0, {}))
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(durable.os, "fsync", recording)
+    out = tmp_path / "run"
+    train_cli.run(_args(trajectories, tiny_model_dir, out))
+    names = [Path(p).name for p in synced]
+    assert any(n.startswith(f".{train_cli.RUN_MARKER}.") for n in names)
+    assert any(n.startswith(".train_summary.json.") for n in names)
+    weights = [p for p in synced if Path(p).name == "adapter_model.safetensors"]
+    assert weights and all(Path(p).parent.name.startswith(".adapter.partial-") for p in weights)
+    assert synced.count(str(out)) >= 3  # the folder after each rename: marker, adapter, summary

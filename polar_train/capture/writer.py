@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from polar_train.capture.handoff import STOP, HandOff
 from polar_train.capture.outdir import prepare_calls_dir
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
+from polar_train.durable import sync_folder
 from polar_train.schema import CALL_LOG_SCHEMA
 
 log = logging.getLogger("polar_capture")
@@ -80,19 +81,6 @@ def _unstorable(row: dict[str, Any], exc: Exception) -> dict[str, Any]:
         kept = {"call_id": str(row.get("call_id")), "api": str(row.get("api")), "status": "proxy_error",
                 "error": kept["error"]}
     return kept
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 #: While parts still cannot be written for the same reason, the log line is repeated this often.
@@ -315,7 +303,7 @@ class PartWriter:
             except OSError:
                 pass
             raise
-        _fsync_dir(self.calls_dir)
+        sync_folder(self.calls_dir)
         self.written_rows += n_rows
         log.info("polar_capture: wrote %s (%d rows)", final, n_rows)
         return final

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import UserError, said_interrupted, signal_status
+from ..durable import sync_file, sync_folder, sync_tree
 from ..paths import cannot_write_folder, holds_other_files, make_private_dir, user_path
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
@@ -260,7 +261,9 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
 def _write_marker(out: Path, identity: dict[str, Any]) -> None:
     tmp = out / f".{RUN_MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(identity) + "\n")
+    sync_file(tmp)
     tmp.replace(out / RUN_MARKER)
+    sync_folder(out)
 
 
 def _checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
@@ -663,7 +666,9 @@ def _write_summary(out: Path, text: str, adapter_dir: Path) -> None:
     tmp = out / f".train_summary.json.{os.getpid()}.tmp"
     try:
         tmp.write_text(text)
+        sync_file(tmp)
         tmp.replace(final)
+        sync_folder(out)
     except (KeyboardInterrupt, SystemExit) as exc:
         tmp.unlink(missing_ok=True)
         print(f"polar-train train: interrupted after the adapter was written ({adapter_dir} is complete); "
@@ -708,9 +713,11 @@ def _save_adapter(trainer, adapter_dir: Path) -> None:
         return
     old = out / f".{adapter_dir.name}.old-{os.getpid()}"
     try:  # an earlier adapter (a resumed run that wrote one) is moved aside, not deleted first
+        sync_tree(partial)  # on disk before its name is: a power cut leaves no adapter of empty files
         if adapter_dir.exists() or adapter_dir.is_symlink():
             adapter_dir.replace(old)
         partial.replace(adapter_dir)
+        sync_folder(out)
     except OSError as exc:  # the new adapter stays whole where it was written
         raise TrainFailure(f"cannot put the adapter in place at {adapter_dir}: {exc.strerror or exc}; it is "
                            f"complete in {partial}") from None

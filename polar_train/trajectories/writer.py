@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..durable import sync_file, sync_folder
 from ..paths import make_private_dir
 from ..schema import TRAJECTORY_SCHEMA
 from .stitch import Trajectory
@@ -246,11 +247,13 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 table = trajectories_table(trajectories[start:start + rows_per_part])
                 table = table.replace_schema_metadata({**(table.schema.metadata or {}), **build})
                 pq.write_table(table, tmp, write_page_checksum=True)  # the trainer verifies them: no silently other ids
+                sync_file(tmp)
             for name, data in (extra or {}).items():
                 final = out_dir / name
                 tmp = _temp_name(final)
                 written.append((tmp, final))
                 tmp.write_bytes(data)
+                sync_file(tmp)
             with _signals_held():
                 new = set(finals)
                 for old in out_dir.glob(PART_GLOB):
@@ -262,6 +265,7 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 for tmp, final in written:
                     os.replace(tmp, final)
                 swapped = True
+            sync_folder(out_dir)
     finally:
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)  # after a failure or an interrupt: no temp file stays
