@@ -196,15 +196,15 @@ class PolarCapture:
         self.connect_auth: dict[str, str] = {}
         #: Model endpoints' WebSocket handshakes waiting for their answer (see _websocket_answered).
         self.websockets: dict[str, record.CallState] = {}
-        live = handover.take()  # the instance before a reload of this file: go on where it stopped
-        if live is not None:
-            self.opts, self.writer, self.calls, self.connect_auth = live.opts, live.writer, live.calls, live.connect_auth
-            self.websockets = live.websockets
-        self._drop_headers = _model_call_drops(self.opts)
-        self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
         #: What each open call's request was as the addon left it (body, host, port, path): a later
         #: addon that changed it (modify_body, map_remote, an intercept edit) is seen at its answer.
         self._as_read: dict[str, tuple] = {}
+        live = handover.take()  # the instance before a reload of this file: go on where it stopped
+        if live is not None:
+            self.opts, self.writer, self.calls, self.connect_auth = live.opts, live.writer, live.calls, live.connect_auth
+            self.websockets, self._as_read = live.websockets, live.as_read
+        self._drop_headers = _model_call_drops(self.opts)
+        self._identity_headers = identity_headers(self.opts.rollout_header, self.opts.task_header)
         self._running = False
         #: ``--set polar_...`` values mitmproxy could not use (logged at load; see unusable_deferred).
         self._unusable: list[str] = []
@@ -317,6 +317,8 @@ class PolarCapture:
         fields = headers.fields
         api = record.detect_api(req.method, req.path)
         if flow.response is not None:  # answered by the proxy itself (proxyauth's 407): no model call
+            return
+        if not flow.live:  # read from a file (-r): a past call, never sent through this proxy (replays are live)
             return
         if api is None:
             if raw_headers.values(fields, _PROBE)[0] is not None:  # polar-train harness's check: mark the answer
@@ -539,6 +541,9 @@ class PolarCapture:
                 self.websockets.pop(flow.id, None)  # a handshake that got no answer: nothing went over it
             return
         try:
+            as_read = self._as_read.pop(flow.id, None)
+            if as_read is not None:  # map_remote to a host that does not answer, say
+                state.request_changed = _changed_since(flow.request, as_read)
             msg = flow.error.msg if flow.error else "unknown error"
             waited = (record.utcnow() - state.started_at).total_seconds()
             idle_limit = float(ctx.options.tcp_timeout)
@@ -615,7 +620,8 @@ class PolarCapture:
 
     def done(self) -> None:
         if self._reloading():
-            live = handover.Live(self.opts, self.writer, self.calls, self.connect_auth, self.websockets)
+            live = handover.Live(self.opts, self.writer, self.calls, self.connect_auth, self.websockets,
+                                 self._as_read)
             handover.hand_over(live)
             log.info("polar_capture: reloading: %d calls in flight and the row worker go on", len(self.calls))
             try:  # a new file that does not load takes nothing: then end as at shutdown, off the loop

@@ -149,13 +149,14 @@ def summarize(table, top: int = 20) -> str:
     # a request seen before in its rollout is a retry, also where another proxy (or a restarted
     # one) counted its attempts afresh: each proxy numbers only the attempts it saw
     hashes = table.column("request_hash").to_pylist() if "request_hash" in table.column_names else [None] * n
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str | None, str]] = set()
     for i in range(n):
         rollout = col["rollout_id"][i]
         c = per_rollout.setdefault(rollout, Counter())
         c["calls"] += 1
         c["ok"] += col["status"][i] == "ok"
-        key = (rollout, hashes[i]) if rollout is not None and hashes[i] is not None else None
+        # (the same body sent to two APIs is two requests, as the capture and the build count them)
+        key = (rollout, col["api"][i], hashes[i]) if rollout is not None and hashes[i] is not None else None
         c["retries"] += (key is not None and key in seen) or (col["attempt"][i] or 1) > 1
         if key is not None:
             seen.add(key)

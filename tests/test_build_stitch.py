@@ -1198,8 +1198,10 @@ def test_rendered_calls_the_server_counted_otherwise_are_counted_in_the_report(t
     assert result.report.to_json()["usage_mismatch_calls"] == 1
 
 
+@pytest.mark.parametrize("reply, cut", [("Fine \U0001F9EA", 3), ("\U0001F9EA", 1), ("\U0001F9EA", 2)],
+                         ids=["after-text", "whole-reply-1", "whole-reply-2"])
 @pytest.mark.parametrize("realign", [False, True])
-def test_a_reply_cut_inside_a_character_goes_on_as_its_text_did(tmp_path, realign):
+def test_a_reply_cut_inside_a_character_goes_on_as_its_text_did(tmp_path, realign, reply, cut):
     """A reply cut by max_tokens inside a character (an emoji's first bytes): the server's text
     leaves those ids out - with the space their first id carries - as vLLM's detokenizer does, and
     the client sends back the text it got. The next prompt lacks ids the model sampled but no
@@ -1209,11 +1211,10 @@ def test_a_reply_cut_inside_a_character_goes_on_as_its_text_did(tmp_path, realig
     conv = Conversation(rollout_id="r1")
     tok = conv.tok
     conv.user("greet with an emoji")
-    whole = encode(tok, "Fine \U0001F9EA")  # "Fine", " \xf0\x9f", "\xa7", "\xaa"
-    cut = whole[:3]
-    said = Detokenizer(tok, skip_special_tokens=True).feed(cut)
-    assert said == "Fine"  # what the server returned for the cut reply
-    first = conv.assistant(said, completion_ids=cut, finish_reason="length")
+    sampled = encode(tok, reply)[:cut]  # "Fine", " \xf0\x9f", "\xa7", "\xaa"; the emoji: 3 ids alone
+    said = Detokenizer(tok, skip_special_tokens=True).feed(sampled)
+    assert said == reply.split(" ")[0].replace("\U0001F9EA", "")  # what the server returned for the cut reply
+    first = conv.assistant(said, completion_ids=sampled, finish_reason="length")
     conv.user("again")
     second = conv.assistant("Oui.")
     result = build(tmp_path, [first, second], realign=realign)
@@ -1231,5 +1232,7 @@ def test_withheld_at_end_counts_the_ids_after_the_last_whole_character():
     tok, tb = chat_tokenizer(), default_token_bytes()
     whole = encode(tok, "Fine \U0001F9EA")
     assert [withheld_at_end(tb, whole[:n]) for n in range(1, len(whole) + 1)] == [0, 1, 2, 0]
+    emoji = encode(tok, "\U0001F9EA")
+    assert [withheld_at_end(tb, emoji[:n]) for n in range(1, len(emoji) + 1)] == [1, 2, 0]  # the whole reply
     assert withheld_at_end(tb, encode(tok, "ok") + [IM_END_ID]) == 0 and withheld_at_end(tb, []) == 0
     assert withheld_at_end(tb, encode(tok, "\U0001F9EA")[:1] + [10 ** 9]) == 0  # an id that names no token

@@ -503,3 +503,15 @@ def test_inspect_keeps_a_rollout_named_none_apart_from_the_calls_without_one(tmp
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert re.search(r'\n"\[no rollout id\]" +1 ', out) and re.search(rf"\n\[no rollout id\] +{len(rows) - 1} ", out)
+
+
+def test_inspect_counts_one_body_sent_to_two_apis_as_no_retry(tmp_path, session_rows, capsys):
+    """The capture and the build take a body sent to two APIs for two requests; inspect counted the
+    second as a retry of the first."""
+    from polar_train.cli import main
+
+    first = dict(session_rows[0], rollout_id="r1", request_hash="h" * 32, attempt=1)
+    second = dict(session_rows[1], rollout_id="r1", request_hash="h" * 32, attempt=1, api="anthropic.messages")
+    write_parts(tmp_path, [first, second])
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert re.search(r"\nr1 +2 +\d+ +0 ", capsys.readouterr().out)

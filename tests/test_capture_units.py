@@ -1671,13 +1671,16 @@ def test_settings_that_hide_or_change_calls_are_named():
     plain = SimpleNamespace(mode=["regular"], modify_body=[], rfile=None, proxyauth=None)
     assert blind_spots(plain) == []
     notes = blind_spots(SimpleNamespace(
-        mode=["regular@8080", "tcp@9000", "socks5@1080"], modify_body=["|~q|a|b"], modify_headers=["|~q|h|v"],
-        intercept="~u chat", rfile="saved.flows", ignore_hosts=["example"], allow_hosts=[], proxyauth=None,
+        mode=["regular@8080", "reverse:tcp://h:1@9000", "reverse:http://h:1@9001", "dns@53", "socks5@1080"],
+        modify_body=["|~q|a|b"], modify_headers=["|~q|h|v"], map_local=["|~q|/x|f"], intercept="~u chat",
+        rfile="saved.flows", ignore_hosts=["example"], allow_hosts=[], proxyauth=None,
         server_replay=["s.flows"], client_replay=["c.flows"]))
     assert [n.split(":", 1)[0] for n in notes] == [
-        "modify_body (1 rule(s)), modify_headers (1 rule(s)), intercept (~u chat", "server_replay", "client_replay",
-        "rfile", "ignore_hosts", "mode tcp@9000", "mode socks5 without proxyauth"]
-    assert "says in its error when the body or server changed" in notes[0] and "not recorded" in notes[3]
+        "modify_body (1 rule(s)), modify_headers (1 rule(s)), intercept (~u chat", "map_local", "server_replay",
+        "client_replay", "rfile", "ignore_hosts", "mode reverse", "mode socks5 without proxyauth"]
+    assert "says in its error when the body or server changed" in notes[0] and "not recorded" in notes[4]
+    assert notes[6] == ("mode reverse:tcp://h:1@9000, dns@53: traffic passes as raw bytes there and is not "
+                        "recorded")  # (reverse:http:// is read: no note)
     socks = SimpleNamespace(mode=["socks5@1080"], proxyauth="any")
     assert blind_spots(socks) == []  # credentials read with proxyauth
     # a change while running: only the notes of what changed

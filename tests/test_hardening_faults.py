@@ -437,15 +437,23 @@ def test_with_stream_large_bodies_a_large_model_call_says_why_it_was_not_recorde
 def test_flows_read_from_a_file_are_said_not_to_be_recorded(tmp_path: Path) -> None:
     """``mitmdump -n -r saved.flows -s addon`` (an offline replay) wrote no row and said nothing - and
     warned that the proxy listens on all interfaces, where nothing listens at all."""
+    import json
+
     from mitmproxy import io
-    from mitmproxy.test import tflow
+    from mitmproxy.test import tflow, tutils
 
     from tests.support.mitm import ADDON
     from tests.support.procs import VENV_BIN
 
     saved = tmp_path / "saved.flows"
-    with saved.open("wb") as f:
-        io.FlowWriter(f).add(tflow.tflow(resp=True))
+    with saved.open("wb") as f:  # model calls without their answers: they ran all hooks again and were recorded
+        writer = io.FlowWriter(f)
+        for error in (False, True):
+            flow = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/chat/completions", content=json.dumps(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+                headers=((b"content-type", b"application/json"), (b"x-polar-rollout", b"r-file"))), err=error)
+            writer.add(flow)
+        writer.add(tflow.tflow(resp=True))
     proc = subprocess.run([str(VENV_BIN / "mitmdump"), "-n", "-r", str(saved), "-s", str(ADDON), "--set",
                            f"polar_out={tmp_path / 'out'}", "--set", f"confdir={tmp_path / 'conf'}", "--set",
                            "flow_detail=0"], capture_output=True, text=True, timeout=120)
@@ -453,3 +461,4 @@ def test_flows_read_from_a_file_are_said_not_to_be_recorded(tmp_path: Path) -> N
     assert proc.returncode == 0, log
     assert f"polar_capture: rfile: flows read from {saved} are not recorded" in log
     assert "listens on all interfaces" not in log and no_addon_traceback(log)
+    assert not list((tmp_path / "out").rglob("*.parquet"))

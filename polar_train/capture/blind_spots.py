@@ -16,8 +16,21 @@ WATCHED = frozenset({"modify_body", "modify_headers", "map_remote", "map_local",
                      "client_replay", "rfile", "ignore_hosts", "allow_hosts", "tcp_hosts", "udp_hosts", "mode",
                      "proxyauth"})
 
-_REWRITERS = ("modify_body", "modify_headers", "map_remote", "map_local")
-_RAW_MODES = ("tcp", "udp", "dns")
+_REWRITERS = ("modify_body", "modify_headers", "map_remote")
+#: Reverse-proxy schemes whose traffic mitmproxy passes as raw bytes (no HTTP to read).
+_RAW_SCHEMES = frozenset({"tcp", "tls", "udp", "dtls", "quic", "dns"})
+
+
+def _raw_mode(spec: str) -> bool:
+    """Whether ``spec`` (a ``--mode``) passes its traffic as raw bytes: a DNS server, or a reverse
+    proxy to a ``tcp://``, ``tls://``, ``udp://``, ``dtls://``, ``quic://`` or ``dns://`` server."""
+    from mitmproxy.proxy.mode_specs import DnsMode, ProxyMode, ReverseMode
+
+    try:
+        mode = ProxyMode.parse(spec)
+    except ValueError:  # mitmproxy refuses it itself
+        return False
+    return isinstance(mode, DnsMode) or (isinstance(mode, ReverseMode) and mode.scheme in _RAW_SCHEMES)
 
 
 def blind_spots(options: Any, only: frozenset[str] | set[str] | None = None) -> list[str]:
@@ -34,6 +47,8 @@ def blind_spots(options: Any, only: frozenset[str] | set[str] | None = None) -> 
         notes.append((set(rewriting), f"{', '.join(rewriting.values())}: changes a request after the capture read "
                       "it; a row records the request as the client sent it (its host, its identity headers, which "
                       "then reach the server) and says in its error when the body or server changed"))
+    if opt("map_local", []):
+        notes.append(({"map_local"}, "map_local: answers from local files are recorded as model calls"))
     if opt("server_replay", []):
         notes.append(({"server_replay"}, "server_replay: answers replayed from a file are recorded as model calls "
                       "(a replayed stream as an error: its body was not saved)"))
@@ -51,7 +66,7 @@ def blind_spots(options: Any, only: frozenset[str] | set[str] | None = None) -> 
         notes.append(({"allow_hosts"}, "allow_hosts: calls to any other host pass uninterpreted and are not "
                       "recorded"))
     modes = [str(m) for m in opt("mode", []) or []]
-    raw = [m for m in modes if m.split(":", 1)[0].split("@", 1)[0] in _RAW_MODES]
+    raw = [m for m in modes if _raw_mode(m)]
     if raw:
         notes.append(({"mode"}, f"mode {', '.join(raw)}: traffic passes as raw bytes there and is not recorded"))
     if any(m.split("@", 1)[0] == "socks5" for m in modes) and not opt("proxyauth"):

@@ -39,6 +39,8 @@ class Live:
     connect_auth: dict
     #: Model endpoints' WebSocket handshakes waiting for their answer.
     websockets: dict = field(default_factory=dict)
+    #: Each open call's request as the addon left it (a later addon's change is seen at its answer).
+    as_read: dict = field(default_factory=dict)
 
 
 _pending: Live | None = None

@@ -55,7 +55,7 @@ class StoppingServer(uvicorn.Server):
 
     def _hang_up(self, signum: int, frame: FrameType | None) -> None:
         self.hung_up = True
-        self.handle_exit(signum, frame)  # (uvicorn raises it again once stopped: the CLI's handler then)
+        self.handle_exit(signum, frame)  # (uvicorn raises it again once stopped, into this handler: a no-op)
 
     async def startup(self, sockets=None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
@@ -78,6 +78,13 @@ class StoppingServer(uvicorn.Server):
             task.cancel(msg="second Ctrl-C")
 
     async def shutdown(self, sockets=None) -> None:  # type: ignore[override]
+        forced_before = self.force_exit
         await super().shutdown(sockets)
-        if self.force_exit:  # uvicorn skips it on a force quit; the app's lifespan ends as on any stop
+        # uvicorn skipped the app's lifespan shutdown where the force quit came before it got there;
+        # where it came during that shutdown, uvicorn ran it already
+        if forced_before or (self.force_exit and not self._lifespan_ended()):
             await self.lifespan.shutdown()
+
+    def _lifespan_ended(self) -> bool:
+        event = getattr(self.lifespan, "shutdown_event", None)
+        return event is not None and event.is_set()

@@ -97,9 +97,10 @@ def withheld_at_end(token_bytes: TokenBytes, ids) -> int:
     inside a character. vLLM's detokenizer (tokenizers' ``DecodeStream``, our server's too) adds a
     token's text only once the text ends in a whole character and never flushes what is left, so
     the text a client sends back ends before those ids - also before a space or letter that shares
-    their token. At most 3 ids (a character is at most 4 bytes); 0 where an id names no token."""
+    their token. At most 3 ids (a character is at most 4 bytes) - or all of them, where the reply is
+    no more than the start of one character; 0 where an id names no token."""
     n = len(ids)
-    for k in range(min(n, 4)):
+    for k in range(min(n, 3) + 1):
         pieces = [token_bytes(int(x)) for x in ids[max(0, n - k - 4):n - k]]
         if None in pieces:
             return 0
