@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -692,3 +693,40 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
         build_trainer(ns(sampled, broken, tmp_path / "r2", "report_to=none"))
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "r2").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("cast_lm_head_to_fp32=true", "cast_lm_head_to_fp32 is not supported with the LoRA adapter"),
+    ("sync_ref_model=true", "sync_ref_model is not supported with LoRA"),
+    ("neftune_noise_alpha=5", "neftune_noise_alpha is not supported: its noise on the embeddings"),
+    ('model_init_kwargs={"dtype": "bfloat16"}', "model_init_kwargs is not used: polar-train loads the model itself"),
+    ("fp16=true", "fp16 needs a CUDA GPU"),
+    ("loss_type=sapo,sapo_temperature_pos=0", "sapo_temperature_pos must be a finite number above 0"),
+    ("loss_type=vespo,vllm_importance_sampling_mode=sequence_truncate",
+     "loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask"),
+])
+def test_options_that_fail_late_go_unused_or_break_exactness_are_refused(sampled, tiny_model_dir, tmp_path,
+                                                                         setting, message):
+    """A probe of the GRPOConfig options: a traceback after the weights loaded (cast_lm_head_to_fp32,
+    sync_ref_model), a first-step mismatch of 4 nats trained on (neftune), options that did nothing
+    (model_init_kwargs, fp16 on CPU), a NaN adapter after training (SAPO's temperature 0), and TRL's
+    VESPO check, which it runs only where vLLM samples."""
+    with pytest.raises(UserError, match=f"^{re.escape(message)}"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", *setting.split(",")))
+
+
+def test_trls_documented_values_and_mappings_are_taken(sampled, tiny_model_dir, tmp_path, capsys):
+    """``scale_rewards`` true/false (TRL documents them) were refused; a YAML mapping for a dict option
+    (``lr_scheduler_kwargs``) was refused where --set took its JSON; lora_dropout's noise is said."""
+    for value, scale in (("true", "group"), ("false", "none")):
+        config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"scale_rewards={value}"))
+        assert config.scale_rewards == scale
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("scale_rewards: false\nlr_scheduler_type: cosine_with_min_lr\n"
+                         "lr_scheduler_kwargs: {min_lr: 1.0e-7}\nlora_dropout: 0.1\n")
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
+    assert config.scale_rewards == "none" and config.lr_scheduler_kwargs == {"min_lr": 1.0e-7}
+    assert "warning: lora_dropout 0.1: its noise enters the importance weights" in capsys.readouterr().err
+    yaml_file.write_text("generation_kwargs: {top_k: 5}\n")  # a sampler's option stays refused as a mapping too
+    with pytest.raises(UserError, match="generation_kwargs"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))

@@ -125,6 +125,11 @@ def prepare(args: argparse.Namespace):
     if report.zero_reward_std_rows == len(grouped.rows) and _first_process():
         print("polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0, "
               "nothing to learn from (build with other --rewards?)", file=sys.stderr, flush=True)
+    if config.lora_dropout > 0 and not config.disable_dropout and _first_process():
+        # TRL scores the old policy and the mismatch in train mode: the dropout's noise is in both
+        print(f"polar-train train: warning: lora_dropout {config.lora_dropout:g}: its noise enters the importance "
+              "weights, the clip ratios and the logprob mismatch (once the adapter is trained: a later round, "
+              "init_adapter); disable_dropout=true leaves it out", file=sys.stderr, flush=True)
     return config, grouped, report
 
 

@@ -149,6 +149,10 @@ class TrainConfig(GRPOConfig):
                 raise ValueError(f"init_adapter {exc}") from None
         if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
             self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        if isinstance(self.scale_rewards, (bool, str)) and str(self.scale_rewards).lower() in ("true", "false"):
+            # TRL's own documented booleans (`--set scale_rewards=false`, YAML `false`)
+            self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
+        self._refuse_what_cannot_hold()
         if self.mask_truncated_completions:
             # TRL calls every completion that does not end in EOS truncated; a recorded agent trajectory
             # ends in whatever the harness stopped at, so every token was masked and nothing trained
@@ -176,6 +180,36 @@ class TrainConfig(GRPOConfig):
         # after TRL's post-init: it copies the deprecated vllm_importance_sampling_cap into clip_max
         self._check_importance_bounds()
         self._check_reporting()
+
+    def _refuse_what_cannot_hold(self) -> None:
+        """GRPOConfig options that fail here after the weights load (a traceback), go unused without a
+        word, or break the recorded logprobs' exactness (a probe of every option people change)."""
+        if self.cast_lm_head_to_fp32:  # TRL's cast assumes a model without an adapter: AttributeError
+            raise ValueError("cast_lm_head_to_fp32 is not supported with the LoRA adapter this trainer trains "
+                             "(TRL's cast assumes a model without one)")
+        if self.sync_ref_model:
+            raise ValueError("sync_ref_model is not supported with LoRA (TRL refuses it for a PEFT model): the "
+                             "reference is the model without the adapter")
+        if self.neftune_noise_alpha is not None:
+            raise ValueError("neftune_noise_alpha is not supported: its noise on the embeddings makes the trainer's "
+                             "logprobs differ from the recorded ones (a first-step mismatch of ~4 nats), and the "
+                             "importance weights with them")
+        if self.model_init_kwargs:
+            raise ValueError("model_init_kwargs is not used: polar-train loads the model itself (float32 on CPU, "
+                             "bf16 on a GPU: bf16=...)")
+        if self.fp16 and (self.use_cpu or not _cuda()):
+            raise ValueError("fp16 needs a CUDA GPU: on CPU the run is float32 whatever it says (bf16=true "
+                             "is CPU's half precision)")
+        need_positive = {"sapo_temperature_pos": self.sapo_temperature_pos,
+                         "sapo_temperature_neg": self.sapo_temperature_neg}
+        for name, value in need_positive.items():
+            if self.loss_type == "sapo" and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number above 0 (SAPO divides by it), got {value}")
+        # TRL checks this only where vLLM samples (use_vllm); here the recorded logprobs play its part
+        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction and \
+                self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):
+            raise ValueError("loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask "
+                             f"(it weighs tokens, not sequences), got {self.vllm_importance_sampling_mode}")
 
     def _check_ranges(self) -> None:
         """Values TRL, transformers or torch refuse only after the weights load, with a traceback
@@ -280,6 +314,10 @@ class _Parser(TrlParser):
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+#: Each option's declared type as text, taken before any parse: transformers' HfArgumentParser
+#: rewrites a union's ``Field.type`` in place (``dict | str | None`` became ``str``), so a check
+#: that read it after the first parse judged by another type.
+_FIELD_TYPES = {name: str(f.type) for name, f in _FIELDS.items()}
 
 
 #: TRL's sampling options, which only its own generation reads: on recorded data they did nothing,
@@ -351,6 +389,8 @@ def _yaml_value(key: str, value: Any) -> Any:
     """``value`` converted to the field's type, or ValueError: ``lora_r: 4.5`` or ``max_steps: 1.5``
     reached the trainer (a TypeError after the weights loaded), ``lora_target_modules: 5`` too."""
     kinds = _hint_kinds(key)
+    if key == "scale_rewards" and isinstance(value, bool):  # TRL documents true (group) and false (none)
+        return "group" if value else "none"
     if kinds is None:
         return value
     wanted = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str, list) if k in kinds)
@@ -483,8 +523,11 @@ def read_yaml(path: str | None) -> dict[str, Any]:
         if key == "env":
             continue
         if isinstance(value, dict):
+            if "dict" in _FIELD_TYPES[key]:  # lr_scheduler_kwargs: {min_lr: 1.0e-7}, as --set takes JSON
+                _refuse_generation_option(f"{p}: ", key, value)  # (generation_kwargs: the sampler's, not ours)
+                continue
             raise UserError(f"{p}: {key}: expected a value, got a mapping")
-        if value is None and "None" not in str(_FIELDS[key].type) and "Optional" not in str(_FIELDS[key].type):
+        if value is None and "None" not in _FIELD_TYPES[key] and "Optional" not in _FIELD_TYPES[key]:
             raise UserError(f"{p}: {key}: expected a value, got null (leave the option out for its default)")
         _refuse_generation_option(f"{p}: ", key, value)
         if value is not None:
@@ -508,7 +551,7 @@ def load_config(config_path: str | None, sets: list[str], output_dir: str,
         if key in user and key not in overrides:
             continue
         args.append(f"--{key}")
-        ftype = str(_FIELDS[key].type)  # the annotation's text (this module's annotations are strings)
+        ftype = _FIELD_TYPES[key]  # the annotation's text (this module's annotations are strings)
         # a field that may also be one str (report_to) is parsed as a str: the list is split after
         one_str = "str" in {alternative.strip() for alternative in ftype.split("|")}
         if "list" in ftype and not one_str and "," in str(value):
