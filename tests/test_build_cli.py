@@ -612,18 +612,9 @@ def test_the_build_is_on_disk_before_its_names(tmp_path, capture, monkeypatch):
     """A rename can reach the disk before the data of the file it names: after a power cut a
     build's parts and report were there by name and empty. Each is flushed under its temporary
     name, and the folder after the swap."""
-    import os
+    from tests.support.fsync import recorded_fsyncs
 
-    from polar_train import durable
-
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        fsync(fd)
-
-    monkeypatch.setattr(durable.os, "fsync", recording)
+    synced = recorded_fsyncs(monkeypatch)
     out = tmp_path / "traj"
     assert main(["build", str(capture), "--out", str(out)]) == 0
     parts, report = _built(out)

@@ -124,6 +124,18 @@ def test_retokenization_forks_by_default(tmp_path):
     assert_aligned(result.trajectories[1], rows[1:])
 
 
+def _assert_continued_as_retokenization(tmp_path, rows: list[dict], realign: bool) -> None:
+    """``rows``' second call forks from the first as a retokenization, or with ``realign`` goes on
+    in one realigned trajectory with every sampled id and logprob in place."""
+    result = build(tmp_path, rows, realign=realign)
+    if realign:
+        (t,) = result.trajectories
+        assert t.realigned and result.report.realigned_calls == 1
+        assert_aligned(t, rows)
+    else:
+        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+
+
 @pytest.mark.parametrize("realign", [False, True])
 def test_a_sampled_text_the_tokenizer_normalises_is_a_retokenization(tmp_path, realign):
     """The model sampled ``e`` + a combining acute; the client sent the text back unchanged and the
@@ -140,13 +152,7 @@ def test_a_sampled_text_the_tokenizer_normalises_is_a_retokenization(tmp_path, r
     second = conv.assistant("Oui.")
     said = tok.decode(second["prompt_token_ids"])  # the next prompt holds the composed form
     assert "caf\u00e9 ok" in said and "\u0301" not in said
-    result = build(tmp_path, [first, second], realign=realign)
-    if realign:
-        (t,) = result.trajectories
-        assert t.realigned and result.report.realigned_calls == 1
-        assert_aligned(t, [first, second])
-    else:
-        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+    _assert_continued_as_retokenization(tmp_path, [first, second], realign)
 
 
 @pytest.mark.parametrize("sampled, sent_back, same", [
@@ -1217,13 +1223,7 @@ def test_a_reply_cut_inside_a_character_goes_on_as_its_text_did(tmp_path, realig
     first = conv.assistant(said, completion_ids=sampled, finish_reason="length")
     conv.user("again")
     second = conv.assistant("Oui.")
-    result = build(tmp_path, [first, second], realign=realign)
-    if realign:
-        (t,) = result.trajectories
-        assert t.realigned and result.report.realigned_calls == 1
-        assert_aligned(t, [first, second])
-    else:
-        assert [t.fork_cause for t in result.trajectories] == [None, "retokenization"]
+    _assert_continued_as_retokenization(tmp_path, [first, second], realign)
 
 
 def test_withheld_at_end_counts_the_ids_after_the_last_whole_character():

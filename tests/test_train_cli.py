@@ -824,18 +824,11 @@ def test_the_run_files_are_on_disk_before_their_names(trajectories, tiny_model_d
     temporary name, and its folder after the rename. No real training: the saving is real."""
     from transformers.trainer_utils import TrainOutput
 
-    from polar_train import durable
     from polar_train.train.trainer import RecordedGRPOTrainer
+    from tests.support.fsync import recorded_fsyncs
 
     monkeypatch.setattr(RecordedGRPOTrainer, "train", lambda self, *a, **k: TrainOutput(0, 0.0, {}))
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def recording(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        fsync(fd)
-
-    monkeypatch.setattr(durable.os, "fsync", recording)
+    synced = recorded_fsyncs(monkeypatch)
     out = tmp_path / "run"
     train_cli.run(_args(trajectories, tiny_model_dir, out))
     names = [Path(p).name for p in synced]
