@@ -8,15 +8,21 @@ rename, and the folder after it (the rename itself is an entry of the folder).
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 
 def sync_file(path: str | Path) -> None:
-    """Flush ``path``'s data to disk (an error is raised: the caller's write failed)."""
+    """Flush ``path``'s data to disk. An error is raised (the caller's write failed: EIO, ENOSPC),
+    but for a file system that cannot flush (EINVAL, ENOSYS, ENOTSUP: some FUSE and network ones),
+    where nothing more can be done."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 

@@ -700,7 +700,7 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     ("sync_ref_model=true", "sync_ref_model is not supported with LoRA"),
     ("neftune_noise_alpha=5", "neftune_noise_alpha is not supported: its noise on the embeddings"),
     ('model_init_kwargs={"dtype": "bfloat16"}', "model_init_kwargs is not used: polar-train loads the model itself"),
-    ("fp16=true", "fp16 needs a CUDA GPU"),
+    ("fp16=true,use_cpu=true", "fp16 needs a CUDA GPU"),
     ("loss_type=sapo,sapo_temperature_pos=0", "sapo_temperature_pos must be a finite number above 0"),
     ("loss_type=vespo,vllm_importance_sampling_mode=sequence_truncate",
      "loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask"),
@@ -722,11 +722,26 @@ def test_trls_documented_values_and_mappings_are_taken(sampled, tiny_model_dir, 
         config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"scale_rewards={value}"))
         assert config.scale_rewards == scale
     yaml_file = tmp_path / "t.yaml"
+    # (1e-7 without a dot: a string to PyYAML, a number to JSON; it reached the scheduler as "1e-7")
     yaml_file.write_text("scale_rewards: false\nlr_scheduler_type: cosine_with_min_lr\n"
-                         "lr_scheduler_kwargs: {min_lr: 1.0e-7}\nlora_dropout: 0.1\n")
+                         "lr_scheduler_kwargs: {min_lr: 1e-7}\nlora_dropout: 0.1\n")
     config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
     assert config.scale_rewards == "none" and config.lr_scheduler_kwargs == {"min_lr": 1.0e-7}
     assert "warning: lora_dropout 0.1: its noise enters the importance weights" in capsys.readouterr().err
+    for empty in ("{}", "null"):  # sets nothing: not refused as unused
+        assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"model_init_kwargs={empty}"))[0] is not None
     yaml_file.write_text("generation_kwargs: {top_k: 5}\n")  # a sampler's option stays refused as a mapping too
     with pytest.raises(UserError, match="generation_kwargs"):
         prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
+
+
+def test_a_loaded_adapters_dropout_is_said_too(sampled, tiny_model_dir, tmp_path, capsys):
+    """The warning looked at lora_dropout alone; from init_adapter the loaded adapter's dropout
+    applies (its noise was in a round-2 mismatch of 3.5e-3, unsaid)."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "lora_dropout": 0.2}))
+    prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"init_adapter={adapter}"))
+    assert "warning: lora_dropout 0.2: its noise enters the importance weights" in capsys.readouterr().err
+    prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"init_adapter={adapter}", "disable_dropout=true"))
+    assert "lora_dropout" not in capsys.readouterr().err

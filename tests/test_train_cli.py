@@ -837,3 +837,26 @@ def test_the_run_files_are_on_disk_before_their_names(trajectories, tiny_model_d
     weights = [p for p in synced if Path(p).name == "adapter_model.safetensors"]
     assert weights and all(Path(p).parent.name.startswith(".adapter.partial-") for p in weights)
     assert synced.count(str(out)) >= 3  # the folder after each rename: marker, adapter, summary
+
+
+def test_a_failed_flush_of_the_marker_leaves_no_temporary_file(tmp_path, monkeypatch) -> None:
+    """An fsync error (EIO) left the marker's temporary file, and the next run into the folder was
+    refused as "holds no run of ours"; a file system that cannot flush at all (EINVAL) is no error."""
+    import errno
+
+    from polar_train import durable
+
+    def failing(code: int):
+        def fsync(fd: int) -> None:
+            raise OSError(code, os.strerror(code))
+        return fsync
+
+    out = tmp_path / "run"
+    out.mkdir()
+    monkeypatch.setattr(durable.os, "fsync", failing(errno.EIO))
+    with pytest.raises(OSError):
+        train_cli._write_marker(out, {"model": "m"})
+    assert sorted(p.name for p in out.iterdir()) == []
+    monkeypatch.setattr(durable.os, "fsync", failing(errno.EINVAL))
+    train_cli._write_marker(out, {"model": "m"})
+    assert sorted(p.name for p in out.iterdir()) == [train_cli.RUN_MARKER]

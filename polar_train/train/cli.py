@@ -125,9 +125,13 @@ def prepare(args: argparse.Namespace):
     if report.zero_reward_std_rows == len(grouped.rows) and _first_process():
         print("polar-train train: warning: every GRPO group has equal rewards: the advantages are all 0, "
               "nothing to learn from (build with other --rewards?)", file=sys.stderr, flush=True)
-    if config.lora_dropout > 0 and not config.disable_dropout and _first_process():
+    dropout = config.lora_dropout
+    if config.init_adapter:  # the loaded adapter's own dropout applies (a different one is refused)
+        loaded = _adapter_config(config.init_adapter).get("lora_dropout")
+        dropout = loaded if isinstance(loaded, (int, float)) and not isinstance(loaded, bool) else dropout
+    if dropout > 0 and not config.disable_dropout and _first_process():
         # TRL scores the old policy and the mismatch in train mode: the dropout's noise is in both
-        print(f"polar-train train: warning: lora_dropout {config.lora_dropout:g}: its noise enters the importance "
+        print(f"polar-train train: warning: lora_dropout {dropout:g}: its noise enters the importance "
               "weights, the clip ratios and the logprob mismatch (once the adapter is trained: a later round, "
               "init_adapter); disable_dropout=true leaves it out", file=sys.stderr, flush=True)
     return config, grouped, report
@@ -265,9 +269,13 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
 
 def _write_marker(out: Path, identity: dict[str, Any]) -> None:
     tmp = out / f".{RUN_MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(identity) + "\n")
-    sync_file(tmp)
-    tmp.replace(out / RUN_MARKER)
+    try:
+        tmp.write_text(json.dumps(identity) + "\n")
+        sync_file(tmp)
+        tmp.replace(out / RUN_MARKER)
+    except BaseException:  # a stray temp file would make the folder "not ours" to the next run
+        tmp.unlink(missing_ok=True)
+        raise
     sync_folder(out)
 
 

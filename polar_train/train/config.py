@@ -1,7 +1,8 @@
 """The trainer's one configuration: TRL's ``GRPOConfig`` fields, our data fields, LoRA fields.
 
 Why one dataclass read by TRL's ``TrlParser``: a ``train.yaml`` is then written exactly like a
-TRL config (flat keys, ``env:`` block), every ``GRPOConfig`` option works unchanged, and
+TRL config (flat keys, ``env:`` block), ``GRPOConfig`` options work unchanged (those that cannot on
+recorded data with a LoRA are refused up front: docs/train.md), and
 ``--set key=value`` is parsed with the same type coercion as TRL's own command line.
 """
 
@@ -194,7 +195,7 @@ class TrainConfig(GRPOConfig):
             raise ValueError("neftune_noise_alpha is not supported: its noise on the embeddings makes the trainer's "
                              "logprobs differ from the recorded ones (a first-step mismatch of ~4 nats), and the "
                              "importance weights with them")
-        if self.model_init_kwargs:
+        if self.model_init_kwargs and str(self.model_init_kwargs).strip().lower() not in ("{}", "null", "none"):
             raise ValueError("model_init_kwargs is not used: polar-train loads the model itself (float32 on CPU, "
                              "bf16 on a GPU: bf16=...)")
         if self.fp16 and (self.use_cpu or not _cuda()):
@@ -247,7 +248,8 @@ class TrainConfig(GRPOConfig):
             need(self.save_steps > 0, "save_steps must be above 0 (a step count, or a fraction of the run below 1)",
                  self.save_steps)
         scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        need(scale in ("group", "batch", "none"), "scale_rewards must be group, batch or none", self.scale_rewards)
+        need(scale in ("group", "batch", "none"), "scale_rewards must be group, batch or none (or TRL's true, "
+             "false)", self.scale_rewards)
         need(self.importance_sampling_level in _IS_LEVELS, "importance_sampling_level must be "
              f"{' or '.join(_IS_LEVELS)}", self.importance_sampling_level)
         if self.use_liger_kernel:
@@ -494,6 +496,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+#: A number JSON reads as one and YAML 1.1 (PyYAML) as a string: ``1e-7`` (no dot in the mantissa).
+_YAML_STRING_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _json_numbers(value: Any) -> Any:
+    """``value`` (a YAML mapping's content) with the numbers PyYAML read as strings made numbers, as
+    JSON (``--set``) reads them: ``{min_lr: 1e-7}`` reached the scheduler as ``"1e-7"``, a TypeError
+    after the weights loaded."""
+    if isinstance(value, dict):
+        return {k: _json_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(v) for v in value]
+    if isinstance(value, str) and _YAML_STRING_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
 def read_yaml(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -525,6 +544,7 @@ def read_yaml(path: str | None) -> dict[str, Any]:
         if isinstance(value, dict):
             if "dict" in _FIELD_TYPES[key]:  # lr_scheduler_kwargs: {min_lr: 1.0e-7}, as --set takes JSON
                 _refuse_generation_option(f"{p}: ", key, value)  # (generation_kwargs: the sampler's, not ours)
+                data[key] = _json_numbers(value)
                 continue
             raise UserError(f"{p}: {key}: expected a value, got a mapping")
         if value is None and "None" not in _FIELD_TYPES[key] and "Optional" not in _FIELD_TYPES[key]:
