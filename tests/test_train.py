@@ -262,7 +262,7 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("num_iterations=0", "num_iterations must be at least 1, got 0"),
                              ("top_entropy_quantile=-1", r"top_entropy_quantile must be in \[0, 1\], got -1"),
                              ("save_steps=0", "save_steps must be above 0"),
-                             ("scale_rewards=bogus", "scale_rewards must be group, batch or none, got bogus"),
+                             ("scale_rewards=bogus", "scale_rewards must be group, batch or none \\(or TRL's true, false\\), got bogus"),
                              ("importance_sampling_level=bogus", "importance_sampling_level must be token or sequence"),
                              ("top_p=0.5", "top_p: this trainer trains recorded trajectories only"),
                              ("per_device_train_batch_size=100000", "a step's generation batch is 100000 trajectories"),
