@@ -67,9 +67,9 @@ def _check_out(out: Path, captures: Path) -> None:
         parts = part_folder(captures)
         target = out.resolve()
         if parts.is_file():  # one part: a rebuild replaces the part-*.parquet files in --out
-            if target == parts.parent.resolve():
-                raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
             folder = parts.parent.resolve()
+            if target == folder:
+                raise UserError(f"--out {out} is the folder of {captures}; choose another folder")
             if folder.name == "calls":  # a part in a capture (POLAR_OUT/calls/): trajectories in it would be
                 # read with its calls from then on (named as not a call log, or as a capture of another build)
                 root = folder.parent

@@ -193,4 +193,3 @@ def _serve(args: argparse.Namespace) -> int:
     if not server.started:
         return 1  # uvicorn logged why (the checks before the model loaded foresee the usual causes)
     return 0
-

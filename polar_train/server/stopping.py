@@ -3,10 +3,10 @@
 Why: uvicorn stops on SIGINT and SIGTERM with a grace for open streams, and a second Ctrl-C is
 meant to quit at once. Left as it is, (1) a SIGHUP (the terminal closed) is not one of its signals,
 and the CLI's unwinding raised inside its event loop; (2) it took SIGINT and SIGTERM also where the
-caller ignores them (``nohup``, a background job's SIGINT), and then exited 0; (3) its force quit skips its wait loops but
-not the listening sockets' ``wait_closed`` (Python 3.12 waits there for every open connection), so
-the streams ran on to the end of the grace all the same, and it skipped the app's lifespan shutdown,
-whose cancelled task then logged a traceback.
+caller ignores them (``nohup``, a background job's SIGINT), and then exited 0; (3) its force quit
+skips its wait loops but not the listening sockets' ``wait_closed`` (Python 3.12 waits there for
+every open connection), so the streams ran on to the end of the grace all the same, and it skipped
+the app's lifespan shutdown, whose cancelled task then logged a traceback.
 """
 
 from __future__ import annotations

@@ -460,12 +460,14 @@ class Stitcher:
             return None
         if SPECIAL_START_ID <= t.match_at(d):
             return None  # a special token: no tokenisation of text produces it
-        tb = self.token_bytes()
-        end = t.match_len - withheld_at_end(tb, t.buf[t.last_prompt_len:t.match_len])
-        if d >= end:  # only what the reply's text left out differs: the prompt goes on from here
-            return d
+        end = t.match_len
+        if t.buf[end - 1] < SPECIAL_START_ID:  # a reply cut short (no <|im_end|>): maybe inside a character
+            end -= withheld_at_end(self.token_bytes(), t.buf[t.last_prompt_len:end])
+            if d >= end:  # only what the reply's text left out differs: the prompt goes on from here
+                return d
         if d < len(prompt) and SPECIAL_START_ID <= prompt[d]:
-            return None
+            return None  # (on the prompt's side too: before the tokenizer loads, where it need not)
+        tb = self.token_bytes()
         want = ids_bytes(tb, t.buf[d:end])
         if want is None:
             return None  # an id that names no token: nothing to compare
