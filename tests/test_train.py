@@ -10,6 +10,8 @@ import argparse
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -746,3 +748,22 @@ def test_a_loaded_adapters_dropout_is_said_too(sampled, tiny_model_dir, tmp_path
     assert "warning: lora_dropout 0.2: its noise enters the importance weights" in capsys.readouterr().err
     prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"init_adapter={adapter}", "disable_dropout=true"))
     assert "lora_dropout" not in capsys.readouterr().err
+
+
+def test_option_types_hold_after_a_scripts_own_parse_of_grpoconfig(tmp_path):
+    """transformers' HfArgumentParser rewrites a union's ``Field.type`` in place, and TrainConfig's
+    fields are GRPOConfig's: a script that parsed GRPOConfig before importing polar_train had a YAML
+    mapping for ``lr_scheduler_kwargs`` refused ("expected a value, got a mapping")."""
+    yaml_file = tmp_path / "t.yaml"
+    yaml_file.write_text("lr_scheduler_kwargs: {min_lr: 1.0e-7}\n")
+    script = ("import sys\n"
+              "from transformers import HfArgumentParser\n"
+              "from trl import GRPOConfig\n"
+              "HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(\n"
+              "    args=['--output_dir', sys.argv[2], '--use_cpu', '--bf16', 'false'])\n"
+              "from polar_train.train.config import load_config\n"
+              "print(load_config(sys.argv[1], [], sys.argv[2]).lr_scheduler_kwargs)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(yaml_file), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "{'min_lr': 1e-07}"

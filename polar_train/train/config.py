@@ -316,10 +316,29 @@ class _Parser(TrlParser):
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-#: Each option's declared type as text, taken before any parse: transformers' HfArgumentParser
-#: rewrites a union's ``Field.type`` in place (``dict | str | None`` became ``str``), so a check
-#: that read it after the first parse judged by another type.
-_FIELD_TYPES = {name: str(f.type) for name, f in _FIELDS.items()}
+
+
+def _type_hints() -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(TrainConfig)
+    except Exception:  # noqa: BLE001 - an annotation this Python cannot resolve: no YAML type checks
+        return {}
+
+
+_HINTS = _type_hints()
+
+
+def _type_text(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+#: Each option's declared type as text, from the classes' annotations: transformers' HfArgumentParser
+#: rewrites a union's ``Field.type`` in place (``dict | str | None`` became ``str``), and TRL's
+#: fields are ours, so a check that read ``Field.type`` after any parse of GRPOConfig (a script's
+#: own, before it imported this module) judged by another type.
+_FIELD_TYPES = {name: _type_text(_HINTS[name]) if name in _HINTS else str(f.type) for name, f in _FIELDS.items()}
 
 
 #: TRL's sampling options, which only its own generation reads: on recorded data they did nothing,
@@ -441,18 +460,6 @@ def _yaml_value(key: str, value: Any) -> Any:
             raise ValueError(f"expected a list of numbers, got {value!r}")
         return value
     raise bad
-
-
-def _type_hints() -> dict[str, Any]:
-    import typing
-
-    try:
-        return typing.get_type_hints(TrainConfig)
-    except Exception:  # noqa: BLE001 - an annotation this Python cannot resolve: no YAML type checks
-        return {}
-
-
-_HINTS = _type_hints()
 
 
 def parse_sets(sets: list[str]) -> dict[str, str]:
