@@ -860,3 +860,22 @@ def test_a_failed_flush_of_the_marker_leaves_no_temporary_file(tmp_path, monkeyp
     monkeypatch.setattr(durable.os, "fsync", failing(errno.EINVAL))
     train_cli._write_marker(out, {"model": "m"})
     assert sorted(p.name for p in out.iterdir()) == [train_cli.RUN_MARKER]
+
+
+def test_a_resume_with_the_same_scheduler_kwargs_in_another_order_is_the_same_run(tmp_path) -> None:
+    """The marker recorded ``lr_scheduler_kwargs`` as JSON in the order given: a resume with the
+    same mapping in another order was refused as another schedule (markers of earlier versions
+    hold the given order: compared by content)."""
+    from types import SimpleNamespace
+
+    out = tmp_path / "run"
+    out.mkdir()
+    def config(kwargs):
+        return SimpleNamespace(**{**{key: None for key in train_cli.RESUME_FIXED}, "lr_scheduler_kwargs": kwargs})
+
+    first = train_cli.run_options(config({"min_lr": 1e-7, "num_cycles": 2}))
+    for recorded in (first["lr_scheduler_kwargs"], '{"min_lr": 1e-07, "num_cycles": 2}'):  # ours; an earlier version's
+        (out / train_cli.RUN_MARKER).write_text(json.dumps({"options": {**first, "lr_scheduler_kwargs": recorded}}))
+        train_cli._check_same_options(out, train_cli.run_options(config({"num_cycles": 2, "min_lr": 1e-7})))
+        with pytest.raises(UserError, match=r"^--resume: lr_scheduler_kwargs=\{\"min_lr\": 1e-07, \"num_cycles\": 3\}"):
+            train_cli._check_same_options(out, train_cli.run_options(config({"num_cycles": 3, "min_lr": 1e-7})))

@@ -200,9 +200,27 @@ def run_options(config) -> dict[str, Any]:
     """The :data:`RESUME_FIXED` options of ``config`` as the run marker records them (JSON values)."""
     def plain(value: Any) -> Any:
         value = getattr(value, "value", value)  # transformers' enums (optim, lr_scheduler_type)
-        return value if isinstance(value, (str, int, float, bool, type(None))) else json.dumps(value, default=str)
+        return value if isinstance(value, (str, int, float, bool, type(None))) else _canonical_json(value)
 
     return {key: plain(getattr(config, key, None)) for key in RESUME_FIXED}
+
+
+def _canonical_json(value: Any) -> str:
+    # keys sorted: a resume given the same lr_scheduler_kwargs in another order is the same run
+    return json.dumps(value, default=str, sort_keys=True)
+
+
+def _same_option(saved: Any, now: Any) -> bool:
+    """Compare a marker's recorded value with this run's; a mapping an earlier version recorded
+    in the order it was given compares by content."""
+    if saved == now:
+        return True
+    if isinstance(saved, str) and isinstance(now, str) and saved[:1] in "{[":
+        try:
+            return _canonical_json(json.loads(saved)) == now
+        except ValueError:
+            return False
+    return False
 
 
 def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) -> None:
@@ -215,7 +233,7 @@ def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) ->
                   "run started with (not checked)", flush=True)
         return
     changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
-               if key in saved and key in options and saved[key] != options[key]]
+               if key in saved and key in options and not _same_option(saved[key], options[key])]
     # (lora_dropout is compared with the checkpoint's adapter_config.json)
     unknown = [key for key in RESUME_FIXED if key not in saved and key != "lora_dropout"]
     if unknown and not changed and say:  # a run an earlier version started: these went unrecorded
