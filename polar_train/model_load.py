@@ -165,7 +165,7 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
     try:
         with warnings.catch_warnings():  # transformers' deprecation notices from inside peft: noise to a user
             warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
-            return PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
+            loaded = PeftModel.from_pretrained(model, str(adapter_dir), **kwargs)
     except Exception as exc:  # noqa: BLE001 - the folder's fault, e.g. safetensors' SafetensorError for cut weights
         text = str(exc)
         if "size mismatch" in text:  # torch's first line only says "Error(s) in loading state_dict"
@@ -177,6 +177,14 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
             raise ModelLoadError(f"cannot load the adapter in {folder} (adapter_model.bin): "
                                  f"{first_line(exc)}") from None
         raise ModelLoadError(f"cannot load the adapter in {folder}: {first_line(exc)}") from None
+    # a diverged run's weights (an earlier version saved them in its checkpoints): served, every
+    # answer was garbage; trained from, the first step "diverged" and blamed the learning rate
+    broken = [name for name, param in loaded.named_parameters()
+              if "lora_" in name and not bool(param.detach().isfinite().all())]
+    if broken:
+        raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {len(broken)} of its tensors hold NaN or "
+                             f"infinite values (e.g. {broken[0]}): the weights of a run that diverged")
+    return loaded
 
 
 def _first_mismatch(text: str) -> str:

@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -879,3 +880,78 @@ def test_a_resume_with_the_same_scheduler_kwargs_in_another_order_is_the_same_ru
         train_cli._check_same_options(out, train_cli.run_options(config({"num_cycles": 2, "min_lr": 1e-7})))
         with pytest.raises(UserError, match=r"^--resume: lr_scheduler_kwargs=\{\"min_lr\": 1e-07, \"num_cycles\": 3\}"):
             train_cli._check_same_options(out, train_cli.run_options(config({"num_cycles": 3, "min_lr": 1e-7})))
+
+
+def test_a_run_that_diverges_stops_at_that_step_and_saves_no_nan_checkpoint(trajectories, tiny_model_dir, tmp_path):
+    """A learning rate of 1e30 made the adapter NaN at step 2; the run went on to max_steps, saved
+    NaN checkpoints, logged a loss of 0, and only its end said so: the training notebook then
+    offered the last checkpoint (all NaN) to continue from. Real training, a few tiny steps."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                       "--set", "learning_rate=1e30", "--set", "optim=sgd", "--set", "max_steps=4",
+                       "--set", "save_steps=1", "--set", "per_device_train_batch_size=4",
+                       "--set", "gradient_accumulation_steps=1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    step = int(re.match(r"polar-train train: error: training diverged at step (\d+): non-finite adapter weights "
+                        r"\(\d+ of \d+ tensors, e\.g\. [\w.]+\); stopped before saving them; ", line)[1])
+    assert step < 4 and not (out / "adapter").exists() and not (out / "train_summary.json").exists()
+    saved = sorted(out.glob("checkpoint-*"))
+    assert [d.name for d in saved] == [f"checkpoint-{n}" for n in range(1, step)]
+    for checkpoint in saved:
+        assert all(bool(torch.isfinite(t).all()) for t in load_file(checkpoint / "adapter_model.safetensors").values())
+    assert saved, line  # (the first step's update is finite here: one checkpoint to go on from)
+    assert f"{saved[-1].name} holds the weights before (a new --output with --set init_adapter={saved[-1]}" in line
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == step and rows[-1]["error"].startswith(f"training diverged at step {step}: ")
+
+
+def test_a_nan_adapter_is_refused_as_init_adapter_and_skipped_as_a_checkpoint(tiny_model_dir, tmp_path):
+    """Checkpoints an earlier version saved after a run diverged hold NaN weights: the training
+    notebook and --resume took the newest one, and init_adapter= it trained (or served) NaNs."""
+    from peft import LoraConfig, get_peft_model
+
+    from polar_train.model_load import ModelLoadError, load_adapter, load_causal_lm
+
+    run = tmp_path / "run"
+    for step in (1, 2):
+        peft_model = get_peft_model(load_causal_lm(tiny_model_dir, torch.float32),
+                                    LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+        if step == 2:
+            with torch.no_grad():
+                next(p for n, p in peft_model.named_parameters() if "lora_B" in n).fill_(float("nan"))
+        checkpoint = run / f"checkpoint-{step}"
+        peft_model.save_pretrained(str(checkpoint))
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (checkpoint / "optimizer.pt").write_bytes(b"")
+    last, skipped = train_cli.complete_checkpoint(run, resumable=False)
+    assert last == run / "checkpoint-1"
+    assert skipped == ["checkpoint-2 (adapter_model.safetensors holds non-finite weights (the run diverged))"]
+    with pytest.raises(ModelLoadError, match=re.escape(
+            f"cannot load the adapter in {run / 'checkpoint-2'}: 1 of its tensors hold NaN or infinite values (e.g. ")):
+        load_adapter(load_causal_lm(tiny_model_dir, torch.float32), run / "checkpoint-2")
+    assert load_adapter(load_causal_lm(tiny_model_dir, torch.float32), run / "checkpoint-1") is not None
+
+
+def test_metrics_name_the_values_that_were_nan_or_infinite(tmp_path) -> None:
+    """A NaN loss was written as null, which also means "no value" (a step without sampler
+    logprobs): the training notebook read a diverging run's NaNs as missing logprobs."""
+    from types import SimpleNamespace
+
+    from polar_train.train.trainer import MetricsFileCallback
+
+    path = tmp_path / "metrics.jsonl"
+    callback = MetricsFileCallback(path)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=3, epoch=1.0)
+    callback.on_log(None, state, None, logs={"loss": float("nan"), "grad_norm": float("inf"), "reward": 0.5,
+                                             DIFF_KEY: None})
+    callback.on_log(None, state, None, logs={"loss": 0.25})
+    first, second = (json.loads(line) for line in path.read_text().splitlines())
+    assert first["loss"] is None and first["grad_norm"] is None and first[DIFF_KEY] is None
+    assert first["non_finite"] == ["loss", "grad_norm"] and first["reward"] == 0.5
+    assert second["loss"] == 0.25 and "non_finite" not in second
+
+
+DIFF_KEY = "sampling/sampling_logp_difference/mean"

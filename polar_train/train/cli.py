@@ -337,8 +337,8 @@ def _resume_state_problem(folder: Path) -> str | None:
 
 def _weights_problem(folder: Path) -> str | None:
     """Why ``folder``'s adapter weights cannot load, or None: a weights file cut short (a crash,
-    a full disk) made ``--resume`` end in safetensors' traceback. The header is read, not the
-    tensors."""
+    a full disk) made ``--resume`` end in safetensors' traceback; an adapter's weights are read
+    (small) to tell a diverged run's NaNs."""
     for name in ("adapter_model.safetensors", "model.safetensors", "adapter_model.bin"):
         path = folder / name
         if not path.is_file():
@@ -347,8 +347,10 @@ def _weights_problem(folder: Path) -> str | None:
             if path.suffix == ".safetensors":
                 from safetensors import safe_open
 
-                with safe_open(str(path), framework="pt"):
-                    pass
+                with safe_open(str(path), framework="pt") as weights:
+                    if name == "adapter_model.safetensors" and not all(  # an earlier version saved a diverged
+                            _all_finite(weights.get_tensor(key)) for key in weights.keys()):  # run's NaNs
+                        return f"{name} holds non-finite weights (the run diverged)"
             elif path.stat().st_size == 0:
                 return f"{name} is empty"
         except Exception:  # noqa: BLE001 - safetensors raises its own error types for a bad header
@@ -371,6 +373,9 @@ def complete_checkpoint(out: Path, resumable: bool = True) -> tuple[Path | None,
         problem = _checkpoint_problem(folder, resumable)
         if problem is None:
             return folder, skipped
+        if "non-finite" in problem:  # (a diverged run's save, complete)
+            skipped.append(f"{folder.name} ({problem})")
+            continue
         why = "its save was cut short" + (", or the run saved its model only (save_only_model)"
                                            if problem == "no optimizer.pt" else "")
         skipped.append(f"{folder.name} ({problem}: {why})")
@@ -590,7 +595,13 @@ def _hold_run_lock(out: Path, resume: bool):
 
 def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint, model, tok, peft_config, grouped):
     """The marker written and the trainer made, under the run's lock."""
-    from .trainer import MetricsFileCallback, MismatchCheckpointCallback, RecordedGRPOTrainer, keep_metrics_until
+    from .trainer import (
+        DivergenceCallback,
+        MetricsFileCallback,
+        MismatchCheckpointCallback,
+        RecordedGRPOTrainer,
+        keep_metrics_until,
+    )
 
     if checkpoint is not None:  # a resume records only what the run recorded (an earlier version's marker
         # holds fewer options: this resume's values of the others are not the run's, and were not checked)
@@ -614,6 +625,7 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
     trainer = RecordedGRPOTrainer(model=model, args=config, processing_class=tok, peft_config=peft_config,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
     trainer.add_callback(MismatchCheckpointCallback(trainer))
+    trainer.add_callback(DivergenceCallback(trainer, out / "metrics.jsonl"))
     return trainer
 
 

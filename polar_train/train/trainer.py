@@ -244,6 +244,35 @@ def keep_metrics_until(path: Path, step: int) -> None:
         raise
 
 
+class DivergenceCallback(TrainerCallback):
+    """Stop at the first optimizer step that leaves a trained weight NaN or infinite, before its
+    checkpoint is saved: a run that diverged at step 2 went on to its last step, saved a checkpoint
+    of NaNs at each ``save_steps`` and logged a loss of 0, and only its end said so; a user (and the
+    training notebook) then took the last checkpoint, all NaN, to continue from."""
+
+    def __init__(self, trainer: RecordedGRPOTrainer, metrics: Path) -> None:
+        self.trainer = trainer
+        self.metrics = metrics
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trained = [(n, p) for n, p in self.trainer.model.named_parameters() if p.requires_grad]
+        broken = [n for n, p in trained if not bool(torch.isfinite(p).all())]
+        if not broken:
+            return
+        problem = (f"training diverged at step {state.global_step}: non-finite adapter weights ({len(broken)} of "
+                   f"{len(trained)} tensors, e.g. {broken[0]}); stopped before saving them")
+        if state.is_world_process_zero:  # a row that says why the run ended, for whoever reads metrics.jsonl
+            with contextlib.suppress(OSError):
+                with open(self.metrics, "a") as f:
+                    f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, "error": problem}) + "\n")
+        steps_saved = sorted(int(d.name.rpartition("-")[2]) for d in Path(args.output_dir).glob("checkpoint-*")
+                             if d.name.rpartition("-")[2].isdigit())
+        last = Path(args.output_dir) / f"checkpoint-{steps_saved[-1]}" if steps_saved else None
+        earlier = (f"{last.name} holds the weights before (a new --output with --set init_adapter={last} goes on "
+                   "from them); " if last else "")
+        raise TrainFailure(f"{problem}; {earlier}lower learning_rate or check the options that scale the loss")
+
+
 class MetricsFileCallback(TrainerCallback):
     """Append every logged metrics dict to ``metrics.jsonl`` (one JSON object per log)."""
 
@@ -256,8 +285,15 @@ class MetricsFileCallback(TrainerCallback):
             return
         row = {"step": state.global_step, "epoch": state.epoch,
                "time_s": round(time.time() - self.start, 3)}
+        non_finite = []
         for k, v in logs.items():
-            row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+            if isinstance(v, float) and not math.isfinite(v):
+                row[k] = None  # (JSON has no NaN)
+                non_finite.append(k)
+            else:
+                row[k] = v
+        if non_finite:  # a null alone read as "no value there" (no sampler logprob), a NaN loss too
+            row["non_finite"] = non_finite
         try:
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
