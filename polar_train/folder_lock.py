@@ -36,3 +36,23 @@ def hold_folder_lock(folder: Path, name: str, busy: str) -> IO[str]:
         lock.close()
         raise
     return lock
+
+
+def lock_holder(folder: Path, name: str) -> int | None:
+    """The process id that holds ``folder/name``'s lock now, or None (none holds it, or this system
+    does not say). Read from Linux's ``/proc/locks``: trying the lock instead would, for that
+    instant, refuse a writer starting meanwhile. For readers (the training notebook: a run still
+    loading or training is not "stopped")."""
+    import os
+
+    try:
+        st = os.stat(folder / name)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where and fields[4].isdigit():
+            return int(fields[4])
+    return None

@@ -8,6 +8,7 @@ Parquet and metrics, so each execution takes seconds."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -187,7 +188,7 @@ def test_capture_notebook_on_failed_calls_one_call_rollouts_and_missing_usage(
     assert f"{prompt} prompt and {completion} completion tokens in all" in out  # as `polar-train inspect` counts
     assert "on 29 of 29 call(s) that report usage; 2 call(s) report none" in out
     assert "1 of 16 rollout(s) hold a single call" in out
-    assert "15 consecutive call pair(s)" in out
+    assert re.search(r"^\d+ of 15 consecutive pair\(s\) of calls the build used extend token-exactly;", out, re.M), out
     expected = build_trajectories(mixed_capture, BuildOptions(rewards=ROOT / rewards)).report.table()
     assert expected in out, "the notebook's build differs from `polar-train build CAPTURE --rewards REWARDS`"
     assert "without a sampler logprob (rendered calls" in out
@@ -209,13 +210,35 @@ def test_capture_notebook_on_rendered_calls_only(sample_calls, tmp_path: Path,
 def test_capture_notebook_on_calls_without_rollout_ids(sample_calls, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Calls without a rollout id were one rollout here ("0 of 1 rollout(s) hold a single call",
-    calls of different conversations paired as turns) where the build grouped them into 16."""
+    calls of different conversations paired as turns) where the build grouped them into 16; then
+    each was a rollout of its own ("32 of 32 hold a single call", "nothing extends"), against the
+    build's report printed above it: the pairs are the build's conversations now."""
     capture = _write_capture(tmp_path / "anonymous", [dict(r, rollout_id=None) for r in sample_calls])
     out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture))
     n = len(sample_calls)
     assert f"{n} call(s) without a rollout id: counted one rollout each here" in out
-    assert f"{n} of {n} rollout(s) hold a single call" in out and "nothing extends" in out
     assert re.search(r"^rollouts\s+16$", out, re.M), out  # the build's conversations
+    # (the sample's second prompts are retokenized: the build's conversations are its own guess)
+    assert re.search(r"^\d+ of 16 rollout\(s\) hold a single call$", out, re.M), out
+    assert re.search(r"^\d+ of 16 consecutive pair\(s\) of calls the build used extend token-exactly;", out, re.M), out
+
+
+def test_capture_notebook_counts_a_part_copied_twice_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part copied inside calls/: inspect counted each call once, the notebook twice (64 calls,
+    twice the tokens) and paired calls with their own copies."""
+    import shutil
+
+    capture = tmp_path / "copied"
+    shutil.copytree(SAMPLE / "captures", capture)
+    part = sorted((capture / "calls").rglob("part-*.parquet"))[0]
+    shutil.copy(part, part.with_name("part-copy-" + part.name.removeprefix("part-")))
+    out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture))
+    calls = pq.read_table(part).num_rows
+    assert f"{calls} rows repeat a call id already read (a part copied twice?): each call counted once" in out
+    prompt, completion = inspect_tokens(SAMPLE / "captures")  # (the sample is one part: all of it copied)
+    assert f"{prompt} prompt and {completion} completion tokens in all" in out
+    assert "0 of 16 rollout(s) hold a single call" in out  # not paired with their own copies
+    assert "1 of 16 consecutive pair(s) of calls the build used extend token-exactly;" in out
 
 def test_capture_notebook_on_failed_calls_only(sample_calls, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,6 +314,63 @@ def test_run_notebook_on_runs_that_ended_early_or_late(tmp_path: Path, monkeypat
     (ended / "metrics.jsonl").write_text(lines[-1] + "\n")
     out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=ended))
     assert "training finished" in out and "metrics.jsonl holds no optimizer step (only the end-of-training line)" in out
+
+
+def _checkpoint(run: Path, step: int, value: float) -> None:
+    """A checkpoint --resume would take: its adapter weights all ``value``."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = run / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    save_file({"base_model.model.q_proj.lora_B.weight": torch.full((2, 2), value)},
+              str(folder / "adapter_model.safetensors"))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    torch.save({}, folder / "optimizer.pt")
+
+
+def test_run_notebook_on_a_diverged_a_running_and_a_resumed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe: a run that diverged was shown healthy (NaN logged as null, read as "no sampler
+    logprob"; a loss plot with a gap) and its newest checkpoint, all NaN, was offered to go on from;
+    a run still loading or training was called stopped; a resumed run's train_loss (TRL's mean over
+    the resumed steps) was shown as the run's."""
+    from polar_train.folder_lock import hold_folder_lock
+    from polar_train.train.cli import RUN_LOCK
+
+    lines = [json.loads(x) for x in (SAMPLE / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in lines if "train_runtime" not in r]
+    diverged = tmp_path / "diverged"
+    diverged.mkdir()
+    rows = [steps[0], steps[1], {**steps[2], "loss": None, DIFF: None, "non_finite": ["loss", DIFF]},
+            {"step": 4, "epoch": 1.0, "error": "training diverged at step 4: non-finite adapter weights (2 of 2 "
+                                                "tensors, e.g. x); stopped before saving them"}]
+    (diverged / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _checkpoint(diverged, 2, 0.5)
+    _checkpoint(diverged, 3, float("nan"))  # (an earlier version saved it)
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=diverged))
+    assert "not resumable: checkpoint-3 (adapter_model.safetensors holds non-finite weights (the run diverged))" in out
+    assert "the run stopped at step 4: training diverged at step 4: non-finite adapter weights" in out
+    assert f"checkpoint-2 holds the last finite weights: a new run goes on from them with `--set init_adapter=" \
+           f"{diverged / 'checkpoint-2'}`" in out
+    assert f"1 step(s) logged NaN or infinite values (null in metrics.jsonl, left out of the plots): step 3: loss, {DIFF}" in out
+    assert "have no |logp trainer - logp sampler|" not in out  # its null was a NaN, not a step without logprobs
+    assert "continue with" not in out
+
+    running = tmp_path / "running"
+    running.mkdir()
+    (running / ".polar-train-run").write_text("{}\n")
+    with hold_folder_lock(running, RUN_LOCK, "busy"):  # (this process: the notebook's kernel is another)
+        out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=running))
+    assert f"the run is still going (process {os.getpid()} holds its lock)" in out
+    assert "stopped before its first step" not in out
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "metrics.jsonl").write_text((SAMPLE / "run" / "metrics.jsonl").read_text())
+    summary = json.loads((SAMPLE / "run" / "train_summary.json").read_text())
+    (resumed / "train_summary.json").write_text(json.dumps({**summary, "resumed_from": str(resumed / "checkpoint-1")}))
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=resumed))
+    assert f"resumed from {resumed / 'checkpoint-1'}: its train_loss is the mean of the resumed steps only" in out
 
 
 def test_run_notebook_finds_an_unfinished_runs_trajectories_by_its_marker(
