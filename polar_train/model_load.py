@@ -98,7 +98,9 @@ def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> li
         elif not any(kinds.values()):
             problems.append(f"{target} names {', '.join(sorted(kinds))} blocks, which LoRA cannot adapt")
     if problems:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, torch.nn.Linear)} - {"lm_head"})
+        # (GPT-2's are transformers' Conv1D: listed none, though all-linear and c_attn work)
+        head = {n.rsplit(".", 1)[-1] for n, m in modules if m is model.get_output_embeddings()}
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, (torch.nn.Linear, Conv1D))} - head)
         problems.append(f"its linear layers: {', '.join(linear)}; or all-linear")
     return problems
 

@@ -155,8 +155,17 @@ def _serve(args: argparse.Namespace) -> int:
     if args.script:
         from .script import Script, ScriptError
 
+        from ..tokenizer import load_tokenizer
+        from .script import check_template
+
         try:
             script = Script.load(args.script)
+            try:
+                tokenizer = load_tokenizer(model)
+            except Exception:  # noqa: BLE001 - the model's loader says what is wrong with it, below
+                tokenizer = None
+            if tokenizer is not None:
+                check_template(tokenizer)
         except ScriptError as exc:
             raise UserError(str(exc)) from None
     # last of the checks: an encrypted key's pass phrase is typed once the cheap checks passed

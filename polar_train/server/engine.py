@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..tokenizer import ENDOFTEXT, IM_END, load_tokenizer
+from ..tokenizer import load_tokenizer
 from .detokenizer import Detokenizer
 
 #: Positions per ``lm_head`` chunk when scoring a long completion (bounds the logits' memory).
@@ -95,6 +95,19 @@ class TokenStep:
     before: tuple[int, ...] = ()
 
 
+def model_stop_ids(tokenizer, model) -> frozenset[int]:
+    """The tokens an answer ends at, as vLLM takes them: the tokenizer's ``eos_token`` and the
+    generation config's ``eos_token_id`` (one id or a list; ``config.json``'s where the model has
+    no generation_config.json). Fixed to ChatML's ``<|im_end|>``/``<|endoftext|>``, a Llama-3 or
+    Gemma model never stopped (and an unknown name counted the tokenizer's ``<unk>`` as a stop)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for tid in listed if isinstance(listed, (list, tuple)) else [listed]:
+        if isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0:
+            ids.add(tid)
+    return frozenset(ids)
+
+
 class Engine:
     """One model, shared by all requests. Thread-safe: forward steps are serialised by a lock."""
 
@@ -118,15 +131,40 @@ class Engine:
                 print(f"polar-train serve: {note}", file=sys.stderr, flush=True)
         model.eval()
         self.model = model
+        #: the transformer without its head (``model`` for Llama/Qwen, ``transformer`` for GPT-2)
+        self.backbone = model.base_model
+        self.head = model.get_output_embeddings()
+        if self.backbone is model or self.head is None:
+            raise ModelLoadError(f"cannot serve the model in {self.model_dir}: {type(model).__name__} has no "
+                                 "separate transformer and output head")
         self.max_model_len = max_model_len
         self.vocab_size = int(model.config.vocab_size)
         #: the longest token's text: a prompt longer than max_model_len times this cannot fit
         self.max_chars_per_token = max(len(t) for t in self.tokenizer.get_vocab())
-        self.stop_token_ids = frozenset(
-            self.tokenizer.convert_tokens_to_ids(t) for t in (IM_END, ENDOFTEXT)
-        )
+        self.stop_token_ids = model_stop_ids(self.tokenizer, model)
+        if not self.stop_token_ids:
+            print(f"polar-train serve: warning: the model in {self.model_dir} names no end-of-sequence token "
+                  "(tokenizer eos_token, generation_config.json eos_token_id): an answer ends only at max_tokens "
+                  "or a stop string", file=sys.stderr, flush=True)
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
+        self._check_logits()
+
+    def _check_logits(self) -> None:
+        """The model's own forward against serve's split one (transformer, then the head at the
+        positions that need it): an architecture whose forward changes the logits after its head
+        (Gemma-2's final soft-capping, Granite's scaling) was served 0.7 nats off, unsaid."""
+        from ..model_load import ModelLoadError
+
+        ids = [i % self.vocab_size for i in range(7, 7 + 5 * 97, 97)]
+        with torch.inference_mode():
+            theirs = self.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+            ours = self._logits(self._hidden(ids, None, 0))
+        worst = float((theirs - ours).abs().max())
+        if not worst <= 1e-3 * max(1.0, float(theirs.abs().max())):
+            raise ModelLoadError(f"cannot serve the model in {self.model_dir}: {type(self.model).__name__}'s logits "
+                                 f"are not its head's output (they differ by up to {worst:.3g}): its forward "
+                                 "changes them in a way polar-train serve does not reproduce")
 
     # -- token text -------------------------------------------------------------------------
 
@@ -174,12 +212,20 @@ class Engine:
     def _hidden(self, ids: Sequence[int], cache, start: int):
         inp = torch.tensor([list(ids)], dtype=torch.long)
         pos = torch.arange(start, start + len(ids), dtype=torch.long)[None]
-        out = self.model.model(input_ids=inp, cache=cache, use_cache=cache is not None,
-                               position_ids=pos)
+        out = self.backbone(input_ids=inp, cache=cache, use_cache=cache is not None, position_ids=pos)
         return out.last_hidden_state[0]
 
     def _logits(self, hidden) -> torch.Tensor:
-        return self.model.lm_head(hidden).float()
+        logits = self.head(hidden).float()
+        config = self.model.config
+        # what the architectures' forwards do after the head (transformers' Gemma2/3, Granite, Cohere)
+        if (cap := getattr(config, "final_logit_softcapping", None)) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        if (scale := getattr(config, "logits_scaling", None)) not in (None, 1, 1.0):
+            logits = logits / scale
+        if (scale := getattr(config, "logit_scale", None)) not in (None, 1, 1.0):
+            logits = logits * scale
+        return logits
 
     def _generator(self, seed: int | None) -> torch.Generator:
         g = torch.Generator()

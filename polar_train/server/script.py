@@ -383,6 +383,18 @@ class Script:
                          f"(api {req.api}, tools {req.tool_names})")
 
 
+def check_template(tokenizer) -> None:
+    """Refuse, before the weights load, a model whose chat template is not ChatML: every scripted
+    turn is ChatML's body + ``<|im_end|>`` (each request was a 500 with a traceback)."""
+    try:
+        turn_token_ids(tokenizer, ScriptedTurn(content="ok"))
+    except RuntimeError as exc:
+        raise ScriptError(f"--script needs a model whose chat template renders ChatML turns "
+                          f"(<|im_start|>assistant ... <|im_end|>): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a template that raises on a plain assistant turn
+        raise ScriptError(f"--script: the model's chat template cannot render an assistant turn: {exc}") from None
+
+
 def turn_token_ids(tokenizer, turn: ScriptedTurn) -> list[int]:
     """The tokens the model would have produced for this turn: body + ``<|im_end|>``."""
     text = render(tokenizer, [turn.message()], None, add_generation_prompt=False)

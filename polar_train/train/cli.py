@@ -535,6 +535,9 @@ def build_trainer(args: argparse.Namespace):
     if not config.init_adapter and config.lora_target_modules != ["all-linear"]:
         if problems := lora_target_problems(args.model, config.lora_target_modules):
             raise UserError(f"lora_target_modules on the model in {args.model}: {'; '.join(problems)}")
+    if tok.pad_token_id is None and tok.eos_token_id is None:  # TRL pads batches with it: its traceback then
+        raise UserError(f"--model {args.model}: its tokenizer has neither a pad_token nor an eos_token to pad "
+                        "batches with: set pad_token in its tokenizer_config.json")
     model = load_causal_lm(str(Path(args.model).expanduser().resolve()), dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
