@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
-from .stitch import SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
+from .stitch import IM_START_ID, SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
 from .tokenbytes import TokenBytes, default_token_bytes, ids_bytes, text_cover
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -329,9 +329,10 @@ def _reply_text(tb: TokenBytes, completion: np.ndarray) -> bytes:
 def _token_bytes_factory(tokenizer_dir: str | Path | None):
     """The stitcher's token-bytes table of a tokenizer folder the user named, loaded at once: a
     folder that does not load fails before the (possibly long) read, not only when some capture
-    needs a byte comparison. None: the built-in tokenizer, loaded only when needed."""
+    needs a byte comparison. None: the built-in tokenizer, loaded only when needed. With it, the
+    report's note on a tokenizer that is not Qwen3.5's, or None."""
     if tokenizer_dir is None:
-        return None
+        return None, None
     from ..tokenizer import load_tokenizer
     from .tokenbytes import token_bytes_of
 
@@ -340,7 +341,19 @@ def _token_bytes_factory(tokenizer_dir: str | Path | None):
     except (OSError, ValueError) as exc:  # not found, a file, no tokenizer files, does not load: its one line
         raise BuildOptionsError(str(exc)) from exc
     table = token_bytes_of(tokenizer)
-    return lambda: table
+    return (lambda: table), _foreign_chat_ids_note(tokenizer, tokenizer_dir)
+
+
+def _foreign_chat_ids_note(tokenizer, tokenizer_dir) -> str | None:
+    """A line for the report where ``--tokenizer`` is not a Qwen3.5 ChatML tokenizer: the fork
+    causes are told apart by Qwen3.5's special-token ids (``<|im_start|>`` is 248045), so with
+    another model's ids the forks are found exactly but may be labelled by the wrong cause - and
+    ``--realign`` continues only those labelled ``retokenization``."""
+    if tokenizer.get_vocab().get("<|im_start|>") == IM_START_ID:
+        return None
+    return (f"--tokenizer {tokenizer_dir} is not Qwen3.5's (its <|im_start|> is not id {IM_START_ID}): forks are "
+            "found by exact ids as ever, but their causes are told by Qwen3.5's special-token ids, so a fork may be "
+            "labelled by the wrong cause (and --realign continues only those labelled retokenization)")
 
 
 def _is_path(value) -> bool:
@@ -427,13 +440,15 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         for p in (options.rewards, options.tasks):
             if p is not None:
                 check_file(p)  # fail before the (possibly long) read
-    token_bytes_factory = _token_bytes_factory(options.tokenizer)
+    token_bytes_factory, tokenizer_note = _token_bytes_factory(options.tokenizer)
     # the stitcher resolves compact prompts; the texts are not needed (most of a long session's bytes)
     log = read_call_log(folder, resolve_prompts=False, skip=frozenset({"request_json", "response_json"}))
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
+    if tokenizer_note is not None:
+        report.problems.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
     rows, skipped = select_calls(table, token_bytes_factory)
     report.skipped = dict(skipped)
