@@ -98,6 +98,33 @@ def list_parts(folder: str | Path) -> list[Path]:
     return _find_parts(folder)[0]
 
 
+def live_writers(folder: str | Path, parts: list[Path]) -> list[tuple[Path, list[int]]]:
+    """The ``calls/`` folders under ``folder`` that a capture proxy is writing into now (its row
+    worker holds the folder's live lock), with the writers' process ids. Their calls in flight and
+    the rows not yet flushed are not among ``parts``: a build read a live capture, left out
+    finished calls and built rollouts still running as if complete, without a word."""
+    from .capture.outdir import LIVE_LOCK
+    from .folder_lock import lock_holders
+
+    root = Path(folder).expanduser()
+    folders = {p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set())
+    live = []
+    for calls_dir in sorted(folders):
+        if (calls_dir / LIVE_LOCK).is_file() and (holders := lock_holders(calls_dir / LIVE_LOCK)):
+            live.append((calls_dir, holders))
+    return live
+
+
+def live_writers_note(live: list[tuple[Path, list[int]]]) -> str | None:
+    """One line on :func:`live_writers`' folders for a report, or None."""
+    if not live:
+        return None
+    where = "; ".join(f"{folder} (process {', '.join(map(str, pids))})" for folder, pids in live)
+    return (f"a capture proxy is writing into {where}: calls still in flight and rows not yet written (up to "
+            "polar_flush_seconds, 10 s by default) are not read, and a rollout still running is read as it stands; "
+            "read again once its rollouts have ended, or after stopping mitmdump")
+
+
 def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
     """The finished parts (sorted) and the folders below that could not be read.
 

@@ -38,21 +38,53 @@ def hold_folder_lock(folder: Path, name: str, busy: str) -> IO[str]:
     return lock
 
 
+def hold_shared_lock(path: Path) -> IO[str] | None:
+    """A shared ``flock`` on ``path`` (made if missing, mode 0600) for as long as the returned file
+    is open: many holders at once, and a reader can see that someone holds it (:func:`lock_holder`).
+    None where it cannot be had (a read-only folder, a file system without locks): being seen is
+    a courtesy, never a reason to stop writing."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        return None
+    lock = os.fdopen(fd, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    return lock
+
+
 def lock_holder(folder: Path, name: str) -> int | None:
     """The process id that holds ``folder/name``'s lock now, or None (none holds it, or this system
     does not say). Read from Linux's ``/proc/locks``: trying the lock instead would, for that
     instant, refuse a writer starting meanwhile. For readers (the training notebook: a run still
     loading or training is not "stopped")."""
+    holders = lock_holders(folder / name)
+    return holders[0] if holders else None
+
+
+def lock_holders(path: Path) -> list[int]:
+    """Every process id holding an ``flock`` on ``path`` now (shared locks: several), from
+    ``/proc/locks``; empty where none does or the system does not say."""
     import os
 
     try:
-        st = os.stat(folder / name)
+        st = os.stat(path)
         table = Path("/proc/locks").read_text()
     except OSError:
-        return None
+        return []
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    exact, same_inode = set(), set()
     for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where and fields[4].isdigit():
-            return int(fields[4])
-    return None
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
+            if fields[5] == where:
+                exact.add(int(fields[4]))
+            elif fields[5].rpartition(":")[2] == str(st.st_ino):
+                same_inode.add(int(fields[4]))  # (overlay file systems: stat's device is not the lock's)
+    return sorted(exact or same_inode)

@@ -196,6 +196,7 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
+    from .calllog import live_writers, live_writers_note
     from .cli import UserError, print_out
 
     log = load_calls(args.dir)
@@ -208,10 +209,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         raise UserError(f"no readable call-log part in {args.dir}; skipped {printable(skipped[0])}{more}")
     folders = sorted({str(Path(f).parent) for f in files})
     where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
-    size = sum(f.stat().st_size for f in files if f.exists())
+    size = sum(_size(f) for f in files)
     shown = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
     lines = [printable(f"{args.dir}: {len(files)} part(s), {shown}{where}"),
              *(f"skipped: {printable(p)}" for p in skipped)]
+    if (live := live_writers_note(live_writers(args.dir, files))) is not None:
+        lines.append(printable(f"note: {live}"))
     if log.compact_rows:
         lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "
                      "a delta of an earlier call (checked here; `read_calls` rebuilds them)")
@@ -228,6 +231,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     lines.append(summarize(table, top=args.top))
     print_out("\n".join(lines))  # `polar-train inspect DIR | head`: not an error
     return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # removed since it was read (an archiving job): counted as nothing
+        return 0
 
 
 def _call_problems(by_call: dict[str, PartProblem], what: str, consequence: str) -> list[str]:

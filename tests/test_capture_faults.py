@@ -351,3 +351,49 @@ def test_client_leaving_after_the_final_event_is_a_complete_call(proxy):
     (row,) = wait_rows(proxy.out_dir, r)
     assert row["status"] == "ok", row["error"]
     assert json.loads(row["response_json"])["choices"][0]["message"]["content"] == "hi"
+
+
+def test_inspect_and_build_say_a_capture_is_still_being_written(upstream, tmp_path):
+    """A build of a capture that a proxy was still writing read 10 of 16 finished calls (the rest
+    not yet flushed) and built rollouts still running as complete, exit 0, without a word: the row
+    worker holds a shared lock in calls/ while it runs, and readers say so."""
+    import subprocess
+    import sys
+
+    from polar_train.calllog import live_writers, read_call_log
+
+    base, _ = upstream
+    m = start_mitm(tmp_path, modes=[f"reverse:{base}"], options={"polar_flush_rows": 1})
+    r = rid()
+
+    def inspect_output() -> str:
+        proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", str(m.out_dir)], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    try:
+        assert post(m, "ok", r).status_code == 200
+        wait_rows(m.out_dir, r)
+        live = live_writers(m.out_dir, read_call_log(m.out_dir).parts)
+        assert [folder for folder, _ in live] == [m.out_dir / "calls"] and live[0][1]
+        assert m.proc.pid in live[0][1]  # the proxy itself (from its start), and its row worker
+        pids = ", ".join(map(str, live[0][1]))
+        assert f"note: a capture proxy is writing into {m.out_dir / 'calls'} (process {pids}): calls " \
+               "still in flight and rows not yet written" in inspect_output()
+        from polar_train.trajectories import BuildOptions, build_trajectories
+
+        problems = build_trajectories(m.out_dir, BuildOptions()).report.problems
+        assert any(p.startswith(f"a capture proxy is writing into {m.out_dir / 'calls'} (process ") for p in problems)
+        second = start_mitm(tmp_path / "second", modes=[f"reverse:{base}"], out_dir=m.out_dir)
+        try:  # two proxies into one folder: both seen
+            deadline = time.monotonic() + 30  # (its addon takes the lock as it comes up, just after it listens)
+            while second.proc.pid not in live_writers(m.out_dir, [])[0][1] and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling for the second proxy's lock, with a deadline
+            assert {second.proc.pid, m.proc.pid} <= set(live_writers(m.out_dir, [])[0][1])
+        finally:
+            second.stop(signal.SIGTERM)
+    finally:
+        m.stop(signal.SIGTERM)
+    assert live_writers(m.out_dir, read_call_log(m.out_dir).parts) == []
+    assert "capture proxy is writing" not in inspect_output()

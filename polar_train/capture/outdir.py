@@ -24,3 +24,10 @@ def prepare_calls_dir(calls_dir: Path) -> None:
     fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.close(fd)
     os.unlink(probe)
+
+
+#: A shared lock each writing proxy's row worker holds in ``calls/`` while it runs: ``build`` and
+#: ``inspect`` see a capture that is still being written (calls in flight, rows not yet flushed)
+#: and say so. A dot-file: readers of the parts skip it.
+LIVE_LOCK = ".polar-capture.lock"
+

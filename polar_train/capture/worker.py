@@ -40,7 +40,8 @@ from typing import Any, BinaryIO
 
 from .handoff import STOP, HandOff
 from .options import CaptureOptions
-from .outdir import prepare_calls_dir
+from ..folder_lock import hold_shared_lock
+from .outdir import LIVE_LOCK, prepare_calls_dir
 
 log = logging.getLogger("polar_capture")
 
@@ -120,12 +121,17 @@ class RowWorker:
         self._pending: list[Any] = []  # finished calls waiting for the hand-off timer (event loop only)
         self._closing = False
         self.sent = 0
+        self._live_lock = None
 
     # -- proxy side (event loop) ----------------------------------------------------------------
     def start(self) -> None:
         """Create the output folder (errors surface as option errors) and the sender thread; the
         child starts with the first call (a proxy reconfigured before any traffic starts none)."""
-        prepare_calls_dir(Path(self.opts.out).expanduser() / "calls")
+        calls_dir = Path(self.opts.out).expanduser() / "calls"
+        prepare_calls_dir(calls_dir)
+        # held by the proxy from its start (the child, which starts later, holds it too): readers
+        # see the capture is live while calls are in flight, before any row is written
+        self._live_lock = hold_shared_lock(calls_dir / LIVE_LOCK)
         self._thread = threading.Thread(target=self._send_loop, name="polar-capture-sender", daemon=True)
         self._thread.start()
 
@@ -162,6 +168,14 @@ class RowWorker:
 
     def close(self, timeout: float = 60.0) -> None:
         """Hand over what is queued, let the child write its last part, wait for it."""
+        try:
+            self._close(timeout)
+        finally:
+            if self._live_lock is not None:
+                self._live_lock.close()
+                self._live_lock = None
+
+    def _close(self, timeout: float) -> None:
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout

@@ -26,9 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from polar_train.capture.handoff import STOP, HandOff
-from polar_train.capture.outdir import prepare_calls_dir
+from polar_train.capture.outdir import LIVE_LOCK, prepare_calls_dir
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.durable import sync_folder
+from polar_train.folder_lock import hold_shared_lock
 from polar_train.schema import CALL_LOG_SCHEMA
 
 log = logging.getLogger("polar_capture")
@@ -148,10 +149,18 @@ class PartWriter:
         self._failing: str | None = None
         self._failure_logged_at = 0.0
         self._thread: threading.Thread | None = None
+        self._live_lock = None
+
+    def _hold_live_lock(self) -> None:
+        """Let readers see this capture is being written (see ``outdir.LIVE_LOCK``)."""
+        if self._live_lock is not None:
+            self._live_lock.close()
+        self._live_lock = hold_shared_lock(self.calls_dir / LIVE_LOCK) if self.calls_dir.is_dir() else None
 
     def start(self, create_dir: bool = True) -> None:
         if create_dir:
             prepare_calls_dir(self.calls_dir)
+        self._hold_live_lock()
         self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
         self._thread.start()
 
@@ -179,6 +188,9 @@ class PartWriter:
         if self._queue.finish(deadline, self._thread):
             self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
+        if self._live_lock is not None:
+            self._live_lock.close()
+            self._live_lock = None
 
     def _run(self) -> None:
         while True:
@@ -285,7 +297,8 @@ class PartWriter:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
         if not self.calls_dir.exists():
-            prepare_calls_dir(self.calls_dir)  # removed while we ran: make it again
+            prepare_calls_dir(self.calls_dir)  # removed (or moved away) while we ran: make it again
+            self._hold_live_lock()
         final = self.calls_dir / name
         tmp = self.calls_dir / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

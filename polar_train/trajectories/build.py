@@ -18,7 +18,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..calllog import CallLogError, _list_values, first_rows, part_folder, read_call_log, resolve_prompt_prefixes
+from ..calllog import (
+    CallLogError,
+    _list_values,
+    first_rows,
+    live_writers,
+    live_writers_note,
+    part_folder,
+    read_call_log,
+    resolve_prompt_prefixes,
+)
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, attach, load_labels
 from .stitch import IM_START_ID, SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
@@ -447,6 +456,8 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
+    if (live := live_writers_note(live_writers(folder, log.parts))) is not None:
+        report.problems.append(live)
     if tokenizer_note is not None:
         report.problems.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
