@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,7 +158,14 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
                     parts.append(path)
                 else:  # passed over in silence, its calls would go missing from a build unnoticed
                     problems.append(PartProblem(str(path), _not_a_file(path)))
+            elif _COMPRESSED_PART.fullmatch(name):  # gzip'd to archive: its calls went missing unsaid
+                problems.append(PartProblem(str(Path(here) / name), "a compressed part: decompress it (gunzip, "
+                                            "zstd -d, ...) to read its calls"))
     return sorted(parts), problems
+
+
+#: A part file someone compressed whole (``gzip part-....parquet``): Parquet compresses inside.
+_COMPRESSED_PART = re.compile(r"[^._].*\.parquet\.(gz|zst|zstd|bz2|xz|lz4|zip|7z)", re.IGNORECASE)
 
 
 def _not_a_file(path: Path) -> str:
@@ -272,8 +280,19 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
     if good:
         verified = ds.ParquetFileFormat(  # pages written with a checksum (the capture's) are checked
             default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
-        dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
-        for fragment in dataset.get_fragments():
+        while True:
+            try:
+                dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
+                break
+            except OSError:  # a part removed since its schema was read (an archiving job): named, the rest read
+                gone = [p for p in good if not p.is_file()]
+                if not gone:
+                    raise
+                result.problems.extend(PartProblem(str(p), "removed while it was read") for p in gone)
+                good = [p for p in good if p not in gone]
+                if not good:
+                    break
+        for fragment in dataset.get_fragments() if good else ():
             try:
                 part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns))
             except Exception as exc:  # corrupt pages behind a valid footer

@@ -515,3 +515,34 @@ def test_inspect_counts_one_body_sent_to_two_apis_as_no_retry(tmp_path, session_
     write_parts(tmp_path, [first, second])
     assert main(["inspect", str(tmp_path)]) == 0
     assert re.search(r"\nr1 +2 +\d+ +0 ", capsys.readouterr().out)
+
+
+def test_a_part_removed_while_read_or_compressed_is_named_and_the_rest_read(tmp_path, session_rows, monkeypatch):
+    """A live probe: a part removed by an archiving job while build read the folder ended the build
+    in a bare path ("error: .../part-x-1.parquet"; pyarrow's FileNotFoundError from Python); a
+    part gzip'd in place was passed over without a word (30 calls of 48 read)."""
+    import gzip
+
+    import polar_train.calllog as calllog
+
+    write_parts(tmp_path, session_rows[:1], "part-a")
+    gone = write_parts(tmp_path, session_rows[1:2], "part-b")
+    packed = write_parts(tmp_path, session_rows[2:3], "part-c")
+    write_parts(tmp_path, session_rows[3:], "part-d")
+    packed.with_name(packed.name + ".gz").write_bytes(gzip.compress(packed.read_bytes()))
+    packed.unlink()
+    checked = calllog._check_schema
+
+    def check_then_remove(path):
+        problem = checked(path)
+        if path == gone:  # the archiving job's turn: after the schema, before the data
+            gone.unlink()
+        return problem
+
+    monkeypatch.setattr(calllog, "_check_schema", check_then_remove)
+    log = read_call_log(tmp_path)
+    assert sorted(log.table.column("call_id").to_pylist()) == sorted(r["call_id"] for r in (session_rows[0],
+                                                                                            session_rows[3]))
+    assert sorted((p.path, p.message) for p in log.problems) == sorted([
+        (str(gone), "removed while it was read"),
+        (str(packed) + ".gz", "a compressed part: decompress it (gunzip, zstd -d, ...) to read its calls")])
