@@ -116,6 +116,36 @@ def live_writers(folder: str | Path, parts: list[Path]) -> list[tuple[Path, list
     return live
 
 
+def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
+    """One line per loss record (``outdir.LOSS_RECORD_GLOB``) in the ``calls/`` folders under
+    ``folder``: calls a proxy dropped or rows it could not write, which its log said and mitmdump's
+    exit status did not."""
+    import json
+
+    from .capture.outdir import LOSS_RECORD_GLOB
+
+    root = Path(folder).expanduser()
+    folders = {p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set())
+    notes = []
+    for calls_dir in sorted(folders):
+        for record in sorted(calls_dir.glob(LOSS_RECORD_GLOB)):
+            try:
+                data = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(data, dict):
+                continue
+            lost = [f"{n} {what}" for key, what in (("calls_dropped", "call(s) dropped (row worker queue full)"),
+                                                    ("rows_lost", "row(s) not written (the disk refused them)"),
+                                                    ("rows_failed", "row(s) whose building failed"))
+                    if isinstance(n := data.get(key), int) and n > 0]
+            if lost:
+                why = f": {data['why']}" if isinstance(data.get("why"), str) and data["why"] else ""
+                notes.append(f"{record}: the capture process {data.get('pid')} lost {', '.join(lost)}{why}; its log "
+                             "has the details (these calls are in no part)")
+    return notes
+
+
 def live_writers_note(live: list[tuple[Path, list[int]]]) -> str | None:
     """One line on :func:`live_writers`' folders for a report, or None."""
     if not live:

@@ -196,7 +196,7 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
-    from .calllog import live_writers, live_writers_note
+    from .calllog import live_writers, live_writers_note, loss_notes
     from .cli import UserError, print_out
 
     log = load_calls(args.dir)
@@ -215,6 +215,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
              *(f"skipped: {printable(p)}" for p in skipped)]
     if (live := live_writers_note(live_writers(args.dir, files))) is not None:
         lines.append(printable(f"note: {live}"))
+    lines += [printable(f"note: {loss}") for loss in loss_notes(args.dir, files)]
     if log.compact_rows:
         lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "
                      "a delta of an earlier call (checked here; `read_calls` rebuilds them)")

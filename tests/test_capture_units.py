@@ -1757,3 +1757,41 @@ def test_a_copy_of_the_addon_without_polar_train_says_how_to_run_it(tmp_path):
         f"ModuleNotFoundError: polar_capture: the polar_train package is not importable by this mitmdump "
         f"({sys.executable}) nor found above {tmp_path}: run the mitmdump of the environment polar-train is "
         "installed in, with the addon it ships (mitmdump -s \"$(polar-train addon)\")")
+
+
+def test_rows_a_writer_lost_leave_a_record_that_inspect_and_build_name(tmp_path, monkeypatch):
+    """A disk full at shutdown ("12 rows lost at shutdown") and a full queue ("27 of 48 calls
+    dropped") were said in the proxy's log only, mitmdump exited 0, and inspect/build showed the
+    calls that were left as if they were all: a loss record beside the parts says so."""
+    import errno
+    import subprocess
+    import sys
+
+    from polar_train.calllog import loss_notes, read_call_log
+    from polar_train.trajectories import BuildOptions, build_trajectories
+
+    kept = PartWriter(tmp_path, flush_rows=1, flush_seconds=3600)  # a part that was written
+    kept.start()
+    kept.submit(lambda: _row(9))
+    kept.close()
+    assert not list((tmp_path / "calls").glob("_losses-*"))  # nothing lost: no record
+    w = PartWriter(tmp_path, flush_rows=1000, flush_seconds=3600)
+    w.start()
+    w.submit(lambda: _row(0))
+    w.submit(lambda: 1 / 0)
+
+    def disk_full(rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(w, "_write_part", disk_full)
+    w.close()
+    (record_file,) = (tmp_path / "calls").glob("_losses-*.json")
+    assert json.loads(record_file.read_text())["rows_lost"] == 1
+    note = (f"{record_file}: the capture process {os.getpid()} lost 1 row(s) not written (the disk refused them), "
+            "1 row(s) whose building failed: No space left on device; its log has the details (these calls are in "
+            "no part)")
+    assert loss_notes(tmp_path, read_call_log(tmp_path).parts) == [note]
+    assert note in build_trajectories(tmp_path, BuildOptions()).report.problems
+    proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert f"note: {note}" in proc.stdout, proc.stdout + proc.stderr

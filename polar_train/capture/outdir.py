@@ -31,3 +31,28 @@ def prepare_calls_dir(calls_dir: Path) -> None:
 #: and say so. A dot-file: readers of the parts skip it.
 LIVE_LOCK = ".polar-capture.lock"
 
+#: Loss records: ``_losses-<pid>-<UTC>.json`` in ``calls/``, written when a process of the capture
+#: lost calls or rows (a full row-worker queue, a disk that stayed full at shutdown). The proxy's
+#: log said so and mitmdump still exited 0: ``inspect`` and ``build`` read these and say so too.
+LOSS_RECORD_GLOB = "_losses-*.json"
+
+
+def record_loss(calls_dir: Path, **counts: int | str) -> None:
+    """Write one loss record (best effort: a disk that is full may refuse it too; never raises)."""
+    import json
+    from datetime import datetime, timezone
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    final = calls_dir / f"_losses-{os.getpid()}-{stamp}.json"
+    tmp = calls_dir / f".{final.name}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"pid": os.getpid(), "at": stamp, **counts}, fh)
+        os.replace(tmp, final)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+

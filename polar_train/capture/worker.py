@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 from .handoff import STOP, HandOff
 from .options import CaptureOptions
 from ..folder_lock import hold_shared_lock
-from .outdir import LIVE_LOCK, prepare_calls_dir
+from .outdir import LIVE_LOCK, prepare_calls_dir, record_loss
 
 log = logging.getLogger("polar_capture")
 
@@ -170,6 +170,9 @@ class RowWorker:
         """Hand over what is queued, let the child write its last part, wait for it."""
         try:
             self._close(timeout)
+            if self.dropped:  # (the proxy's own queue: the child never saw these calls)
+                record_loss(Path(self.opts.out).expanduser() / "calls", calls_dropped=self.dropped,
+                            why="row worker queue full")
         finally:
             if self._live_lock is not None:
                 self._live_lock.close()

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from polar_train.capture.handoff import STOP, HandOff
-from polar_train.capture.outdir import LIVE_LOCK, prepare_calls_dir
+from polar_train.capture.outdir import LIVE_LOCK, prepare_calls_dir, record_loss
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.durable import sync_folder
 from polar_train.folder_lock import hold_shared_lock
@@ -188,6 +188,9 @@ class PartWriter:
         if self._queue.finish(deadline, self._thread):
             self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
+        if self.lost_rows or self.dropped or self.failed_jobs:  # said in the log; said on disk too
+            record_loss(self.calls_dir, rows_lost=self.lost_rows, calls_dropped=self.dropped,
+                        rows_failed=self.failed_jobs, why=self._failing or "")
         if self._live_lock is not None:
             self._live_lock.close()
             self._live_lock = None
@@ -237,6 +240,7 @@ class PartWriter:
         except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
             if final:
                 self.lost_rows += len(rows)
+                self._failing = str(exc.strerror or exc)  # (for the loss record)
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
                           self.calls_dir, exc.strerror or exc, len(rows))
                 return

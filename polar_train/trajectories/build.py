@@ -24,6 +24,7 @@ from ..calllog import (
     first_rows,
     live_writers,
     live_writers_note,
+    loss_notes,
     part_folder,
     read_call_log,
     resolve_prompt_prefixes,
@@ -458,6 +459,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
     if (live := live_writers_note(live_writers(folder, log.parts))) is not None:
         report.problems.append(live)
+    report.problems.extend(loss_notes(folder, log.parts))
     if tokenizer_note is not None:
         report.problems.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
