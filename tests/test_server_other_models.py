@@ -192,3 +192,28 @@ def test_a_build_with_another_models_tokenizer_says_the_fork_causes_are_qwens(ll
         "ever, but their causes are told by Qwen3.5's special-token ids, so a fork may be labelled by the wrong cause "
         "(and --realign continues only those labelled retokenization)")
     assert f"problems (1):\n  --tokenizer {llama3} is not Qwen3.5's" in report.table()
+
+
+def test_rendered_anthropic_turns_end_with_the_templates_own_end_of_turn(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The capture renders a Messages reply's ids with the chat template and cut the tokenizer's
+    eos (+ newline) off the turn: a Gemma turn kept `<end_of_turn>` and its newline in the
+    completion (never sampled, then trained), and a stopped one got `<eos>` appended too."""
+    from polar_train.capture.render import Renderer
+
+    gemma = tmp_path / "gemma"
+    _tokenizer(gemma, GEMMA_SPECIALS, GEMMA_TEMPLATE, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+               unk_token="<unk>")
+    renderer = Renderer(str(gemma))
+    assert renderer.turn_closing() == "<end_of_turn>\n"
+    messages = [{"role": "user", "content": "Say hi"}]
+    reply = {"role": "assistant", "content": "Hello there"}
+    body = renderer.encode("Hello there")
+    assert renderer.completion_ids(messages, None, reply, stopped=False) == body
+    end_of_turn = renderer.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert renderer.completion_ids(messages, None, reply, stopped=True) == [*body, end_of_turn]
+
+    qwen = Renderer(str(tiny_model_dir))  # ChatML: as before
+    assert qwen.turn_closing() == "<|im_end|>\n"
+    ids = qwen.completion_ids(messages, None, reply, stopped=True)
+    assert ids[-1] == qwen.tokenizer.convert_tokens_to_ids("<|im_end|>") and ids[:-1] == qwen.completion_ids(
+        messages, None, reply, stopped=False)

@@ -32,6 +32,7 @@ class Renderer:
     def __init__(self, tokenizer_dir: str) -> None:
         self.tokenizer_dir = tokenizer_dir
         self._tok = None
+        self._closing: str | None = None
         self._failed: str | None = None
         self._lock = threading.Lock()
 
@@ -79,22 +80,39 @@ class Renderer:
         Ends with the end-of-turn token only when the model stopped by itself (``stopped``); the
         newline the template adds after it is never sampled, so it is dropped.
         """
-        tok = self.tokenizer
-        end = tok.eos_token or "<|im_end|>"
+        closing = self.turn_closing()
         prompt = self._template(messages, tools, True)
         full = self._template([*messages, assistant], tools, False)
         if full.startswith(prompt):
             suffix = full[len(prompt):]
-            if suffix.endswith(end + "\n"):
-                suffix = suffix[: -len(end) - 1]
-            elif suffix.endswith(end):
-                suffix = suffix[: -len(end)]
+            for end in (closing, closing.rstrip()):  # (a last turn the template ends without its newline)
+                if end and suffix.endswith(end):
+                    suffix = suffix[: -len(end)]
+                    break
         else:  # a template that rewrites earlier turns: fall back to the text itself
             suffix = assistant.get("content") or ""
         ids = self.encode(suffix)
-        if stopped:
-            ids.append(tok.convert_tokens_to_ids(end))
+        if stopped and (end_ids := self.encode(closing)):
+            ids.append(end_ids[0])
         return ids
+
+    def turn_closing(self) -> str:
+        """What the template prints after an assistant turn's text: ``<|im_end|>\n`` (ChatML),
+        ``<end_of_turn>\n`` (Gemma), ``<|eot_id|>`` (Llama 3); its first token is the one the model
+        samples to end the turn. Taken as the tokenizer's ``eos_token`` (+ newline), a Gemma or
+        Llama-3 turn kept its closing in the completion, never sampled, and trained."""
+        if self._closing is None:
+            marker = "\u2063polar-turn-end\u2063"
+            try:
+                text = self._template([{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}],
+                                      None, False)
+                closing = text[text.index(marker) + len(marker):] if marker in text else ""
+            except Exception:  # noqa: BLE001 - a template that refuses this conversation: ChatML's
+                closing = ""
+            if not closing or not self.encode(closing):
+                closing = f"{self.tokenizer.eos_token or '<|im_end|>'}\n"
+            self._closing = closing
+        return self._closing
 
 
 def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, Any]],
