@@ -6,6 +6,7 @@ trained here on a few lines (no download)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,21 @@ def test_rendered_anthropic_turns_end_with_the_templates_own_end_of_turn(tmp_pat
     ids = qwen.completion_ids(messages, None, reply, stopped=True)
     assert ids[-1] == qwen.tokenizer.convert_tokens_to_ids("<|im_end|>") and ids[:-1] == qwen.completion_ids(
         messages, None, reply, stopped=False)
+
+
+def test_an_adapter_given_as_the_model_is_named_so(tmp_path: Path) -> None:
+    """``--model runs/r1/adapter`` said only "not a model directory (no config.json)"."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
+    proc = subprocess.run([sys.executable, "-m", "polar_train", "serve", "--model", str(adapter)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"polar-train serve: error: {adapter} is not a model directory (no config.json) but a peft adapter: give its "
+        "base model as --model and this folder as --adapter")
+    from polar_train.cli import UserError
+    from polar_train.train import cli as train_cli
+
+    with pytest.raises(UserError, match=re.escape(f"--model {adapter}: not a model directory (") + r".*\); it holds a "
+                       r"peft adapter: give its base model as --model and this folder as --set init_adapter=$"):
+        train_cli._model_vocab_size(str(adapter))

@@ -119,7 +119,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     model = Path(args.model)
     if not (model / "config.json").is_file():
-        raise UserError(f"{model} is not a model directory (no config.json)")
+        adapter = " but a peft adapter: give its base model as --model and this folder as --adapter" if (
+            model / "adapter_config.json").is_file() else ""
+        raise UserError(f"{model} is not a model directory (no config.json){adapter}")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UserError("--ssl-certfile and --ssl-keyfile go together")
     for option, f in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):

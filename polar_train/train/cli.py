@@ -57,7 +57,9 @@ def _model_vocab_size(model: str) -> int:
     try:
         cfg = AutoConfig.from_pretrained(model)
     except Exception as exc:  # noqa: BLE001 - e.g. a config.json of wrong types (huggingface_hub's own error)
-        raise UserError(f"--model {model}: not a model directory ({first_line(exc)})") from None
+        adapter = ("; it holds a peft adapter: give its base model as --model and this folder as --set init_adapter="
+                   if (Path(model).expanduser() / "adapter_config.json").is_file() else "")
+        raise UserError(f"--model {model}: not a model directory ({first_line(exc)}){adapter}") from None
     return int(cfg.get_text_config().vocab_size)
 
 
