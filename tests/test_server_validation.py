@@ -456,3 +456,34 @@ def test_the_log_filter_cuts_the_query_of_websocket_handshake_lines_too():
     config = log_config()
     assert all("drop_query" in h["filters"] for h in config["handlers"].values())
 
+
+
+class _FailingEngine(_EndlessEngine):
+    """Gives two tokens, then fails as an engine bug or an out-of-memory would."""
+
+    def generate(self, prompt_ids, params, cancelled):
+        yield self._step(11, -1.0)
+        yield self._step(12, -1.0)
+        raise RuntimeError("the engine broke")
+
+
+def test_an_error_once_a_stream_began_is_said_to_the_client_and_logged(tiny_tokenizer, caplog):
+    """A probe (GPT-2 before serve supported it): a streamed answer that failed after its first
+    chunk was cut without an error event or [DONE], and nothing was logged. Now as vLLM: chat's
+    data: {"error": ...} then [DONE]; Messages' error event."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="polar_train.server")
+    with _served_in_process(_FailingEngine(tiny_tokenizer)) as port:
+        base = f"http://127.0.0.1:{port}"
+        chat = httpx.post(base + "/v1/chat/completions", json={**CHAT, "max_tokens": 10, "stream": True}, timeout=60)
+        events = [line for line in chat.text.split("\n\n") if line]
+        assert json.loads(events[-2].removeprefix("data: ")) == {"error": {
+            "message": "the engine broke", "type": "InternalServerError", "param": None, "code": 500}}
+        assert events[-1] == "data: [DONE]"
+        msg = httpx.post(base + "/v1/messages", json={"model": "tiny", "max_tokens": 10, "stream": True,
+                                                      "messages": USER}, timeout=60)
+        last = [e for e in msg.text.split("\n\n") if e][-1]
+        assert last == ('event: error\ndata: {"type":"error","error":{"type":"internal_error",'
+                        '"message":"the engine broke"}}'), msg.text[-500:]
+    assert caplog.text.count("error in a streamed answer") == 2 and "RuntimeError: the engine broke" in caplog.text

@@ -31,6 +31,7 @@ from .fields import flag, list_of
 from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
 from .sse import WireJSONResponse as JSONResponse
+from .sse import sse_data, sse_event
 
 log = logging.getLogger("polar_train.server")
 #: the vLLM release whose wire this server speaks (``/version``)
@@ -151,9 +152,26 @@ def _error(exc: Exception, anthropic: bool = False) -> Response:
     return JSONResponse(body, status_code=exc.status)
 
 
-def _sse(gen: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+def _sse(gen: AsyncIterator[bytes], module=None) -> StreamingResponse:
+    return StreamingResponse(_said_if_failed(gen, module) if module is not None else gen,
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _said_if_failed(gen: AsyncIterator[bytes], module) -> AsyncIterator[bytes]:
+    """An error once a stream has begun, as vLLM ends such a stream: logged with its traceback,
+    then chat's ``data: {"error": ...}`` and ``[DONE]``, or Messages' ``error`` event (the
+    Responses API's stream just ends, as vLLM's). It was cut without a word, and nothing logged."""
+    try:
+        async for piece in gen:
+            yield piece
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the client is told rather than cut off
+        log.exception("error in a streamed answer")
+        if module is messages:
+            yield sse_event("error", {"type": "error", "error": {"type": "internal_error", "message": str(exc)}})
+        elif module is chat:
+            yield sse_data({"error": {"message": str(exc), "type": "InternalServerError", "param": None,
+                                      "code": 500}})
+            yield b"data: [DONE]\n\n"
 
 
 def build_app(server: Server) -> Starlette:
@@ -185,7 +203,7 @@ def build_app(server: Server) -> Starlette:
                 # rendering a 20k-token prompt takes a while: off the event loop, like generation
                 req = await asyncio.to_thread(_guarded, _prepare, module, body)
                 if req["stream"]:
-                    return _sse(module.stream(server, req))
+                    return _sse(module.stream(server, req), module)
                 result = await _unless_disconnected(request, module.respond(server, req))
                 if result is None:
                     return Response(status_code=499)  # the client is gone; nobody reads this
