@@ -79,12 +79,9 @@ def lock_holders(path: Path) -> list[int]:
     except OSError:
         return []
     where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    exact, same_inode = set(), set()
+    holders = set()
     for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
-            if fields[5] == where:
-                exact.add(int(fields[4]))
-            elif fields[5].rpartition(":")[2] == str(st.st_ino):
-                same_inode.add(int(fields[4]))  # (overlay file systems: stat's device is not the lock's)
-    return sorted(exact or same_inode)
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit() and fields[5] == where:
+            holders.add(int(fields[4]))
+    return sorted(holders)

@@ -383,8 +383,8 @@ def test_inspect_and_build_say_a_capture_is_still_being_written(upstream, tmp_pa
                "still in flight and rows not yet written" in inspect_output()
         from polar_train.trajectories import BuildOptions, build_trajectories
 
-        problems = build_trajectories(m.out_dir, BuildOptions()).report.problems
-        assert any(p.startswith(f"a capture proxy is writing into {m.out_dir / 'calls'} (process ") for p in problems)
+        notes = build_trajectories(m.out_dir, BuildOptions()).report.notes
+        assert any(n.startswith(f"a capture proxy is writing into {m.out_dir / 'calls'} (process ") for n in notes)
         second = start_mitm(tmp_path / "second", modes=[f"reverse:{base}"], out_dir=m.out_dir)
         try:  # two proxies into one folder: both seen
             deadline = time.monotonic() + 30  # (its addon takes the lock as it comes up, just after it listens)

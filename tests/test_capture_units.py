@@ -1792,7 +1792,48 @@ def test_rows_a_writer_lost_leave_a_record_that_inspect_and_build_name(tmp_path,
             "1 row(s) whose building failed: No space left on device; its log has the details (these calls are in "
             "no part)")
     assert loss_notes(tmp_path, read_call_log(tmp_path).parts) == [note]
-    assert note in build_trajectories(tmp_path, BuildOptions()).report.problems
+    assert build_trajectories(tmp_path, BuildOptions()).report.notes == [note]
     proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
     assert f"note: {note}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_build_of_unreadable_parts_names_the_part_not_a_note(tmp_path):
+    """The review: with a note on the input (a loss record here) a build whose parts were all
+    unreadable said "skipped <the note>" instead of the part it skipped."""
+    import subprocess
+    import sys
+
+    from polar_train.capture.outdir import record_loss
+
+    calls = tmp_path / "cap" / "calls"
+    calls.mkdir(parents=True)
+    (calls / "part-1.parquet").write_bytes(b"PAR1 cut short")
+    record_loss(calls, calls_dropped=3, why="row worker queue full")
+    proc = subprocess.run([sys.executable, "-m", "polar_train", "build", str(tmp_path / "cap"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith(f"polar-train build: error: no readable call-log part in {tmp_path / 'cap'}; "
+                                          f"skipped {calls / 'part-1.parquet'}: not a readable Parquet file"), proc.stderr
+
+
+def test_the_live_lock_follows_the_folder_the_capture_writes_to(tmp_path):
+    """The review: an flock goes with the file, so a calls/ moved away to archive it stayed
+    "being written" while the proxy ran. The lock is taken again where the capture writes now."""
+    from polar_train.calllog import live_writers
+    from polar_train.capture.outdir import LiveLock
+
+    calls = tmp_path / "cap" / "calls"
+    calls.mkdir(parents=True)
+    lock = LiveLock(calls)
+    lock.refresh()
+    assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])]
+    archive = tmp_path / "day1"
+    calls.rename(archive)
+    lock.refresh()  # the next call: the folder is gone, nothing to hold
+    assert live_writers(archive, []) == [] and live_writers(tmp_path / "cap", []) == []
+    calls.mkdir()  # the writer makes it again for its next part
+    lock.refresh()
+    assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])] and live_writers(archive, []) == []
+    lock.release()
+    assert live_writers(tmp_path / "cap", []) == []

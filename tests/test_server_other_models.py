@@ -16,6 +16,7 @@ import torch
 
 from polar_train.model_load import ModelLoadError
 from polar_train.server.engine import Engine, SamplingParams
+from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -154,7 +155,7 @@ def test_other_templates_and_tokenizers_are_refused_before_the_weights_load(llam
     loaded; GPT-2's Conv1D layers were not listed as LoRA targets."""
     script = ROOT / "data" / "scenarios" / "fix-add.yaml"
     proc = subprocess.run([sys.executable, "-m", "polar_train", "serve", "--model", str(llama3), "--script",
-                           str(script), "--port", "1", "--max-model-len", "512"], capture_output=True, text=True, timeout=300)
+                           str(script), "--port", str(free_port()), "--max-model-len", "512"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "polar-train serve: error: --script needs a model whose chat template renders ChatML turns")
@@ -186,13 +187,13 @@ def test_a_build_with_another_models_tokenizer_says_the_fork_causes_are_qwens(ll
     from polar_train.trajectories import BuildOptions, build_trajectories
 
     capture = ROOT / "data" / "samples" / "demo" / "captures"
-    assert not any(p.startswith("--tokenizer") for p in build_trajectories(capture, BuildOptions()).report.problems)
+    assert not any(p.startswith("--tokenizer") for p in build_trajectories(capture, BuildOptions()).report.notes)
     report = build_trajectories(capture, BuildOptions(tokenizer=llama3)).report
-    assert report.problems[0] == (
+    assert report.notes == [(
         f"--tokenizer {llama3} is not Qwen3.5's (its <|im_start|> is not id 248045): forks are found by exact ids as "
         "ever, but their causes are told by Qwen3.5's special-token ids, so a fork may be labelled by the wrong cause "
-        "(and --realign continues only those labelled retokenization)")
-    assert f"problems (1):\n  --tokenizer {llama3} is not Qwen3.5's" in report.table()
+        "(and --realign continues only those labelled retokenization)")]
+    assert f"\nnote: --tokenizer {llama3} is not Qwen3.5's" in report.table()
 
 
 def test_rendered_anthropic_turns_end_with_the_templates_own_end_of_turn(tmp_path: Path, tiny_model_dir: Path) -> None:

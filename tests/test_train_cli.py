@@ -458,7 +458,7 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
     assert train_cli.run(_args(trajectories, tiny_model_dir, out, "max_steps=2", "save_steps=1",
                                "learning_rate=5e-3", resume=True)) == 0
     said = capsys.readouterr().out
-    assert ("resume: skipping incomplete checkpoint-2 (no readable trainer_state.json: its save was cut short); "
+    assert ("resume: skipping checkpoint-2 (no readable trainer_state.json: its save was cut short); "
             "resuming from checkpoint-1") in said
     assert said.count("resume: the run's marker (an earlier version's) records no vllm_importance_sampling_correction, "
                       "vllm_importance_sampling_mode, vllm_importance_sampling_clip_min, "
@@ -955,3 +955,27 @@ def test_metrics_name_the_values_that_were_nan_or_infinite(tmp_path) -> None:
 
 
 DIFF_KEY = "sampling/sampling_logp_difference/mean"
+
+
+def test_the_divergence_message_names_the_last_good_checkpoint_up_to_its_step(tmp_path) -> None:
+    """The review: the message named the highest-numbered checkpoint folder - a NaN one an earlier
+    version saved, one of a later step from an earlier try, or an empty folder."""
+    from safetensors.torch import save_file
+
+    from polar_train.train.trainer import last_good_checkpoint
+
+    def checkpoint(step: int, value: float | None) -> None:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if value is not None:
+            save_file({"base_model.model.q_proj.lora_B.weight": torch.full((2, 2), value)},
+                      str(folder / "adapter_model.safetensors"))
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+    checkpoint(2, 0.5)
+    checkpoint(3, float("nan"))
+    checkpoint(4, None)  # a save cut short
+    checkpoint(6, 0.25)  # beyond the step the run diverged at (an earlier try's)
+    assert last_good_checkpoint(tmp_path, 5) == tmp_path / "checkpoint-2"
+    assert last_good_checkpoint(tmp_path, 6) == tmp_path / "checkpoint-6"
+    assert last_good_checkpoint(tmp_path, 1) is None

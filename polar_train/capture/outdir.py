@@ -31,6 +31,38 @@ def prepare_calls_dir(calls_dir: Path) -> None:
 #: and say so. A dot-file: readers of the parts skip it.
 LIVE_LOCK = ".polar-capture.lock"
 
+
+class LiveLock:
+    """This process's hold on ``calls/.polar-capture.lock``, kept on the folder the capture writes
+    to now. An ``flock`` goes with the file, not its name: a ``calls/`` moved away to archive it
+    stayed "being written" while the proxy ran. :meth:`refresh` (once per call or part, off the
+    event loop: a stat and an fstat) lets go of a lock file that is no longer there and takes the
+    one that is."""
+
+    def __init__(self, calls_dir: Path) -> None:
+        self.path = calls_dir / LIVE_LOCK
+        self._file = None
+
+    def refresh(self) -> None:
+        from ..folder_lock import hold_shared_lock
+
+        try:
+            here = os.stat(self.path)
+        except OSError:
+            here = None
+        if self._file is not None and here is not None:
+            held = os.fstat(self._file.fileno())
+            if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+                return
+        self.release()
+        if self.path.parent.is_dir():
+            self._file = hold_shared_lock(self.path)
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
 #: Loss records: ``_losses-<pid>-<UTC>.json`` in ``calls/``, written when a process of the capture
 #: lost calls or rows (a full row-worker queue, a disk that stayed full at shutdown). The proxy's
 #: log said so and mitmdump still exited 0: ``inspect`` and ``build`` read these and say so too.

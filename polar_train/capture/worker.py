@@ -40,8 +40,7 @@ from typing import Any, BinaryIO
 
 from .handoff import STOP, HandOff
 from .options import CaptureOptions
-from ..folder_lock import hold_shared_lock
-from .outdir import LIVE_LOCK, prepare_calls_dir, record_loss
+from .outdir import LiveLock, prepare_calls_dir, record_loss
 
 log = logging.getLogger("polar_capture")
 
@@ -131,7 +130,8 @@ class RowWorker:
         prepare_calls_dir(calls_dir)
         # held by the proxy from its start (the child, which starts later, holds it too): readers
         # see the capture is live while calls are in flight, before any row is written
-        self._live_lock = hold_shared_lock(calls_dir / LIVE_LOCK)
+        self._live_lock = LiveLock(calls_dir)
+        self._live_lock.refresh()
         self._thread = threading.Thread(target=self._send_loop, name="polar-capture-sender", daemon=True)
         self._thread.start()
 
@@ -175,8 +175,7 @@ class RowWorker:
                             why="row worker queue full")
         finally:
             if self._live_lock is not None:
-                self._live_lock.close()
-                self._live_lock = None
+                self._live_lock.release()
 
     def _close(self, timeout: float) -> None:
         if self._thread is None:
@@ -217,6 +216,8 @@ class RowWorker:
     def _send(self, state: Any) -> None:
         """Write one call to the child (started on first use); a dead child is replaced, and one
         that cannot run at all makes way for an in-process writer thread."""
+        if self._live_lock is not None:
+            self._live_lock.refresh()  # (calls/ moved away to archive it: the new one is the live one)
         frames = call_frames(state) if self._fallback is None else []
         while self._fallback is None:
             if self._proc is None:

@@ -26,10 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from polar_train.capture.handoff import STOP, HandOff
-from polar_train.capture.outdir import LIVE_LOCK, prepare_calls_dir, record_loss
+from polar_train.capture.outdir import LiveLock, prepare_calls_dir, record_loss
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.durable import sync_folder
-from polar_train.folder_lock import hold_shared_lock
 from polar_train.schema import CALL_LOG_SCHEMA
 
 log = logging.getLogger("polar_capture")
@@ -149,18 +148,13 @@ class PartWriter:
         self._failing: str | None = None
         self._failure_logged_at = 0.0
         self._thread: threading.Thread | None = None
-        self._live_lock = None
-
-    def _hold_live_lock(self) -> None:
-        """Let readers see this capture is being written (see ``outdir.LIVE_LOCK``)."""
-        if self._live_lock is not None:
-            self._live_lock.close()
-        self._live_lock = hold_shared_lock(self.calls_dir / LIVE_LOCK) if self.calls_dir.is_dir() else None
+        #: readers see this capture is being written (see ``outdir.LIVE_LOCK``)
+        self._live_lock = LiveLock(self.calls_dir)
 
     def start(self, create_dir: bool = True) -> None:
         if create_dir:
             prepare_calls_dir(self.calls_dir)
-        self._hold_live_lock()
+        self._live_lock.refresh()
         self._thread = threading.Thread(target=self._run, name="polar-capture-writer", daemon=True)
         self._thread.start()
 
@@ -191,9 +185,7 @@ class PartWriter:
         if self.lost_rows or self.dropped or self.failed_jobs:  # said in the log; said on disk too
             record_loss(self.calls_dir, rows_lost=self.lost_rows, calls_dropped=self.dropped,
                         rows_failed=self.failed_jobs, why=self._failing or "")
-        if self._live_lock is not None:
-            self._live_lock.close()
-            self._live_lock = None
+        self._live_lock.release()
 
     def _run(self) -> None:
         while True:
@@ -302,7 +294,7 @@ class PartWriter:
         name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}.parquet"
         if not self.calls_dir.exists():
             prepare_calls_dir(self.calls_dir)  # removed (or moved away) while we ran: make it again
-            self._hold_live_lock()
+        self._live_lock.refresh()
         final = self.calls_dir / name
         tmp = self.calls_dir / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

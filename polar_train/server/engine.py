@@ -138,7 +138,7 @@ class Engine:
             raise ModelLoadError(f"cannot serve the model in {self.model_dir}: {type(model).__name__} has no "
                                  "separate transformer and output head")
         self.max_model_len = max_model_len
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(model.config.get_text_config().vocab_size)  # (a multimodal config nests it)
         #: the longest token's text: a prompt longer than max_model_len times this cannot fit
         self.max_chars_per_token = max(len(t) for t in self.tokenizer.get_vocab())
         self.stop_token_ids = model_stop_ids(self.tokenizer, model)

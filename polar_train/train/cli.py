@@ -299,7 +299,7 @@ def _write_marker(out: Path, identity: dict[str, Any]) -> None:
     sync_folder(out)
 
 
-def _checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
+def checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
     """Why ``folder`` cannot be resumed from (``resumable=False``: used as an adapter), or None.
     The trainer writes the adapter first and trainer_state.json last: a save cut short (Ctrl-C, a
     full disk) lacks one of them."""
@@ -372,7 +372,7 @@ def complete_checkpoint(out: Path, resumable: bool = True) -> tuple[Path | None,
                 found.append((int(step), d))
     skipped = []
     for _, folder in sorted(found, reverse=True):
-        problem = _checkpoint_problem(folder, resumable)
+        problem = checkpoint_problem(folder, resumable)
         if problem is None:
             return folder, skipped
         if "non-finite" in problem:  # (a diverged run's save, complete)
@@ -398,7 +398,7 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any], say
         _check_resumable(last, config)
         _check_same_options(out, identity["options"], say)
         for note in skipped if say else ():
-            print(f"resume: skipping incomplete {note}; resuming from {last.name}", flush=True)
+            print(f"resume: skipping {note}; resuming from {last.name}", flush=True)
         return str(last)
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
         raise UserError(f"{out} already holds a run: use --resume or another --output")

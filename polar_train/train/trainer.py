@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from .cli import TrainFailure, save_error
+from .cli import TrainFailure, checkpoint_problem, save_error
 from .data import GroupedData
 
 
@@ -244,6 +244,15 @@ def keep_metrics_until(path: Path, step: int) -> None:
         raise
 
 
+def last_good_checkpoint(out: Path, step: int) -> Path | None:
+    """The newest ``checkpoint-N`` (N at most ``step``) whose adapter loads and is finite: the
+    weights a new run goes on from (a newer one of an earlier try, a NaN one an earlier version
+    saved, or one cut short is no such)."""
+    found = sorted(((int(d.name.rpartition("-")[2]), d) for d in out.glob("checkpoint-*")
+                    if d.name.rpartition("-")[2].isdigit() and d.is_dir()), reverse=True)
+    return next((d for n, d in found if n <= step and checkpoint_problem(d, resumable=False) is None), None)
+
+
 class DivergenceCallback(TrainerCallback):
     """Stop at the first optimizer step that leaves a trained weight NaN or infinite, before its
     checkpoint is saved: a run that diverged at step 2 went on to its last step, saved a checkpoint
@@ -265,9 +274,7 @@ class DivergenceCallback(TrainerCallback):
             with contextlib.suppress(OSError):
                 with open(self.metrics, "a") as f:
                     f.write(json.dumps({"step": state.global_step, "epoch": state.epoch, "error": problem}) + "\n")
-        steps_saved = sorted(int(d.name.rpartition("-")[2]) for d in Path(args.output_dir).glob("checkpoint-*")
-                             if d.name.rpartition("-")[2].isdigit())
-        last = Path(args.output_dir) / f"checkpoint-{steps_saved[-1]}" if steps_saved else None
+        last = last_good_checkpoint(Path(args.output_dir), state.global_step)
         earlier = (f"{last.name} holds the weights before (a new --output with --set init_adapter={last} goes on "
                    "from them); " if last else "")
         raise TrainFailure(f"{problem}; {earlier}lower learning_rate or check the options that scale the loss")

@@ -458,10 +458,10 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
     if (live := live_writers_note(live_writers(folder, log.parts))) is not None:
-        report.problems.append(live)
-    report.problems.extend(loss_notes(folder, log.parts))
+        report.notes.append(live)
+    report.notes.extend(loss_notes(folder, log.parts))
     if tokenizer_note is not None:
-        report.problems.append(tokenizer_note)
+        report.notes.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
     rows, skipped = select_calls(table, token_bytes_factory)
     report.skipped = dict(skipped)

@@ -49,6 +49,9 @@ class BuildReport:
     singleton_groups: list[str] = field(default_factory=list)
     equal_reward_groups: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: What the reader of this build should know of its input as a whole (a capture still being
+    #: written, calls its proxy lost, a tokenizer that is not Qwen3.5's): printed before problems.
+    notes: list[str] = field(default_factory=list)
     #: Rollouts with a call that started again from the rollout's first prompt after its
     #: conversation had gone on: a rollout id reused for another session (next round) makes its
     #: sessions branches of one rollout, with one reward and one group.
@@ -148,6 +151,7 @@ class BuildReport:
             lines.append(f"{'':<{width}}  size-1 groups: {_some(self.singleton_groups, 10)}")
         if self.equal_reward_groups:
             lines.append(f"{'':<{width}}  all-equal groups: {_some(self.equal_reward_groups, 10)}")
+        lines.extend(f"note: {shown(n, 600)}" for n in self.notes)
         if self.problems:
             lines.append(f"problems ({len(self.problems)}):")
             lines.extend(f"  {shown(p, 400)}" for p in self.problems[:max_problems])
