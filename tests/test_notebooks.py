@@ -434,3 +434,22 @@ def test_a_wrong_folder_is_one_line_that_says_what_it_is(tmp_path: Path, monkeyp
 def test_the_run_notebook_names_the_run_it_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     out = text(execute(RUN_NB, monkeypatch))
     assert out.startswith("run data/samples/demo/run: {'steps': ")
+
+
+def test_capture_notebook_names_compact_prompts_it_cannot_rebuild(sample_calls, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe: a compact capture whose earlier part was gone printed a "skipped:" line per call
+    and still counted those calls (and their missing prompts) as read, unlike inspect."""
+    from tests.support.calls import compact
+
+    rows = compact(sample_calls)  # each call's prompt refers to the call before it
+    capture = tmp_path / "compact"
+    (capture / "calls").mkdir(parents=True)
+    for name, part in (("part-a", rows[:1]), ("part-b", rows[1:])):
+        pq.write_table(pa.Table.from_pylist(part, schema=CALL_LOG_SCHEMA), capture / "calls" / f"{name}.parquet")
+    (capture / "calls" / "part-a.parquet").unlink()  # the part the second call refers to
+    out = text(execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=capture))
+    # (each refers to the one before: all but the first are lost with it)
+    assert f"{len(rows) - 1} call(s) whose compact prompt cannot be rebuilt (the part it refers to is missing): " \
+           "their prompt tokens are not counted and the build leaves them out, e.g. " in out
+    assert "skipped: call " not in out
