@@ -43,7 +43,7 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def _hang_up_as_by_default() -> None:
+def hang_up_as_by_default() -> None:
     """In the child: SIGHUP at its default, also under ``nohup make test`` (whose SIG_IGN children
     inherit, and which the commands rightly leave ignored: the tests that hang them up then hung)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -64,7 +64,7 @@ class ManagedProcess:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-            start_new_session=True, preexec_fn=_hang_up_as_by_default,
+            start_new_session=True, preexec_fn=hang_up_as_by_default,
         )
         log.close()
         return self
