@@ -150,7 +150,7 @@ def live_writers_note(live: list[tuple[Path, list[int]]]) -> str | None:
     """One line on :func:`live_writers`' folders for a report, or None."""
     if not live:
         return None
-    where = "; ".join(f"{folder} (process {', '.join(map(str, pids))})" for folder, pids in live)
+    where = "; ".join(f"{folder} (its lock held by process {', '.join(map(str, pids))})" for folder, pids in live)
     return (f"a capture proxy is writing into {where}: calls still in flight and rows not yet written (up to "
             "polar_flush_seconds, 10 s by default) are not read, and a rollout still running is read as it stands; "
             "read again once its rollouts have ended, or after stopping mitmdump")
@@ -291,8 +291,15 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         if root.is_dir() and any((root / name).exists() for name in _RUN_FILES):
             hint = f": {root} is a training run (what `polar-train train` writes), not a capture"
         elif part_folder(root).name == "calls" and part_folder(root).is_dir():  # the addon's: no part yet?
-            hint = ("; a running capture proxy writes a part every polar_flush_seconds (10 s by default) and "
-                    "when it stops: wait, or stop mitmdump")
+            if losses := loss_notes(root, []):  # a disk full at the stop: every row lost, said on disk
+                hint = "; " + "; ".join(losses)
+            elif live := live_writers(root, []):
+                pids = ", ".join(map(str, live[0][1]))
+                hint = (f"; a capture proxy is writing into it (its lock held by process {pids}): it writes a part "
+                        "every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump")
+            else:
+                hint = ("; a running capture proxy writes a part every polar_flush_seconds (10 s by default) and "
+                        "when it stops: wait, or stop mitmdump")
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []

@@ -379,12 +379,13 @@ def test_inspect_and_build_say_a_capture_is_still_being_written(upstream, tmp_pa
         assert [folder for folder, _ in live] == [m.out_dir / "calls"] and live[0][1]
         assert m.proc.pid in live[0][1]  # the proxy itself (from its start), and its row worker
         pids = ", ".join(map(str, live[0][1]))
-        assert f"note: a capture proxy is writing into {m.out_dir / 'calls'} (process {pids}): calls " \
+        assert f"note: a capture proxy is writing into {m.out_dir / 'calls'} (its lock held by process {pids}): calls " \
                "still in flight and rows not yet written" in inspect_output()
         from polar_train.trajectories import BuildOptions, build_trajectories
 
         notes = build_trajectories(m.out_dir, BuildOptions()).report.notes
-        assert any(n.startswith(f"a capture proxy is writing into {m.out_dir / 'calls'} (process ") for n in notes)
+        assert any(n.startswith(f"a capture proxy is writing into {m.out_dir / 'calls'} (its lock held by process ")
+                   for n in notes)
         second = start_mitm(tmp_path / "second", modes=[f"reverse:{base}"], out_dir=m.out_dir)
         try:  # two proxies into one folder: both seen
             deadline = time.monotonic() + 30  # (its addon takes the lock as it comes up, just after it listens)

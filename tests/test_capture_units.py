@@ -1837,3 +1837,19 @@ def test_the_live_lock_follows_the_folder_the_capture_writes_to(tmp_path):
     assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])] and live_writers(archive, []) == []
     lock.release()
     assert live_writers(tmp_path / "cap", []) == []
+
+
+def test_a_capture_that_lost_every_row_says_so_where_it_has_no_part(tmp_path):
+    """The verification of the loss records: a disk full at the stop left no part, only the
+    record, and inspect/build said "no call-log parts ...: wait, or stop mitmdump" - the proxy
+    had stopped, and its 12 lost rows went unsaid."""
+    from polar_train.calllog import CallLogError, read_call_log
+    from polar_train.capture.outdir import record_loss
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    record_loss(calls, rows_lost=12, why="No space left on device")
+    with pytest.raises(CallLogError, match=re.escape(f"no call-log parts (*.parquet) in {calls}; {calls}/_losses-")
+                       + r".*: the capture process \d+ lost 12 row\(s\) not written \(the disk refused them\): No space "
+                         r"left on device; its log has the details \(these calls are in no part\)$"):
+        read_call_log(tmp_path)

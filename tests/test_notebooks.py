@@ -352,7 +352,8 @@ def test_run_notebook_on_a_diverged_a_running_and_a_resumed_run(tmp_path: Path, 
     assert "the run stopped at step 4: training diverged at step 4: non-finite adapter weights" in out
     assert f"checkpoint-2 holds the last finite weights: a new run goes on from them with `--set init_adapter=" \
            f"{diverged / 'checkpoint-2'}`" in out
-    assert f"1 step(s) logged NaN or infinite values (null in metrics.jsonl, left out of the plots): step 3: loss, {DIFF}" in out
+    assert ("1 step(s) logged NaN or infinite values (null in metrics.jsonl, left out of the plots): "
+            f"step 3: loss, {DIFF}") in out
     assert "have no |logp trainer - logp sampler|" not in out  # its null was a NaN, not a step without logprobs
     assert "continue with" not in out
 

@@ -155,7 +155,8 @@ def test_other_templates_and_tokenizers_are_refused_before_the_weights_load(llam
     loaded; GPT-2's Conv1D layers were not listed as LoRA targets."""
     script = ROOT / "data" / "scenarios" / "fix-add.yaml"
     proc = subprocess.run([sys.executable, "-m", "polar_train", "serve", "--model", str(llama3), "--script",
-                           str(script), "--port", str(free_port()), "--max-model-len", "512"], capture_output=True, text=True, timeout=300)
+                           str(script), "--port", str(free_port()), "--max-model-len", "512"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "polar-train serve: error: --script needs a model whose chat template renders ChatML turns")
