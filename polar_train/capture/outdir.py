@@ -63,6 +63,7 @@ class LiveLock:
             self._file.close()
             self._file = None
 
+
 #: Loss records: ``_losses-<pid>-<UTC>.json`` in ``calls/``, written when a process of the capture
 #: lost calls or rows (a full row-worker queue, a disk that stayed full at shutdown). The proxy's
 #: log said so and mitmdump still exited 0: ``inspect`` and ``build`` read these and say so too.
@@ -87,4 +88,3 @@ def record_loss(calls_dir: Path, **counts: int | str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-

@@ -138,7 +138,8 @@ class Engine:
             raise ModelLoadError(f"cannot serve the model in {self.model_dir}: {type(model).__name__} has no "
                                  "separate transformer and output head")
         self.max_model_len = max_model_len
-        self.vocab_size = int(model.config.get_text_config().vocab_size)  # (a multimodal config nests it)
+        self._text_config = model.config.get_text_config()  # (a multimodal config nests the text model's)
+        self.vocab_size = int(self._text_config.vocab_size)
         #: the longest token's text: a prompt longer than max_model_len times this cannot fit
         self.max_chars_per_token = max(len(t) for t in self.tokenizer.get_vocab())
         self.stop_token_ids = model_stop_ids(self.tokenizer, model)
@@ -217,7 +218,7 @@ class Engine:
 
     def _logits(self, hidden) -> torch.Tensor:
         logits = self.head(hidden).float()
-        config = self.model.config
+        config = self._text_config
         # what the architectures' forwards do after the head (transformers' Gemma2/3, Granite, Cohere)
         if (cap := getattr(config, "final_logit_softcapping", None)) is not None:
             logits = torch.tanh(logits / cap) * cap
