@@ -99,6 +99,13 @@ def list_parts(folder: str | Path) -> list[Path]:
     return _find_parts(folder)[0]
 
 
+def _calls_folders(folder: str | Path, parts: list[Path]) -> list[Path]:
+    """The folders a capture writes into that a read of ``folder`` covers: those its parts are in,
+    and ``folder`` and ``folder/calls`` themselves (a capture with no part yet)."""
+    root = Path(folder).expanduser()
+    return sorted({p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set()))
+
+
 def live_writers(folder: str | Path, parts: list[Path]) -> list[tuple[Path, list[int]]]:
     """The ``calls/`` folders under ``folder`` that a capture proxy is writing into now (its row
     worker holds the folder's live lock), with the writers' process ids. Their calls in flight and
@@ -107,10 +114,8 @@ def live_writers(folder: str | Path, parts: list[Path]) -> list[tuple[Path, list
     from .capture.outdir import LIVE_LOCK
     from .folder_lock import lock_holders
 
-    root = Path(folder).expanduser()
-    folders = {p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set())
     live = []
-    for calls_dir in sorted(folders):
+    for calls_dir in _calls_folders(folder, parts):
         if (calls_dir / LIVE_LOCK).is_file() and (holders := lock_holders(calls_dir / LIVE_LOCK)):
             live.append((calls_dir, holders))
     return live
@@ -124,10 +129,8 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
 
     from .capture.outdir import LOSS_RECORD_GLOB
 
-    root = Path(folder).expanduser()
-    folders = {p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set())
     notes = []
-    for calls_dir in sorted(folders):
+    for calls_dir in _calls_folders(folder, parts):
         for record in sorted(calls_dir.glob(LOSS_RECORD_GLOB)):
             try:
                 data = json.loads(record.read_text())
@@ -293,13 +296,12 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         elif part_folder(root).name == "calls" and part_folder(root).is_dir():  # the addon's: no part yet?
             if losses := loss_notes(root, []):  # a disk full at the stop: every row lost, said on disk
                 hint = "; " + "; ".join(losses)
-            elif live := live_writers(root, []):
-                pids = ", ".join(map(str, live[0][1]))
-                hint = (f"; a capture proxy is writing into it (its lock held by process {pids}): it writes a part "
-                        "every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump")
             else:
-                hint = ("; a running capture proxy writes a part every polar_flush_seconds (10 s by default) and "
-                        "when it stops: wait, or stop mitmdump")
+                live = live_writers(root, [])
+                who = (f"a capture proxy (its lock held by process {', '.join(map(str, live[0][1]))})" if live
+                       else "a running capture proxy")
+                hint = f"; {who} writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, " \
+                       "or stop mitmdump"
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []

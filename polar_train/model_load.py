@@ -11,6 +11,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -181,12 +182,18 @@ def load_adapter(model: Any, adapter_dir: str | os.PathLike, **kwargs: Any) -> A
         raise ModelLoadError(f"cannot load the adapter in {folder}: {first_line(exc)}") from None
     # a diverged run's weights (an earlier version saved them in its checkpoints): served, every
     # answer was garbage; trained from, the first step "diverged" and blamed the learning rate
-    broken = [name for name, param in loaded.named_parameters()
-              if "lora_" in name and not bool(param.detach().isfinite().all())]
+    broken = non_finite_tensors((name, param) for name, param in loaded.named_parameters() if "lora_" in name)
     if broken:
         raise ModelLoadError(f"cannot load the adapter in {Path(adapter_dir)}: {len(broken)} of its tensors hold NaN or "
                              f"infinite values (e.g. {broken[0]}): the weights of a run that diverged")
     return loaded
+
+
+def non_finite_tensors(named: Iterable[tuple[str, Any]]) -> list[str]:
+    """The names of the tensors holding a NaN or an infinity (a diverged run's weights)."""
+    import torch
+
+    return [name for name, tensor in named if not bool(torch.isfinite(tensor.detach()).all())]
 
 
 def _first_mismatch(text: str) -> str:

@@ -299,7 +299,7 @@ def _write_marker(out: Path, identity: dict[str, Any]) -> None:
     sync_folder(out)
 
 
-def checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
+def _checkpoint_problem(folder: Path, resumable: bool = True) -> str | None:
     """Why ``folder`` cannot be resumed from (``resumable=False``: used as an adapter), or None.
     The trainer writes the adapter first and trainer_state.json last: a save cut short (Ctrl-C, a
     full disk) lacks one of them."""
@@ -349,9 +349,11 @@ def _weights_problem(folder: Path) -> str | None:
             if path.suffix == ".safetensors":
                 from safetensors import safe_open
 
+                from ..model_load import non_finite_tensors
+
                 with safe_open(str(path), framework="pt") as weights:
-                    if name == "adapter_model.safetensors" and not all(  # an earlier version saved a diverged
-                            _all_finite(weights.get_tensor(key)) for key in weights.keys()):  # run's NaNs
+                    if name == "adapter_model.safetensors" and non_finite_tensors(  # an earlier version saved
+                            (key, weights.get_tensor(key)) for key in weights.keys()):  # a diverged run's NaNs
                         return f"{name} holds non-finite weights (the run diverged)"
             elif path.stat().st_size == 0:
                 return f"{name} is empty"
@@ -361,18 +363,19 @@ def _weights_problem(folder: Path) -> str | None:
     return "no adapter weights"
 
 
-def complete_checkpoint(out: Path, resumable: bool = True) -> tuple[Path | None, list[str]]:
+def complete_checkpoint(out: Path, resumable: bool = True,
+                        up_to: int | None = None) -> tuple[Path | None, list[str]]:
     """The newest checkpoint-N in ``out`` that a resume can load (``resumable=False``: whose adapter
-    loads, as an ``init_adapter``), and a note per newer one skipped."""
+    loads, as an ``init_adapter``; ``up_to``: N at most that), and a note per newer one skipped."""
     found = []
     if out.is_dir():
         for d in out.iterdir():
             name, _, step = d.name.rpartition("-")
-            if name == "checkpoint" and step.isdigit() and d.is_dir():
+            if name == "checkpoint" and step.isdigit() and d.is_dir() and (up_to is None or int(step) <= up_to):
                 found.append((int(step), d))
     skipped = []
     for _, folder in sorted(found, reverse=True):
-        problem = checkpoint_problem(folder, resumable)
+        problem = _checkpoint_problem(folder, resumable)
         if problem is None:
             return folder, skipped
         if "non-finite" in problem:  # (a diverged run's save, complete)
@@ -668,8 +671,10 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
     except Exception:  # a failed save, an option TRL refuses mid-run: its line was printed after the bar's
         end_progress_line()
         raise
+    from ..model_load import non_finite_tensors
+
     trained = {n: p.detach() for n, p in trainer.model.named_parameters() if n in before}
-    broken = [n for n, p in trained.items() if not bool(_all_finite(p))]
+    broken = non_finite_tensors(trained.items())
     if broken:  # an adapter of NaNs "trained successfully" (e.g. an inf learning rate, a NaN bound)
         raise TrainFailure(f"training ended with non-finite adapter weights ({len(broken)} of {len(trained)} "
                            f"tensors, e.g. {broken[0]}) at step {trainer.state.global_step}: no adapter written; "
@@ -773,12 +778,6 @@ def _save_adapter(trainer, adapter_dir: Path) -> None:
         old.unlink(missing_ok=True)
     else:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _all_finite(tensor) -> bool:
-    import torch
-
-    return bool(torch.isfinite(tensor).all())
 
 
 def save_error(exc: BaseException) -> str:

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from .cli import TrainFailure, checkpoint_problem, save_error
+from ..model_load import non_finite_tensors
+from .cli import TrainFailure, complete_checkpoint, save_error
 from .data import GroupedData
 
 
@@ -248,9 +249,7 @@ def last_good_checkpoint(out: Path, step: int) -> Path | None:
     """The newest ``checkpoint-N`` (N at most ``step``) whose adapter loads and is finite: the
     weights a new run goes on from (a newer one of an earlier try, a NaN one an earlier version
     saved, or one cut short is no such)."""
-    found = sorted(((int(d.name.rpartition("-")[2]), d) for d in out.glob("checkpoint-*")
-                    if d.name.rpartition("-")[2].isdigit() and d.is_dir()), reverse=True)
-    return next((d for n, d in found if n <= step and checkpoint_problem(d, resumable=False) is None), None)
+    return complete_checkpoint(out, resumable=False, up_to=step)[0]
 
 
 class DivergenceCallback(TrainerCallback):
@@ -265,7 +264,7 @@ class DivergenceCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         trained = [(n, p) for n, p in self.trainer.model.named_parameters() if p.requires_grad]
-        broken = [n for n, p in trained if not bool(torch.isfinite(p).all())]
+        broken = non_finite_tensors(trained)
         if not broken:
             return
         problem = (f"training diverged at step {state.global_step}: non-finite adapter weights ({len(broken)} of "
