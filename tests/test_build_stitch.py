@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
@@ -494,6 +496,35 @@ def test_two_completed_attempts_keep_the_last(tmp_path):
     assert result.report.skipped == {"superseded_retry": 1}
 
 
+def test_a_one_call_session_run_again_under_its_id_by_a_restarted_proxy_keeps_both(tmp_path):
+    """A one-call task run each day under the same rollout id, the proxy restarted in between (so
+    both calls are numbered attempt 1): the build took the first day's call for a retry of the
+    second's and dropped it, its reward row naming a trajectory that was gone."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("the daily task")
+    monday = conv.assistant("one", append=False)
+    tuesday = conv.assistant("two", append=False, request_hash=monday["request_hash"], attempt=1)
+    assert monday["finished_at"] < tuesday["started_at"]
+    result = build(tmp_path, [monday, tuesday])
+    assert sorted(c for t in result.trajectories for c in t.call_ids) == sorted([monday["call_id"], tuesday["call_id"]])
+    assert "superseded_retry" not in result.report.skipped
+    assert result.report.restarted_rollouts == ["r1"]
+
+
+def test_one_call_recorded_by_two_chained_proxies_is_kept_once(tmp_path):
+    """Two proxies in a chain each record the call under its rollout (both read the id from the
+    API key), each numbering it attempt 1; the outer one's row starts before and ends after the
+    inner one's: one call, not two sessions."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    outer = conv.assistant("one", append=False)
+    inner = dict(outer, call_id="inner-copy", started_at=outer["started_at"] + timedelta(milliseconds=1),
+                 finished_at=outer["finished_at"] - timedelta(milliseconds=1))
+    result = build(tmp_path, [outer, inner])
+    assert len(result.trajectories) == 1 and result.report.skipped == {"superseded_retry": 1}
+    assert result.report.restarted_rollouts == []
+
+
 def test_one_body_sent_to_two_apis_is_two_requests_not_a_retry(tmp_path):
     """A chat call and a messages call of one rollout with byte-identical bodies shared a request
     hash: the second was counted attempt 2 and the build dropped one as a superseded retry."""
@@ -669,7 +700,7 @@ def test_the_tokenizer_is_not_loaded_for_attempts_nothing_went_on_from(tmp_path)
     def no_tokenizer():
         raise AssertionError("the tokenizer was loaded")
 
-    rows, skipped = select_calls(read_call_log(tmp_path).table, no_tokenizer)
+    rows, skipped, _restarted = select_calls(read_call_log(tmp_path).table, no_tokenizer)
     assert skipped == {"superseded_retry": 1} and len(rows) == 2
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -64,8 +64,17 @@ class BuildResult:
     labels: Labels = field(default_factory=Labels)
 
 
-def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None = None
-                 ) -> tuple[list[int], Counter]:
+class CallSelection(NamedTuple):
+    """What :func:`select_calls` chose: ``rows`` to stitch in time order, ``skipped`` rows counted
+    by cause, and the rollouts whose id several sessions used (``restarted``: their calls were kept
+    per session, not taken for retries of each other)."""
+
+    rows: list[int]
+    skipped: Counter
+    restarted: frozenset = frozenset()
+
+
+def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None = None) -> CallSelection:
     """Row indices to stitch, in time order, and the skipped rows counted by cause.
 
     Causes: ``superseded_retry`` (another attempt of the same request in the same rollout
@@ -79,7 +88,7 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
     skipped: Counter = Counter()
     n = table.num_rows
     if n == 0:
-        return [], skipped
+        return CallSelection([], skipped)
     status = table.column("status").to_pylist()
     rollout = table.column("rollout_id").to_pylist()
     # a request is its body sent to one API: the same body sent to two endpoints is two requests
@@ -102,7 +111,7 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
             groups.setdefault((rollout[i], req[i]), []).append(i)  # a group's sessions all send one prompt
     superseded: set[int] = set()
     continued = _ContinuedAttempts(table, rollout, status, when, token_bytes)
-    if restarts := _session_restarts(groups, status, when, continued):
+    if restarts := _session_restarts(groups, status, when, continued, attempt, finished):
         # a rollout id used again for a session that sent the same requests (a deterministic one):
         # its calls are no retries of the earlier session's, which keeps its own
         groups = {}
@@ -150,7 +159,7 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
         else:
             chosen.append(i)
     chosen.sort(key=lambda i: (when(i), attempt[i] or 0, call_id[i]))
-    return chosen, skipped
+    return CallSelection(chosen, skipped, frozenset(restarts))
 
 
 def _ending_in_failure(table: pa.Table, rollout_ids: list) -> dict[str, str]:
@@ -167,13 +176,18 @@ def _ending_in_failure(table: pa.Table, rollout_ids: list) -> dict[str, str]:
     return {r: status for r, (_, status) in sorted(last.items()) if status != "ok"}
 
 
-def _session_restarts(groups: dict[tuple, list[int]], status: list, when, continued: "_ContinuedAttempts"
-                      ) -> dict[Any, list[datetime]]:
+def _session_restarts(groups: dict[tuple, list[int]], status: list, when, continued: "_ContinuedAttempts",
+                      attempt: list, finished: list) -> dict[Any, list[datetime]]:
     """Per rollout, the times a session started again under its id: a completed call sending a
     request an earlier call of the rollout sent and a later call had already gone on from. A
     retry is sent while the harness still waits for the answer, never after it went on from it;
     without this, a second run of a deterministic session (each call equal to one of the first
-    run's) was taken call by call for retries answered alike, and the first run lost its calls."""
+    run's) was taken call by call for retries answered alike, and the first run lost its calls.
+
+    Also a completed call numbered attempt 1 sent after every earlier completed attempt had ended:
+    the proxy that numbered it had not seen them (it was restarted - the next day's run of a
+    one-call session under the same id - or it is another proxy). Where they overlap in time it is
+    one call recorded by two chained proxies, which stays one."""
     restarts: dict[Any, set[datetime]] = {}
     for (rollout_id, _), rows in groups.items():
         if len(rows) < 2:  # (most requests are sent once)
@@ -182,12 +196,16 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
         if len(ok) < 2:
             continue
         gone_on: datetime | None = None  # the earliest a later call went on from an attempt so far
+        ended: datetime | None = None  # the latest an attempt so far ended
         for c in ok:  # one pass over the rollout per attempt: sessions under one id cost linearly
-            if gone_on is not None and gone_on < when(c):
+            numbered_afresh = attempt[c] == 1 and ended is not None and ended < when(c)
+            if numbered_afresh or (gone_on is not None and gone_on < when(c)):
                 restarts.setdefault(rollout_id, set()).add(when(c))
             first = continued.first_gone_on(c, ok)
             if first is not None and (gone_on is None or first < gone_on):
                 gone_on = first
+            end = finished[c] or when(c)
+            ended = end if ended is None else max(ended, end)
     return {r: sorted(times) for r, times in restarts.items()}
 
 
@@ -463,7 +481,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     if tokenizer_note is not None:
         report.notes.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
-    rows, skipped = select_calls(table, token_bytes_factory)
+    rows, skipped, restarted = select_calls(table, token_bytes_factory)
     report.skipped = dict(skipped)
     calls = calls_from_table(table, np.asarray(rows, dtype=np.int64))
     report.calls_without_logprobs = sum(1 for c in calls if len(c.logprobs) and np.isnan(c.logprobs).all())
@@ -491,7 +509,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.trajectories = len(trajectories)
     report.rollouts = len({t.rollout_id for t in trajectories})
     report.forks = dict(stitcher.stats.forks)
-    report.restarted_rollouts = sorted(stitcher.stats.restarts)
+    report.restarted_rollouts = sorted(set(stitcher.stats.restarts) | restarted)
     models_of: dict[str, set[str]] = {}
     for t in trajectories:
         name = t.model if t.model is not None else "(none)"
