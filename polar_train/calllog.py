@@ -165,10 +165,13 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
     Why not ``rglob``: it passes over a folder it may not read without a word, and the calls in
     it would go missing from a build unnoticed. A symbolic link to a folder (another run's
     ``calls/`` linked in) is followed, each real folder read once: a loop cannot make the walk
-    endless, and a folder linked twice is not read twice."""
+    endless, and a folder linked twice is not read twice. The whole folder is walked, its
+    ``calls/`` (the addon's) and every other folder in it: another machine's or day's capture
+    folder copied in beside ``calls/`` was passed over in silence."""
     base = part_folder(folder)
     if base.is_file():
         return [base], []
+    base = _folder_path(folder)
     problems: list[PartProblem] = []
 
     def unreadable(exc: OSError) -> None:

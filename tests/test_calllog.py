@@ -58,7 +58,7 @@ def test_a_folder_that_cannot_be_read_is_named_not_passed_over(tmp_path, session
     log = read_call_log(tmp_path)
     assert log.table.num_rows == 2
     assert [str(p) for p in log.problems] == [f"{locked}: unreadable folder: Permission denied"]
-    locked_root = tmp_path / "calls"
+    locked_root = tmp_path  # the walk starts at the folder given
     monkeypatch.setattr(os, "scandir", lambda path=".": (_ for _ in ()).throw(
         PermissionError(13, "Permission denied", os.fspath(path))))
     with pytest.raises(CallLogError, match=f"cannot read {locked_root}: Permission denied"):
@@ -285,6 +285,21 @@ def test_inspect_of_a_parent_folder_names_the_captures_it_merged(tmp_path, sessi
                      f"{tmp_path / 'tuesday' / 'calls'}")
     assert main(["inspect", str(tmp_path / "monday")]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(f"{tmp_path / 'monday'}: 1 part(s), ")
+
+
+def test_a_capture_folder_copied_in_beside_calls_is_read_too(tmp_path, session_rows, capsys):
+    """Machine A's parts in ``team/calls/`` (the default ``polar_out``'s) and machine B's capture
+    folder copied in as ``team/machine-b/calls/``: only ``calls/`` was read, machine B's calls
+    missing from inspect and build without a word, exit 0."""
+    from polar_train.cli import main
+
+    write_parts(tmp_path, session_rows[:2], "part-a")
+    write_parts(tmp_path / "machine-b", session_rows[2:3], "part-b")
+    (tmp_path / "loose").mkdir()
+    pq.write_table(calls_table(session_rows[3:]), tmp_path / "loose" / "part-c.parquet")
+    assert sorted(read_calls(tmp_path).column("call_id").to_pylist()) == sorted(r["call_id"] for r in session_rows)
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"{tmp_path}: 3 part(s), ")
 
 
 def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, session_rows, monkeypatch):
