@@ -361,6 +361,23 @@ def test_a_rollout_id_reused_for_an_identical_session_is_named_and_both_sessions
     assert_aligned(by_first[again[0]["call_id"]], again)
 
 
+def test_one_rollout_id_recorded_under_two_tasks_is_named(tmp_path):
+    """Two machines both numbering their rollouts from rollout-0001, merged: its calls carry two
+    task ids, and the build put every trajectory in the first task's group with its reward,
+    saying nothing."""
+    a, b = Conversation(rollout_id="rollout-0001", name="a"), Conversation(rollout_id="rollout-0001", name="b")
+    a.user("task A")
+    b.user("task B, another prompt")
+    rows = [a.assistant("one", task_id="taskA"), b.assistant("two", task_id="taskB")]
+    result = build(tmp_path, rows)
+    assert result.report.mixed_task_rollouts == {"rollout-0001": ["taskA", "taskB"]}
+    assert ("rollouts of several tasks  1 (rollout-0001: taskA, taskB): a rollout id reused for another task? "
+            "each session needs its own (all its trajectories join one task's group)") in result.report.table()
+    rows = [a.assistant("three", task_id="taskA"), a.assistant("four", task_id=None)]
+    result = build(tmp_path / "one", rows)
+    assert result.report.mixed_task_rollouts == {} and "several tasks" not in result.report.table()
+
+
 def test_two_harnesses_under_one_rollout_id_are_named(tmp_path):
     """Pi (chat completions) and Claude Code (messages) run at once under one rollout id: two
     conversations of one rollout with one reward, and nothing said (a sub-agent looks the same)."""

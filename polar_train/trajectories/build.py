@@ -523,6 +523,11 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if r is not None and api is not None:
             apis_of.setdefault(r, set()).add(api)
     report.mixed_api_rollouts = {r: sorted(a) for r, a in sorted(apis_of.items()) if len(a) > 1}
+    tasks_of: dict[str, set[str]] = {}
+    for r, task in zip((rollout_ids[i] for i in rows), table.column("task_id").take(chosen).to_pylist()):
+        if r is not None and task is not None:
+            tasks_of.setdefault(r, set()).add(task)
+    report.mixed_task_rollouts = {r: sorted(t) for r, t in sorted(tasks_of.items()) if len(t) > 1}
     report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in rollout_ids if r is not None}

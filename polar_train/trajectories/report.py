@@ -64,6 +64,10 @@ class BuildReport:
     #: Rollouts whose calls used several wire formats (``openai.chat``, ``anthropic.messages``, ...):
     #: a harness speaks one, so two harnesses ran under one rollout id and share its reward.
     mixed_api_rollouts: dict[str, list[str]] = field(default_factory=dict)
+    #: Rollouts whose calls were recorded under several task ids (``x-polar-task``): one rollout id
+    #: reused for another task (machines or days numbering their rollouts alike); its trajectories
+    #: all join one task's group, with one reward.
+    mixed_task_rollouts: dict[str, list[str]] = field(default_factory=dict)
     #: Rollouts whose last call failed (its status): a session killed mid-call or ended on an
     #: error, whose reward scores an unfinished run.
     cut_off_rollouts: dict[str, str] = field(default_factory=dict)
@@ -145,6 +149,12 @@ class BuildReport:
                           escaped=True)
             rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}): two harnesses "
                                                      "under one rollout id? each session needs its own"))
+        if self.mixed_task_rollouts:
+            named = _some([f"{shown(r)}: {', '.join(map(shown, t))}" for r, t in self.mixed_task_rollouts.items()],
+                          sep="; ", escaped=True)
+            rows.append(("rollouts of several tasks", f"{len(self.mixed_task_rollouts)} ({named}): a rollout id "
+                                                      "reused for another task? each session needs its own (all "
+                                                      "its trajectories join one task's group)"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         if self.singleton_groups:
