@@ -113,6 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-command's own parser (its usage, its ``polar-train CMD`` name)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
+def _unrecognized(command: str, extra: list[str]) -> str:
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    if command in ("build", "inspect") and not extra[0].startswith("-"):
+        message += ("; one capture folder per command: put several under one parent folder (every folder "
+                    "below it is read)")
+    return message
+
+
 class _Unwinding:
     """Signal handlers for a command's run. SIGTERM (``kill``, ``timeout``, a job scheduler)
     unwinds like Ctrl-C: the ``finally`` blocks that stop a command's child processes (the demo's
@@ -180,7 +196,9 @@ def run_script(main_function: Callable[[], int | None]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's parser (argparse's top-level one said "polar-train: error")
+        _command_parser(parser, args.command).error(_unrecognized(args.command, extra))
     with _sigterm_unwinds(f"polar-train {args.command}"):  # (a second signal's note names the command)
         return _run_command(args)
 

@@ -183,6 +183,22 @@ def test_out_with_a_tilde_is_the_home_folder(tmp_path, capture, monkeypatch):
     assert (tmp_path / "home" / "traj" / "_build_report.json").is_file() and not (tmp_path / "~").exists()
 
 
+def test_two_capture_folders_are_refused_by_the_command_with_a_way_to_merge(tmp_path, capsys):
+    """``build machA machB`` (the natural mistake when merging) ended in the top-level parser's
+    ``polar-train: error: unrecognized arguments`` - not the command's line, and no way on."""
+    for argv in (["build", "machA", "machB", "--out", str(tmp_path / "o")], ["inspect", "machA", "machB"]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"polar-train {argv[0]}: error: unrecognized arguments: machB; one capture folder per command: put "
+            "several under one parent folder (every folder below it is read)")
+    with pytest.raises(SystemExit):
+        main(["inspect", "machA", "--bogus"])
+    assert capsys.readouterr().err.splitlines()[-1] == "polar-train inspect: error: unrecognized arguments: --bogus"
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_and_empty_inputs_exit_2_with_one_line(tmp_path, capsys):
     proc = run_build(tmp_path / "nope", "--out", tmp_path / "out")
     assert proc.returncode == 2
