@@ -131,11 +131,6 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
         raise UserError(str(exc)) from None
     report = result.report
     if not result.trajectories:
-        if not report.parts_read:  # every part skipped: the input is unusable, as an empty folder is
-            from .terminal import printable  # one line, as inspect says it (a table of zeros hid it)
-
-            more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
-            raise UserError(f"no readable call-log part in {captures}; skipped {printable(report.problems[0])}{more}")
         print_out(report.table())
         print(f"polar-train build: error: no trajectory could be built from {captures}"
               " (see skipped rows and problems above)", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -638,3 +639,30 @@ def test_the_build_is_on_disk_before_its_names(tmp_path, capture, monkeypatch):
     assert sorted(t[1:t.index(".tmp")] for t in temps if ".parquet" in t) == parts
     assert any("_build_report.json" in t for t in temps)
     assert synced[-1] == str(out)  # the folder, after the swap
+
+
+def test_the_library_refuses_what_the_cli_refuses(tmp_path, capture, monkeypatch):
+    """From Python: a folder whose every part is skipped returned an empty result (the docs promise
+    a CallLogError, as the CLI says); ``write_trajectories`` with rows_per_part=-5 or no
+    trajectories removed the earlier build and wrote nothing, and ``""`` wrote into the current
+    folder."""
+    from polar_train.calllog import CallLogError
+    from polar_train.trajectories import build_trajectories
+    from polar_train.trajectories.writer import write_trajectories
+
+    built = build_trajectories(capture)
+    parts = write_trajectories(built.trajectories, tmp_path / "traj")
+    with pytest.raises(CallLogError, match=re.escape(f"no readable call-log part in {tmp_path / 'traj'}; skipped ")):
+        build_trajectories(tmp_path / "traj")  # trajectories, not a call log
+    before = {p.name: p.read_bytes() for p in (tmp_path / "traj").iterdir()}
+    monkeypatch.chdir(tmp_path / "traj")
+    for bad, message in ((dict(rows_per_part=-5), "rows_per_part must be a positive whole number, not -5"),
+                         (dict(rows_per_part=0), "not 0"), (dict(rows_per_part=2.5), "not 2.5"),
+                         (dict(rows_per_part="10"), "not '10'"), (dict(rows_per_part=True), "not True")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            write_trajectories(built.trajectories, tmp_path / "traj", **bad)
+    with pytest.raises(ValueError, match="no trajectories to write to .*: it keeps what it holds"):
+        write_trajectories([], tmp_path / "traj")
+    with pytest.raises(ValueError, match="empty path"):
+        write_trajectories(built.trajectories, "")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "traj").iterdir()} == before and len(parts) == 1

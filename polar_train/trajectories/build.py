@@ -475,6 +475,11 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
+    if not log.parts:  # every part skipped: unusable, as an empty folder is (a table of zeros hid it)
+        from ..terminal import printable
+
+        more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
+        raise CallLogError(f"no readable call-log part in {folder}; skipped {printable(str(log.problems[0]))}{more}")
     if (live := live_writers_note(live_writers(folder, log.parts))) is not None:
         report.notes.append(live)
     report.notes.extend(loss_notes(folder, log.parts))

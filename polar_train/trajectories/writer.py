@@ -1,9 +1,11 @@
 """Write trajectories as Parquet parts (``TRAJECTORY_SCHEMA``), temp-then-rename.
 
 Why the discipline: the trainer (or ``datasets``) may glob ``--out`` while a build runs; it must
-see either the previous complete set of parts or the new one, never a half-written file.
-Old parts are replaced only after every new part (and the report) is complete, in one swap that
-an interrupt cannot split.
+never see a half-written file, and after an interrupt or a failure the folder holds the previous
+complete set of parts or the new one. Old parts are replaced only after every new part (and the
+report) is complete, in one swap that an interrupt cannot split. A reader listing the folder during
+the swap's renames can meet parts of both builds (no folder swap is atomic for a set of files):
+each part names its build, and the trainer refuses a mix.
 """
 
 from __future__ import annotations
@@ -218,12 +220,21 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
 
     Everything is written under temporary names first; then, with SIGINT/SIGTERM held back, parts
     from an earlier build that the new set does not replace are removed and the new files renamed
-    into place, so that ``out`` holds the old build or the new one, never a mix. A file in the
+    into place, so that ``out`` holds the old build or the new one, never a mix (but to a reader
+    listing it during those renames: the trainer checks the parts' build ids). A file in the
     way that this function did not write (a call-log part, a user's file) is never replaced or
     deleted, and a second build writing into the same folder meanwhile is refused (a lock):
     :class:`FileExistsError` before anything is written. Folders made for a build that did not
-    finish are removed again.
+    finish are removed again. No trajectories, a ``rows_per_part`` that is no positive whole
+    number or an empty ``out`` are a :class:`ValueError` before anything is touched (an empty set
+    used to remove the earlier build and write nothing; ``""`` wrote into the current folder).
     """
+    if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
+        raise ValueError(f"rows_per_part must be a positive whole number, not {rows_per_part!r}")
+    if isinstance(out, (str, bytes, os.PathLike)) and not os.fspath(out):
+        raise ValueError("empty path: name the folder to write the trajectories to (\".\" for the current one)")
+    if not trajectories:
+        raise ValueError(f"no trajectories to write to {out}: it keeps what it holds")
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"--out is a file, not a folder: {out_dir}")
