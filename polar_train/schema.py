@@ -118,15 +118,38 @@ def delta_columns(column: str) -> tuple[str, str]:
 CALL_LOG_ADDED_COLUMNS = frozenset(name for c in COMPACT_TEXT_COLUMNS for name in delta_columns(c))
 
 
+def same_kind(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of type ``have`` reads as ``want`` without changing its meaning (the
+    reader casts it): what pandas writes back from a table it read - ``large_string`` for every
+    string, ``double`` for an integer column with nulls, ``null`` for a column of nulls,
+    ``large_list`` for lists. A value the cast cannot keep (2.5 as an int) fails the read, named."""
+    if have.equals(want) or pa.types.is_null(have):
+        return True
+    if pa.types.is_string(want) or pa.types.is_large_string(want):
+        return pa.types.is_string(have) or pa.types.is_large_string(have)
+    if pa.types.is_binary(want) or pa.types.is_large_binary(want):
+        return pa.types.is_binary(have) or pa.types.is_large_binary(have)
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(have) or pa.types.is_integer(have)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(have) or pa.types.is_floating(have)
+    if pa.types.is_timestamp(want):
+        return pa.types.is_timestamp(have) and (have.tz is None) == (want.tz is None)
+    if pa.types.is_list(want) or pa.types.is_large_list(want):
+        return ((pa.types.is_list(have) or pa.types.is_large_list(have) or pa.types.is_fixed_size_list(have))
+                and same_kind(have.value_type, want.value_type))
+    return False
+
+
 def missing_columns(schema: pa.Schema, expected: pa.Schema, optional: frozenset[str] = frozenset()) -> list[str]:
-    """Names of ``expected`` columns that ``schema`` lacks or types differently (for clear errors);
-    a column named in ``optional`` may be absent, but not of another type."""
+    """Names of ``expected`` columns that ``schema`` lacks or types otherwise than :func:`same_kind`
+    reads (for clear errors); a column named in ``optional`` may be absent, but not of another type."""
     problems = []
     for field in expected:
         idx = schema.get_field_index(field.name)
         if idx < 0:
             if field.name not in optional:
                 problems.append(f"{field.name} (missing)")
-        elif not schema.field(idx).type.equals(field.type):
+        elif not same_kind(schema.field(idx).type, field.type):
             problems.append(f"{field.name} ({schema.field(idx).type}, expected {field.type})")
     return problems

@@ -302,6 +302,28 @@ def test_a_capture_folder_copied_in_beside_calls_is_read_too(tmp_path, session_r
     assert capsys.readouterr().out.splitlines()[0].startswith(f"{tmp_path}: 3 part(s), ")
 
 
+def test_a_part_written_back_by_pandas_reads_as_the_same_calls(tmp_path, session_rows):
+    """A user filters a capture in pandas and writes it back with ``to_parquet``: strings come back
+    large_string, an int column with nulls double, a column of nulls null - and the part was
+    skipped as "another schema than the call log", its calls gone from the build."""
+    import pandas as pd
+
+    part = write_parts(tmp_path / "cap", session_rows)
+    (tmp_path / "mine" / "calls").mkdir(parents=True)
+    pd.read_parquet(part).to_parquet(tmp_path / "mine" / "calls" / "part-pandas.parquet")
+    kinds = {f.name: f.type for f in pq.read_schema(tmp_path / "mine" / "calls" / "part-pandas.parquet")}
+    assert kinds["call_id"] == pa.large_string() and kinds["prompt_prefix_len"] == pa.float64()
+    log = read_call_log(tmp_path / "mine")
+    assert log.problems == [] and log.table.sort_by("call_id").equals(read_calls(tmp_path / "cap").sort_by("call_id"))
+    (tmp_path / "bad" / "calls").mkdir(parents=True)
+    pq.write_table(calls_table(session_rows).set_column(
+        CALL_LOG_SCHEMA.get_field_index("attempt"), "attempt", pa.array([1.5] * len(session_rows))),
+        tmp_path / "bad" / "calls" / "part-x.parquet")
+    bad = read_call_log(tmp_path / "bad")  # a value the cast would change: named, not read as 1
+    assert bad.table.num_rows == 0 and [p.message for p in bad.problems] == [
+        "unreadable data (Float value 1.500000 was truncated converting to int32)"]
+
+
 def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, session_rows, monkeypatch):
     """``Path("")`` is ``.``: an unset variable passed as the folder read the whole working folder
     (recursively); the CLI refuses an empty argument, the API does too."""

@@ -207,6 +207,27 @@ def test_bad_data_is_a_clear_error_before_training(fn, message, sampled, tiny_mo
         prepare(ns(data, tiny_model_dir, tmp_path / "r"))
 
 
+def test_trajectories_written_back_by_pandas_load_as_the_same(sampled, tmp_path):
+    """Read with pandas, rescored, written back with ``to_parquet`` (pandas 3 writes every string
+    column as large_string): refused as "not a trajectory table: trajectory_id (large_string,
+    expected string)", though each value reads the same."""
+    import pandas as pd
+
+    from polar_train.train.data import DataReport, load_trajectories
+
+    df = pd.read_parquet(sampled)
+    (tmp_path / "rescored").mkdir()
+    df.to_parquet(tmp_path / "rescored" / "part-00000.parquet")
+    assert pq.read_schema(tmp_path / "rescored" / "part-00000.parquet").field("trajectory_id").type != pa.string()
+
+    def load(path):
+        trajs = load_trajectories(path, vocab_size=1 << 20, max_completion_length=None, report=DataReport())
+        return sorted((t.trajectory_id, t.prompt_ids, t.completion_ids, t.loss_mask, str(t.logprobs), t.reward,
+                       t.group, t.temperature, t.model) for t in trajs)
+
+    assert load(tmp_path / "rescored") == load(sampled)
+
+
 def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / ".hidden").mkdir()

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cli import UserError
-from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns
+from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns, same_kind
 from ..trajectories.rewards import MAX_ABS_REWARD
 from ..trajectories.writer import build_problem
 
@@ -148,7 +148,7 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
             raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
         _check_version(f, schema)
         cols = [c for c in wanted if c in schema.names
-                and (c != "model" or _same_kind(schema.field(c).type, pa.string()))]  # only ever shown
+                and (c != "model" or same_kind(schema.field(c).type, pa.string()))]  # only ever shown
         try:
             table = pq.read_table(f, columns=cols, page_checksum_verification=True)
         except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
@@ -172,15 +172,6 @@ def _check_version(f: Path, schema: pa.Schema) -> None:
                     + (": upgrade polar-train" if newer else ""))
 
 
-def _same_kind(have: pa.DataType, want: pa.DataType) -> bool:
-    """Types that cast to ``want`` without changing meaning: numbers to numbers, strings to strings."""
-    if pa.types.is_floating(want):
-        return pa.types.is_floating(have) or pa.types.is_integer(have)
-    if pa.types.is_string(want):
-        return pa.types.is_string(have) or pa.types.is_large_string(have)
-    return have.equals(want)
-
-
 def _cast_to_schema(f: Path, table: pa.Table) -> pa.Table:
     """Every column in TRAJECTORY_SCHEMA's type: parts with a float64 temperature next to float32
     ones did not concatenate (pyarrow's ArrowTypeError), a string one failed naming nothing."""
@@ -189,7 +180,7 @@ def _cast_to_schema(f: Path, table: pa.Table) -> pa.Table:
         have = table.schema.field(i).type
         if have.equals(want):
             continue
-        if not _same_kind(have, want):
+        if not same_kind(have, want):
             raise UserError(f"{f}: column {name} is {have}, expected {want}")
         try:
             table = table.set_column(i, TRAJECTORY_SCHEMA.field(name), table.column(i).cast(want))
