@@ -300,11 +300,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
             if losses := loss_notes(root, []):  # a disk full at the stop: every row lost, said on disk
                 hint = "; " + "; ".join(losses)
             else:
-                live = live_writers(root, [])
-                who = (f"a capture proxy (its lock held by process {', '.join(map(str, live[0][1]))})" if live
-                       else "a running capture proxy")
-                hint = f"; {who} writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, " \
-                       "or stop mitmdump"
+                hint = _no_part_yet(part_folder(root))
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []
@@ -360,6 +356,27 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: fro
         result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild, text_lengths=lengths)
         result.problems.extend(unresolved)
     return result
+
+
+def _no_part_yet(calls: Path) -> str:
+    """Why an addon's ``calls/`` folder holds no part: a proxy writing into it now (its lock's
+    holder), none ever started there (no lock file: a fresh checkout's ``data/captures/calls``), or
+    one that stopped before it recorded a call. Where the system does not say who holds locks
+    (no ``/proc/locks``), the first is assumed possible."""
+    from .capture.outdir import LIVE_LOCK
+    from .folder_lock import lock_holders
+
+    lock = calls / LIVE_LOCK
+    wait = "writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump"
+    if holders := lock_holders(lock):
+        return f"; a capture proxy (its lock held by process {', '.join(map(str, holders))}) {wait}"
+    if not lock.exists():
+        return ("; no capture proxy has started here (mitmdump -s addons/polar_capture.py --set polar_out=FOLDER "
+                "makes FOLDER/calls/ and writes parts into it)")
+    if os.access("/proc/locks", os.R_OK):
+        return ("; the capture proxy that made it is not running, and it recorded no call (were the harness's "
+                "model calls sent through it?)")
+    return f"; a running capture proxy {wait}"
 
 
 def _compact_rows(table: pa.Table) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pyarrow as pa
@@ -127,10 +128,22 @@ def test_missing_and_empty_folders_are_clear_errors(tmp_path):
         read_calls(tmp_path / "nope")
     with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in " + re.escape(str(tmp_path)) + "$"):
         read_calls(tmp_path)  # no calls/ folder: no proxy wrote here
-    (tmp_path / "calls").mkdir()  # what the addon makes at its start: parts follow every 10 s and at exit
-    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in .*calls; a running capture "
-                                           r"proxy writes a part every polar_flush_seconds"):
+    (tmp_path / "calls").mkdir()  # a fresh checkout's data/captures/calls: said to need a proxy, not a wait
+    with pytest.raises(CallLogError, match=r"no call-log parts \(\*\.parquet\) in .*calls; no capture proxy has "
+                                           r"started here \(mitmdump -s addons/polar_capture.py"):
         read_calls(tmp_path)
+    from polar_train.capture.outdir import LIVE_LOCK
+    from polar_train.folder_lock import hold_shared_lock
+
+    (tmp_path / "calls" / LIVE_LOCK).touch()  # what the addon makes at its start; parts follow every 10 s
+    with pytest.raises(CallLogError, match=r"; the capture proxy that made it is not running, and it recorded no "):
+        read_calls(tmp_path)
+    held = hold_shared_lock(tmp_path / "calls" / LIVE_LOCK)
+    assert held is not None
+    with held:
+        with pytest.raises(CallLogError, match=rf"; a capture proxy \(its lock held by process {os.getpid()}\) "
+                                               r"writes a part every polar_flush_seconds"):
+            read_calls(tmp_path)
 
 
 def test_foreign_schema_and_corrupt_parts_are_named_and_skipped(tmp_path, session_rows):

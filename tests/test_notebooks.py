@@ -421,8 +421,8 @@ def test_a_wrong_folder_is_one_line_that_says_what_it_is(tmp_path: Path, monkeyp
     with pytest.raises(CellExecutionError) as caught:
         execute(CAPTURE_NB, monkeypatch, POLAR_CAPTURE=empty)
     shown = shown_error(caught)
-    assert shown.strip().startswith(f"InputError: no call-log parts (*.parquet) in {empty / 'calls'}; a running "
-                                    "capture proxy writes a part"), shown
+    assert shown.strip().startswith(f"InputError: no call-log parts (*.parquet) in {empty / 'calls'}; no capture "
+                                    "proxy has started here"), shown
     assert "(POLAR_CAPTURE names the polar_out folder of the addon)" in shown and "Traceback" not in shown
     with pytest.raises(CellExecutionError) as caught:
         execute(RUN_NB, monkeypatch, POLAR_RUN=SAMPLE / "trajectories")
