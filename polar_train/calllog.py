@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -250,7 +250,7 @@ def _short(exc: BaseException) -> str:
 _RUN_FILES = (".polar-train-run", "train_summary.json", "metrics.jsonl", "adapter")
 
 
-def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: frozenset[str] = frozenset(),
+def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Collection[str] = frozenset(),
                   rebuild: bool = True) -> CallLog:
     """Read every finished part under ``folder`` into one table with the full call-log schema.
 
