@@ -228,6 +228,25 @@ def test_trajectories_written_back_by_pandas_load_as_the_same(sampled, tmp_path)
     assert load(tmp_path / "rescored") == load(sampled)
 
 
+def test_the_config_built_in_python_refuses_what_the_cli_refuses(tmp_path):
+    """``TrainConfig(lora_r=4.5)`` from a script reached torch (a TypeError after the weights
+    loaded), ``lora_r="8"`` a comparison's TypeError naming nothing, and ``use_vllm=True`` /
+    ``top_p=0.9`` were accepted without a word (the CLI refuses each in one line)."""
+    from polar_train.train.config import TrainConfig
+
+    out = str(tmp_path / "run")
+    for given, message in ((dict(lora_r=4.5), "lora_r must be an integer, not 4.5"),
+                           (dict(lora_r="8"), "lora_r must be an integer, not '8'"),
+                           (dict(learning_rate="1e-5"), "learning_rate must be a number, not '1e-5'"),
+                           (dict(bf16="yes"), "bf16 must be true or false, not 'yes'"),
+                           (dict(use_vllm=True), "use_vllm: this trainer trains recorded trajectories only"),
+                           (dict(top_p=0.9), "top_p: this trainer trains recorded trajectories only")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            TrainConfig(output_dir=out, **given)
+    config = TrainConfig(output_dir=tmp_path / "run", init_adapter=Path("~/adapter"), top_p=1.0, learning_rate=1)
+    assert config.output_dir == out and config.init_adapter == str(Path.home() / "adapter")
+
+
 def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / ".hidden").mkdir()

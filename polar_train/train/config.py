@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,11 @@ class TrainConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        # the CLI converts and checks what a YAML or --set says before this; a script that builds the
+        # config itself got lora_r=4.5 into torch (a TypeError after the weights loaded) and use_vllm
+        # or top_p accepted without a word
+        self._check_types()
+        self._refuse_generation_options()
         cuda = _cuda()
         if self.use_cpu is None:
             self.use_cpu = not cuda
@@ -181,6 +187,36 @@ class TrainConfig(GRPOConfig):
         # after TRL's post-init: it copies the deprecated vllm_importance_sampling_cap into clip_max
         self._check_importance_bounds()
         self._check_reporting()
+
+    def _check_types(self) -> None:
+        """Each option of a plain type (bool, int, float, str, list) holds one: an int is a float
+        too, a path a string; None is left to the option's own checks."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kinds = _hint_kinds(f.name)
+            if value is None or kinds is None:
+                continue
+            if isinstance(value, os.PathLike) and str in kinds:
+                setattr(self, f.name, value := os.fspath(value))
+            fits = (isinstance(value, bool) if bool in kinds and isinstance(value, bool) else
+                    not isinstance(value, bool) and (
+                        (int in kinds and isinstance(value, int))
+                        or (float in kinds and isinstance(value, (int, float)))
+                        or (str in kinds and isinstance(value, str))
+                        or (list in kinds and isinstance(value, (list, tuple, str)))))
+            if not fits:
+                wanted = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str, list) if k in kinds)
+                raise ValueError(f"{f.name} must be {wanted}, not {value!r}")
+
+    def _refuse_generation_options(self) -> None:
+        """TRL's options for generating (vLLM, sampling) set to anything but their defaults."""
+        for f in dataclasses.fields(self):
+            if _is_generation_option(f.name) and f.default is not dataclasses.MISSING:
+                value = getattr(self, f.name)
+                if value != f.default and not _is_default(f.name, value):
+                    raise ValueError(f"{f.name}: this trainer trains recorded trajectories only and generates "
+                                     "nothing (no vLLM): sample with your server through the capture proxy, "
+                                     "then build and train")
 
     def _refuse_what_cannot_hold(self) -> None:
         """GRPOConfig options that fail here after the weights load (a traceback), go unused without a
