@@ -195,12 +195,20 @@ def run_script(main_function: Callable[[], int | None]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``polar-train ARGS`` from Python: the command's exit status. A Ctrl-C (or SIGTERM) that
+    stops the command, once it has cleaned up and said so, reaches the caller as its
+    ``KeyboardInterrupt`` (``SystemExit``): a notebook's loop over captures stops, where a returned
+    130 let it run on."""
+    return _main(argv, keep_signal=True)
+
+
+def _main(argv: Sequence[str] | None, keep_signal: bool) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's parser (argparse's top-level one said "polar-train: error")
         _command_parser(parser, args.command).error(_unrecognized(args.command, extra))
     with _sigterm_unwinds(f"polar-train {args.command}"):  # (a second signal's note names the command)
-        return _run_command(args)
+        return _run_command(args, keep_signal)
 
 
 def program(argv: Sequence[str] | None = None) -> NoReturn:
@@ -208,7 +216,7 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     ``python -m polar_train.train``): :func:`main`, then the process ends. Only here is a signal
     after the command answered with the command's status (:func:`_finish_on_signal`): a caller
     of :func:`main` (a script, a notebook) keeps its own Ctrl-C."""
-    status = main(argv)
+    status = _main(argv, keep_signal=False)
     _finish_on_signal(status)
     sys.exit(status)
 
@@ -257,7 +265,7 @@ def signal_name(status: int) -> str:
         return f"signal {status - 128}"
 
 
-def _run_command(args: argparse.Namespace) -> int:
+def _run_command(args: argparse.Namespace, keep_signal: bool = False) -> int:
     try:
         return int(args.func(args) or 0)
     except (KeyboardInterrupt, SystemExit) as exc:
@@ -267,6 +275,8 @@ def _run_command(args: argparse.Namespace) -> int:
         if not getattr(exc, "polar_said", False):  # stopped while importing, checking or loading:
             # a word, not a silent 130 (docs promise one line)
             print(f"polar-train {args.command}: interrupted ({signal_name(status)})", file=sys.stderr, flush=True)
+        if keep_signal:  # a caller in Python: its own Ctrl-C, after the command's clean-up and its line
+            raise (KeyboardInterrupt() if status == 128 + signal.SIGINT else SystemExit(status)) from None
         return status
     except (UserError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
             ValueError) as exc:  # one line: a path or id in it (a file's name, a labels file's) printed escaped

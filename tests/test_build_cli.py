@@ -21,6 +21,13 @@ from tests.support.calls import Conversation, write_parts
 POLAR = str(Path(sys.executable).parent / "polar-train")
 
 
+def as_program(argv: list[str]) -> int:
+    """The status ``polar-train`` exits with (``main`` hands a caller in Python its Ctrl-C)."""
+    from polar_train.cli import _main
+
+    return _main(argv, keep_signal=False)
+
+
 def run_build(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([POLAR, "build", *map(str, args)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -318,7 +325,7 @@ def test_an_interrupt_during_the_swap_waits_until_the_new_build_is_whole(tmp_pat
         real_replace(src, dst)
 
     monkeypatch.setattr(writer.os, "replace", replace_then_interrupt)
-    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "2"]) == 130
+    assert as_program(["build", str(capture), "--out", str(out), "--rows-per-part", "2"]) == 130
     parts, report = _built(out)
     assert parts == report["output_parts"] == ["part-00000.parquet", "part-00001.parquet"]
     assert len(calls) == 3 and not _temps(out)
@@ -390,7 +397,7 @@ def test_an_interrupted_build_into_a_new_folder_leaves_no_folder(tmp_path, captu
 
     monkeypatch.setattr(writer.pq, "write_table", interrupted)
     out = tmp_path / "new" / "deep" / "traj"
-    assert main(["build", str(capture), "--out", str(out)]) == 130
+    assert as_program(["build", str(capture), "--out", str(out)]) == 130
     assert not (tmp_path / "new").exists()
     assert capsys.readouterr().err == f"polar-train build: interrupted; nothing was written to {out}\n"
 
@@ -404,7 +411,7 @@ def test_an_interrupt_during_the_checks_says_what_out_holds(tmp_path, capture, m
 
     monkeypatch.setattr(build_cli, "_check_out", interrupted)
     (tmp_path / "old").mkdir()
-    assert main(["build", str(capture), "--out", str(tmp_path / "old")]) == 130
+    assert as_program(["build", str(capture), "--out", str(tmp_path / "old")]) == 130
     assert capsys.readouterr().err == f"polar-train build: interrupted; {tmp_path / 'old'} holds what it held before\n"
 
 
@@ -429,7 +436,7 @@ def test_an_interrupted_build_says_which_build_its_folder_holds(tmp_path, captur
     with monkeypatch.context() as m:
         m.setattr(writer, "_signals_held", ctrl_c_during_the_swap)
         capsys.readouterr()
-        assert main(["build", str(capture), "--out", str(out)]) == 130  # one part now, not one per row
+        assert as_program(["build", str(capture), "--out", str(out)]) == 130  # one part now, not one per row
     assert capsys.readouterr().err == f"polar-train build: interrupted; the new build is complete in {out}\n"
     assert _snapshot(out) != before and len(list(out.glob("part-*.parquet"))) == 1
 
@@ -438,7 +445,7 @@ def test_an_interrupted_build_says_which_build_its_folder_holds(tmp_path, captur
 
     monkeypatch.setattr(writer.pq, "write_table", interrupted)
     after = _snapshot(out)
-    assert main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 130
+    assert as_program(["build", str(capture), "--out", str(out), "--rows-per-part", "1"]) == 130
     assert capsys.readouterr().err == f"polar-train build: interrupted; {out} holds what it held before\n"
     assert _snapshot(out) == after
 

@@ -106,6 +106,21 @@ def test_a_signal_after_the_command_finished_keeps_its_status() -> None:
     assert proc.returncode == 0 and "main 0 True" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
 
 
+def test_a_caller_in_python_gets_its_ctrl_c_after_the_commands_line(capsys, monkeypatch) -> None:
+    """``cli.main`` in a notebook's loop over captures: a Ctrl-C stopped the build (exit status
+    130) and the loop ran on to the next one; it now reaches the caller, after the line."""
+    from polar_train import cli, inspect
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect, "_cmd_inspect", interrupted)  # (the parser is built per call)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["inspect", "data/samples/demo/captures"])
+    assert capsys.readouterr().err.strip() == "polar-train inspect: interrupted (SIGINT)"
+    assert cli._main(["inspect", "data/samples/demo/captures"], keep_signal=False) == 130
+
+
 @pytest.mark.parametrize("exc, status, line", [
     (KeyboardInterrupt(), 130, "polar-train inspect: interrupted (SIGINT)"),
     (SystemExit(128 + signal.SIGTERM), 143, "polar-train inspect: interrupted (SIGTERM)"),
