@@ -139,7 +139,7 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
             if not isinstance(data, dict):
                 continue
             lost = [f"{n} {what}" for key, what in (("calls_dropped", "call(s) dropped (row worker queue full)"),
-                                                    ("rows_lost", "row(s) not written (the disk refused them)"),
+                                                    ("rows_lost", "row(s) whose part could not be written"),
                                                     ("rows_failed", "row(s) whose building failed"))
                     if isinstance(n := data.get(key), int) and n > 0]
             if lost:

@@ -1788,7 +1788,7 @@ def test_rows_a_writer_lost_leave_a_record_that_inspect_and_build_name(tmp_path,
     w.close()
     (record_file,) = (tmp_path / "calls").glob("_losses-*.json")
     assert json.loads(record_file.read_text())["rows_lost"] == 1
-    note = (f"{record_file}: the capture process {os.getpid()} lost 1 row(s) not written (the disk refused them), "
+    note = (f"{record_file}: the capture process {os.getpid()} lost 1 row(s) whose part could not be written, "
             "1 row(s) whose building failed: No space left on device; its log has the details (these calls are in "
             "no part)")
     assert loss_notes(tmp_path, read_call_log(tmp_path).parts) == [note]
@@ -1796,6 +1796,42 @@ def test_rows_a_writer_lost_leave_a_record_that_inspect_and_build_name(tmp_path,
     proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
     assert f"note: {note}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_rows_of_a_part_that_failed_otherwise_than_on_the_disk_are_counted(tmp_path, monkeypatch):
+    """Under a memory limit pyarrow raised ArrowMemoryError writing a part: only OSError kept the
+    rows or counted them, so 16 calls were in no part while the loss record said 0 rows lost."""
+    import pyarrow as pa
+
+    from polar_train.calllog import loss_notes
+
+    w = PartWriter(tmp_path, flush_rows=1000, flush_seconds=3600)
+    w.start()
+    for k in range(5):
+        w.submit(lambda k=k: _row(k))
+    tries = []
+
+    def short_of_memory(rows):
+        tries.append(len(rows))
+        raise pa.ArrowMemoryError("malloc of size 4096 failed")
+
+    monkeypatch.setattr(w, "_write_part", short_of_memory)
+    w.close()
+    assert w.lost_rows == 5 and tries == [5]
+    (record_file,) = (tmp_path / "calls").glob("_losses-*.json")
+    assert json.loads(record_file.read_text())["rows_lost"] == 5
+    assert "malloc of size 4096 failed" in loss_notes(tmp_path, [])[0]
+    # a failure that is no shortage (a bug of ours) loses the rows too: counted, and the reason kept
+    w = PartWriter(tmp_path / "bug", flush_rows=2, flush_seconds=3600)
+    w.start()
+    monkeypatch.setattr(w, "_write_part", lambda rows: 1 / 0)
+    for k in range(2):
+        w.submit(lambda k=k: _row(k))
+    w.close()
+    assert w.lost_rows == 2
+    (record_file,) = (tmp_path / "bug" / "calls").glob("_losses-*.json")
+    assert json.loads(record_file.read_text())["rows_lost"] == 2
+    assert "ZeroDivisionError: division by zero" in loss_notes(tmp_path / "bug", [])[0]
 
 
 def test_a_build_of_unreadable_parts_names_the_part_not_a_note(tmp_path):
@@ -1850,6 +1886,6 @@ def test_a_capture_that_lost_every_row_says_so_where_it_has_no_part(tmp_path):
     calls.mkdir()
     record_loss(calls, rows_lost=12, why="No space left on device")
     with pytest.raises(CallLogError, match=re.escape(f"no call-log parts (*.parquet) in {calls}; {calls}/_losses-")
-                       + r".*: the capture process \d+ lost 12 row\(s\) not written \(the disk refused them\): No space "
+                       + r".*: the capture process \d+ lost 12 row\(s\) whose part could not be written: No space "
                          r"left on device; its log has the details \(these calls are in no part\)$"):
         read_call_log(tmp_path)

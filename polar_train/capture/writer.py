@@ -229,12 +229,14 @@ class PartWriter:
                 log.warning("polar_capture: parts can be written to %s again; the %d rows kept in memory are "
                             "written", self.calls_dir, len(rows))
                 self._failing = None
-        except OSError as exc:  # disk full, folder gone or read-only: keep the rows, retry next flush
+        except (OSError, MemoryError) as exc:  # disk full, folder gone or read-only, memory short (pyarrow's
+            # ArrowMemoryError under a memory limit): keep the rows, retry next flush
+            reason = str(getattr(exc, "strerror", None) or exc or type(exc).__name__)
             if final:
                 self.lost_rows += len(rows)
-                self._failing = str(exc.strerror or exc)  # (for the loss record)
+                self._failing = reason  # (for the loss record)
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows lost at shutdown",
-                          self.calls_dir, exc.strerror or exc, len(rows))
+                          self.calls_dir, reason, len(rows))
                 return
             keep = _newest_within(rows[-self.max_pending_rows:], self.max_pending_bytes)
             lost = len(rows) - len(keep)
@@ -242,7 +244,6 @@ class PartWriter:
             self._rows, self._first_row_at = keep + self._rows, time.monotonic()
             now = time.monotonic()
             self._retry_at = now + self.flush_seconds
-            reason = str(exc.strerror or exc)
             # one line when it starts, then only when something changes (another error, rows
             # dropped) or a minute has passed: not one line per retry
             if reason != self._failing or lost or now - self._failure_logged_at >= FAILURE_REPEAT_S:
@@ -250,8 +251,10 @@ class PartWriter:
                 log.error("polar_capture: cannot write a part to %s: %s; %d rows kept in memory, retrying "
                           "every %gs%s", self.calls_dir, reason, len(keep), self.flush_seconds,
                           f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
-        except Exception:
-            log.exception("polar_capture: writing a part of %d rows failed", len(rows))
+        except Exception as exc:  # a bug of ours: the rows cannot be written as they are; counted, on disk too
+            self.lost_rows += len(rows)
+            self._failing = f"{type(exc).__name__}: {exc}"
+            log.exception("polar_capture: writing a part of %d rows failed; they are lost", len(rows))
 
     #: Set in the metadata of a part written with compact prompts: a reader that opens the parts
     #: itself (DuckDB, pandas) can tell that ``prompt_token_ids`` may hold suffixes only.
