@@ -216,9 +216,28 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     ``python -m polar_train.train``): :func:`main`, then the process ends. Only here is a signal
     after the command answered with the command's status (:func:`_finish_on_signal`): a caller
     of :func:`main` (a script, a notebook) keeps its own Ctrl-C."""
+    _unencodable_escaped()
     status = _main(argv, keep_signal=False)
     _finish_on_signal(status)
     sys.exit(status)
+
+
+def _unencodable_escaped() -> None:
+    """Text the terminal's encoding cannot show (``LANG=C``, ``PYTHONIOENCODING=ascii``: an ``é``
+    in a folder's name or a rollout id) is printed escaped (``\\xe9``): Python's strict stdout
+    raised a UnicodeEncodeError once the work was done, and a finished build exited 2 "error"
+    without its table."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change now: left as it is
+                pass
+
+
+class OutputError(Exception):
+    """A command's result could not be written to standard output (a full disk behind ``>``)."""
 
 
 def _finish_on_signal(status: int) -> None:
@@ -278,6 +297,9 @@ def _run_command(args: argparse.Namespace, keep_signal: bool = False) -> int:
         if keep_signal:  # a caller in Python: its own Ctrl-C, after the command's clean-up and its line
             raise (KeyboardInterrupt() if status == 128 + signal.SIGINT else SystemExit(status)) from None
         return status
+    except OutputError as exc:  # the work is done (a build's --out written): not the input's fault
+        print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except (UserError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
             ValueError) as exc:  # one line: a path or id in it (a file's name, a labels file's) printed escaped
         print(f"polar-train {args.command}: error: {printable(exc)}", file=sys.stderr)
@@ -299,6 +321,12 @@ def print_out(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:  # `> /dev/full`, a full disk: said in one line; Python's flush at exit stays quiet
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        raise OutputError(f"cannot write the result to standard output: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the end even when Ctrl-C or SIGTERM comes again while it runs; a third signal qu
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -171,3 +172,21 @@ def test_a_signal_the_caller_ignores_stays_ignored() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_terminal_that_cannot_show_a_name_or_a_full_disk_behind_stdout_is_no_input_error(tmp_path) -> None:
+    """``PYTHONIOENCODING=ascii`` (or ``LANG=C``) and an ``é`` in ``--out``: the build was done,
+    then its table raised UnicodeEncodeError (a ValueError: exit 2, "error", no table); ``> /dev/full``
+    ended in a traceback after the build was written."""
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "tr_é"
+    proc = subprocess.run([sys.executable, "-m", "polar_train", "build", "data/samples/demo/captures", "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"to {str(out).replace('é', chr(92) + 'xe9')} (report:" in proc.stdout and (out / "part-00000.parquet").is_file()
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", "data/samples/demo/captures"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "polar-train inspect: error: cannot write the result to standard output: No space left on device"]
