@@ -140,7 +140,9 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
                 continue
             lost = [f"{n} {what}" for key, what in (("calls_dropped", "call(s) dropped (row worker queue full)"),
                                                     ("rows_lost", "row(s) whose part could not be written"),
-                                                    ("rows_failed", "row(s) whose building failed"))
+                                                    ("rows_failed", "row(s) whose building failed"),
+                                                    ("calls_lost", "call(s) the row worker process had not "
+                                                                   "written when it died"))
                     if isinstance(n := data.get(key), int) and n > 0]
             if lost:
                 why = f": {data['why']}" if isinstance(data.get("why"), str) and data["why"] else ""

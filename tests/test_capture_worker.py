@@ -268,3 +268,94 @@ def test_a_call_crosses_the_pipe_with_its_byte_strings_out_of_band() -> None:
     frames = call_frames(growing)  # still held by the sender while the proxy's stream may grow
     growing.stream_raw += b"data: {}\n\n"  # no view pins its size (BufferError otherwise)
     assert bytes(frames[-1]) == b"data: {}\n\n"
+
+
+def _call_through(addon, model: str) -> None:
+    """One finished chat call through the addon's hooks (mitmproxy's own test flows)."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import tflow, tutils
+
+    f = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/chat/completions",
+                                    content=json.dumps(dict(OK, model=model)).encode()), resp=False)
+    addon.requestheaders(f)
+    asyncio.run(addon.request(f))
+    f.response = Response.make(200, json.dumps({"choices": []}).encode(), Headers(content_type="application/json"))
+    addon.responseheaders(f)
+    asyncio.run(addon.response(f))
+
+
+def test_calls_a_dead_worker_took_with_it_are_written_down(tmp_path: Path) -> None:
+    """A row worker killed (the OOM killer) while it held calls not yet written: the proxy logged
+    it, and inspect/build later said the capture "recorded no call" - nothing on disk said 3 were
+    lost. Handed minus written (its parts' rows) is now a loss record."""
+    from mitmproxy.test import taddons
+
+    from polar_train.calllog import loss_notes
+
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False, polar_handoff_ms=0,
+                           polar_flush_seconds="3600")
+            for i in range(3):
+                _call_through(addon, f"m{i}")
+            poll(lambda: addon.writer.sent == 3, 30, "3 calls handed to the row worker")
+            child = addon.writer._proc  # killed, and reaped by the proxy (its Popen), as the OOM killer's victim
+            os.kill(child.pid, signal.SIGKILL)
+            poll(lambda: list((tmp_path / "calls").glob("_losses-*.json")), 30, "a loss record")
+            _call_through(addon, "after")  # a new worker takes the next call
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("_losses-*.json")]
+    assert record["calls_lost"] == 3 and record["why"] == (
+        f"the row worker process {child.pid} exited with code -9 before writing them")
+    assert "lost 3 call(s) the row worker process had not written when it died" in loss_notes(tmp_path, [])[0]
+    rows = [r for p in (tmp_path / "calls").glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert [r["model"] for r in rows] == ["after"]
+
+
+def test_a_worker_short_of_file_descriptors_for_a_moment_still_starts(tmp_path: Path, monkeypatch, caplog) -> None:
+    """``ulimit -n`` reached while many streams were open: the first start of the row worker failed
+    with EMFILE and rows were built on the proxy's own thread for the rest of its life. Such a start
+    is tried again, and a proxy that had to fall back goes back to a child once one starts."""
+    import errno
+
+    from mitmproxy.test import taddons
+
+    from polar_train.capture import worker
+
+    monkeypatch.setattr(worker, "_SPAWN_WAITS", (0.0, 0.0))
+    real_spawn, refusals = worker.RowWorker._spawn, []
+
+    def spawn(self):
+        if refusals and refusals.pop():
+            raise OSError(errno.EMFILE, "Too many open files")
+        real_spawn(self)
+
+    monkeypatch.setattr(worker.RowWorker, "_spawn", spawn)
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False, polar_handoff_ms=0, polar_flush_rows=1)
+            refusals[:] = [True, True]  # two refusals, then it starts: no fallback
+            _call_through(addon, "m0")
+            poll(lambda: addon.writer.sent == 1, 30, "the call handed to a child")
+            assert addon.writer._fallback is None and not refusals
+            poll(lambda: list((tmp_path / "calls").glob("part-*.parquet")), 30, "its row written")
+            addon.writer._proc.kill()
+            poll(lambda: addon.writer._proc is None, 30, "the killed child reaped")
+            monkeypatch.setattr(worker, "_CHILD_RETRY_S", 0.0)
+            refusals[:] = [True] * 3  # every try of the next start refused: rows on the proxy's thread
+            _call_through(addon, "m1")
+            poll(lambda: addon.writer._fallback is not None, 30, "the fallback thread")
+            _call_through(addon, "m2")  # the child is tried again, and starts
+            poll(lambda: addon.writer.sent == 2, 30, "a call handed to a child again")
+            assert addon.writer._fallback is None
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+    rows = {r["model"]: p.name for p in (tmp_path / "calls").glob("part-*.parquet") for r in pq.read_table(p).to_pylist()}
+    assert sorted(rows) == ["m0", "m1", "m2"]
+    assert f"-{os.getpid()}-" in rows["m1"] and f"-{os.getpid()}-" not in rows["m2"]
+    assert "the row worker process runs again" in caplog.text

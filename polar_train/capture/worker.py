@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import gc
 import logging
 import os
@@ -114,6 +115,9 @@ class RowWorker:
         self._proc_started = 0.0
         self._early_exits = 0
         self._fallback = None  # a PartWriter thread, when the child cannot run
+        self._retired_fallbacks: list[Any] = []  # (closed at the end: a child runs again)
+        self._retry_child_at: float | None = None  # the child could not start for want of fds/memory
+        self._sent_to_child = 0  # calls the running child was handed (what a death may take with it)
         self._fallback_renderer = None
         self._fallback_attempts = None
         self._thread: threading.Thread | None = None
@@ -196,9 +200,11 @@ class RowWorker:
                 proc.kill()
                 proc.wait()
             if proc.returncode not in (0, None):
-                log.error("polar_capture: row worker exited with code %s", proc.returncode)
-        if self._fallback is not None:
-            self._fallback.close(max(1.0, deadline - time.monotonic()))
+                lost = self._record_child_loss(proc.pid, proc.returncode)
+                log.error("polar_capture: row worker exited with code %s; %d call(s) it had not written are lost",
+                          proc.returncode, lost)
+        for fallback in [*self._retired_fallbacks, *([self._fallback] if self._fallback is not None else [])]:
+            fallback.close(max(1.0, deadline - time.monotonic()))
 
     # -- sender thread ---------------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -210,6 +216,7 @@ class RowWorker:
             [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
             start_new_session=True, close_fds=True)
         self._proc_started = time.monotonic()
+        self._sent_to_child = 0
         write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
         self._proc.stdin.flush()
 
@@ -218,13 +225,17 @@ class RowWorker:
         that cannot run at all makes way for an in-process writer thread."""
         if self._live_lock is not None:
             self._live_lock.refresh()  # (calls/ moved away to archive it: the new one is the live one)
+        if self._fallback is not None and self._retry_child_at is not None and time.monotonic() >= self._retry_child_at:
+            self._retry_child()
         frames = call_frames(state) if self._fallback is None else []
         while self._fallback is None:
             if self._proc is None:
                 try:
-                    self._spawn()
+                    self._spawn_when_it_can()
                 except OSError as exc:
                     self._start_fallback(f"cannot start {sys.executable}: {exc}")
+                    if exc.errno in _SHORT_OF:  # fds or memory may come back: the child is tried again later
+                        self._retry_child_at = time.monotonic() + _CHILD_RETRY_S
                     break
             try:
                 for frame in frames:
@@ -232,10 +243,49 @@ class RowWorker:
                 if self._queue.empty():
                     self._proc.stdin.flush()
                 self.sent += 1
+                self._sent_to_child += 1
                 return
             except (OSError, ValueError):  # BrokenPipeError: the child is gone
                 self._reap_child()
         self._fallback.submit(_fallback_job(state, self._fallback_renderer, self.opts, self._fallback_attempts))
+
+    def _spawn_when_it_can(self) -> None:
+        """Start the child; a start refused for want of file descriptors or memory (many streams
+        open at once under a low ``ulimit -n``) is tried again for a few seconds, on this thread,
+        before the proxy builds rows itself (the queue holds the calls meanwhile)."""
+        for wait in (*_SPAWN_WAITS, None):
+            try:
+                self._spawn()
+                return
+            except OSError as exc:
+                if wait is None or exc.errno not in _SHORT_OF:
+                    raise
+                time.sleep(wait)
+
+    def _retry_child(self) -> None:
+        """Rows are built on the proxy's thread since the child could not start for want of fds or
+        memory: try the child again, and go back to it if it starts (the thread's writer is closed
+        at the end)."""
+        try:
+            self._spawn()
+        except OSError:
+            self._retry_child_at = time.monotonic() + _CHILD_RETRY_S
+            return
+        log.warning("polar_capture: the row worker process runs again; rows are built there from now on")
+        self._retired_fallbacks.append(self._fallback)
+        self._fallback, self._retry_child_at = None, None
+
+    def _record_child_loss(self, pid: int, code: int | None) -> int:
+        """Calls the dead child was handed and did not write (handed minus the rows of its parts),
+        written down as a loss record: its death was in the log only, and inspect/build then said
+        the proxy "recorded no call"."""
+        calls_dir = Path(self.opts.out).expanduser() / "calls"
+        lost = self._sent_to_child - _rows_written_by(calls_dir, pid)
+        self._sent_to_child = 0
+        if lost > 0:
+            record_loss(calls_dir, calls_lost=lost,
+                        why=f"the row worker process {pid} exited with code {code} before writing them")
+        return max(lost, 0)
 
     def _reap_child(self) -> None:
         """The child has exited (or its pipe broke): say so; the next call starts a new one."""
@@ -245,13 +295,14 @@ class RowWorker:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+        lost = self._record_child_loss(proc.pid, code)
         early = time.monotonic() - self._proc_started < _EARLY_EXIT_S
         self._early_exits = self._early_exits + 1 if early else 0
         if self._early_exits >= _MAX_EARLY_EXITS:
             self._start_fallback(f"it exited with code {code} right after starting, twice")
         else:
-            log.error("polar_capture: the row worker process exited (code %s); calls it had not written "
-                      "yet are lost; a new one starts with the next call", code)
+            log.error("polar_capture: the row worker process exited (code %s); %d call(s) it had not written "
+                      "are lost (a loss record in calls/ says so); a new one starts with the next call", code, lost)
 
     def _start_fallback(self, why: str) -> None:
         from .record import AttemptCounter
@@ -294,6 +345,27 @@ class RowWorker:
                 self._proc.stdin.close()  # end of file: the child writes its last part and exits
             except OSError:
                 pass
+
+
+#: Why a child could not start that may pass: file descriptors (EMFILE, ENFILE) or memory (ENOMEM,
+#: EAGAIN from fork) short for a moment. Tried again after these waits (seconds), then every
+#: ``_CHILD_RETRY_S`` while rows are built on the proxy's thread.
+_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+_SPAWN_WAITS = (0.25, 0.5, 1.0, 2.0)
+_CHILD_RETRY_S = 60.0
+
+
+def _rows_written_by(calls_dir: Path, pid: int) -> int:
+    """Rows in the parts a process wrote (their names carry its pid), from the parts' footers."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for part in calls_dir.glob(f"part-*-{pid}-*.parquet"):
+        try:
+            rows += pq.read_metadata(part).num_rows
+        except Exception:  # noqa: BLE001 - a part moved away or unreadable: not counted as written
+            pass
+    return rows
 
 
 def build_call_row(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any) -> dict[str, Any]:
