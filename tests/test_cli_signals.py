@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.support.procs import REPO, hang_up_as_by_default
+from tests.support.procs import REPO, signals_as_by_default
 
 # main() waits until interrupted; its clean-up then waits for a line on stdin, which the test sends
 # only once the second signal has been handled: the signal arrives in the middle of the clean-up.
@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent("""
 def _start() -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            preexec_fn=hang_up_as_by_default)  # (under nohup: its hang-up case hung)
+                            preexec_fn=signals_as_by_default)  # (under nohup or as a background job: its hang-up or interrupt case hung)
     assert proc.stdout.readline() == "ready\n"
     return proc
 

@@ -43,10 +43,12 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def hang_up_as_by_default() -> None:
-    """In the child: SIGHUP at its default, also under ``nohup make test`` (whose SIG_IGN children
-    inherit, and which the commands rightly leave ignored: the tests that hang them up then hung)."""
+def signals_as_by_default() -> None:
+    """In the child: SIGHUP and SIGINT at their defaults, also under ``nohup make test`` or as a
+    shell's background job (``make test &``: SIGINT ignored), whose SIG_IGN children inherit and
+    the commands rightly leave ignored: the tests that hang up or interrupt them then hung."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @dataclass
@@ -64,7 +66,7 @@ class ManagedProcess:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-            start_new_session=True, preexec_fn=hang_up_as_by_default,
+            start_new_session=True, preexec_fn=signals_as_by_default,
         )
         log.close()
         return self
