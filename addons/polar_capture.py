@@ -51,7 +51,7 @@ from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.redact import utf8
 from polar_train.capture.tap import StreamTap, decode_whole, decoder_for
 from polar_train.capture.worker import RowWorker
-from polar_train.terminal import printable
+from polar_train.terminal import escape_unencodable_output, printable
 from polar_train.tokenizer import holds_tokenizer
 from polar_train.wire.lax import lax_true
 
@@ -211,6 +211,7 @@ class PolarCapture:
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
+        escape_unencodable_output()  # an é in polar_out under LANG=C: our log line stopped mitmdump at start
         handover.stand_down(loader.master)  # loaded after a failed reload: record again
         for name, typ, default, help_text in OPTION_SPECS:
             loader.add_option(name, typ, default, help_text)
@@ -610,6 +611,8 @@ class PolarCapture:
     def _reloading(self) -> bool:
         """Whether ``done`` comes from mitmproxy reloading this file (its script manager, still
         registered, holds this instance) rather than from shutdown or the script's removal."""
+        if not self._running:  # mitmdump failed to start (a reload only comes once it runs)
+            return False
         try:
             if ctx.master.should_exit.is_set():
                 return False

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .paths import user_path
-from .terminal import printable
+from .terminal import escape_unencodable_output, printable
 
 
 class UserError(Exception):
@@ -216,24 +216,10 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     ``python -m polar_train.train``): :func:`main`, then the process ends. Only here is a signal
     after the command answered with the command's status (:func:`_finish_on_signal`): a caller
     of :func:`main` (a script, a notebook) keeps its own Ctrl-C."""
-    _unencodable_escaped()
+    escape_unencodable_output()
     status = _main(argv, keep_signal=False)
     _finish_on_signal(status)
     sys.exit(status)
-
-
-def _unencodable_escaped() -> None:
-    """Text the terminal's encoding cannot show (``LANG=C``, ``PYTHONIOENCODING=ascii``: an ``é``
-    in a folder's name or a rollout id) is printed escaped (``\\xe9``): Python's strict stdout
-    raised a UnicodeEncodeError once the work was done, and a finished build exited 2 "error"
-    without its table."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
-            try:
-                reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # a stream that cannot change now: left as it is
-                pass
 
 
 class OutputError(Exception):

@@ -20,3 +20,19 @@ def shown(text: object, limit: int = 100) -> str:
     in a rewards file was echoed whole on one report line."""
     text = printable(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def escape_unencodable_output() -> None:
+    """Text this process's stdout/stderr encoding cannot show (``LANG=C``,
+    ``PYTHONIOENCODING=ascii``: an ``é`` in a folder's name or a rollout id) is written escaped
+    (``\\xe9``) instead of raising UnicodeEncodeError: a finished build exited 2 "error" without
+    its table, and mitmdump stopped at start on the addon's own log line naming its folder."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot change now: left as it is
+                pass

@@ -359,3 +359,19 @@ def test_a_worker_short_of_file_descriptors_for_a_moment_still_starts(tmp_path: 
     assert sorted(rows) == ["m0", "m1", "m2"]
     assert f"-{os.getpid()}-" in rows["m1"] and f"-{os.getpid()}-" not in rows["m2"]
     assert "the row worker process runs again" in caplog.text
+
+
+def test_a_folder_name_the_terminal_cannot_show_does_not_stop_the_proxy(tmp_path: Path, monkeypatch) -> None:
+    """``LANG=C`` (an ASCII stdout) and an ``ä`` in ``polar_out``: the addon's own "writing calls
+    to ..." line raised UnicodeEncodeError in mitmproxy's log, and mitmdump exited at start."""
+    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, out_dir=tmp_path / "cäp", options={"polar_flush_seconds": "0.2"})
+        try:
+            r = rid()
+            _calls(m, base, r, 1)
+            poll(lambda: len(rows_of(m.out_dir, r)) == 1, 30, "the row")
+        finally:
+            m.stop()
+        log_text = m.proc.log()
+        assert f"writing calls to {tmp_path}/c\\xe4p/calls" in log_text and no_addon_traceback(log_text)
