@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .paths import cannot_write_folder, user_path
+from .terminal import printable
 
 #: The leading underscore: Parquet dataset readers (pyarrow, pandas) skip it; as build_report.json,
 #: ``pd.read_parquet(out)`` failed on it ("Could not read schema from 'out/build_report.json'").
@@ -114,8 +115,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
             done = bool(report_bytes) and (out / REPORT_NAME).read_bytes() == report_bytes[0]
         except OSError:
             done = False
-        state = (f"the new build is complete in {out}" if done else
-                 f"{out} holds what it held before" if out.exists() else f"nothing was written to {out}")
+        shown = printable(out)
+        state = (f"the new build is complete in {shown}" if done else
+                 f"{shown} holds what it held before" if out.exists() else f"nothing was written to {shown}")
         print(f"polar-train build: interrupted; {state}", file=sys.stderr, flush=True)
         raise said_interrupted(exc) from None
 
@@ -148,8 +150,8 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     except OSError as exc:
         state = "the folder holds what it held before" if out.exists() else "nothing was written"
         raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}; {state}") from None
-    print_out(f"{report.table()}\nwrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to {out}"
-              f" (report: {out / REPORT_NAME})")
+    print_out(f"{report.table()}\nwrote {len(result.trajectories)} trajectories in {len(parts)} part(s) to "
+              f"{printable(out)} (report: {printable(out / REPORT_NAME)})")
     return 0
 
 

@@ -673,3 +673,12 @@ def test_the_library_refuses_what_the_cli_refuses(tmp_path, capture, monkeypatch
     with pytest.raises(ValueError, match="empty path"):
         write_trajectories(built.trajectories, "")
     assert {p.name: p.read_bytes() for p in (tmp_path / "traj").iterdir()} == before and len(parts) == 1
+
+
+def test_an_out_folder_named_with_a_newline_is_printed_on_one_line(tmp_path, capture, capsys):
+    """``wrote N trajectories ... to <out>``: a newline in the folder's name split the line (inspect
+    escaped such names; build's last line did not)."""
+    out = tmp_path / "two\nlines"
+    assert main(["build", str(capture), "--out", str(out)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith(f"to {tmp_path}/two\\nlines (report: {tmp_path}/two\\nlines/_build_report.json)")
