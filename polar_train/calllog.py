@@ -334,7 +334,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
                     break
         for fragment in dataset.get_fragments() if good else ():
             try:
-                part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns))
+                # one thread: pyarrow's threaded scan waits forever where it cannot start a thread (an
+                # address-space limit, ulimit -v), deaf to SIGTERM; one part reads as fast either way
+                part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns, use_threads=False))
             except Exception as exc:  # corrupt pages behind a valid footer
                 result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
                 continue
