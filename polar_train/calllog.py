@@ -101,9 +101,27 @@ def list_parts(folder: str | Path) -> list[Path]:
 
 def _calls_folders(folder: str | Path, parts: list[Path]) -> list[Path]:
     """The folders a capture writes into that a read of ``folder`` covers: those its parts are in,
-    and ``folder`` and ``folder/calls`` themselves (a capture with no part yet)."""
+    ``folder`` and ``folder/calls`` themselves, and any folder below holding a proxy's live lock or
+    a loss record (a capture with no part yet: a proxy just started writing into
+    ``folder/machine-b/calls`` went unnamed)."""
+    from .capture.outdir import LIVE_LOCK
+
     root = Path(folder).expanduser()
-    return sorted({p.parent for p in parts} | ({root, root / "calls"} if root.is_dir() else set()))
+    found = {p.parent for p in parts}
+    if root.is_dir():
+        found |= {root, root / "calls"}
+        seen = {os.path.realpath(root)}
+        for here, folders, files in os.walk(root, followlinks=True, onerror=lambda exc: None):
+            kept = []
+            for d in folders:
+                real = os.path.realpath(os.path.join(here, d))
+                if not d.startswith((".", "_")) and real not in seen:  # as the parts' walk: each real folder once
+                    seen.add(real)
+                    kept.append(d)
+            folders[:] = kept
+            if LIVE_LOCK in files or any(name.startswith("_losses-") for name in files):
+                found.add(Path(here))
+    return sorted(found)
 
 
 def live_writers(folder: str | Path, parts: list[Path]) -> list[tuple[Path, list[int]]]:

@@ -1875,6 +1875,26 @@ def test_the_live_lock_follows_the_folder_the_capture_writes_to(tmp_path):
     assert live_writers(tmp_path / "cap", []) == []
 
 
+def test_a_proxy_writing_into_a_deeper_folder_without_a_part_yet_is_seen(tmp_path):
+    """A team folder whose own calls/ holds parts, and machine B's proxy just started writing into
+    team/machine-b/calls (no part yet): the live note looked only where parts were, and at
+    team/calls, and said nothing."""
+    from polar_train.calllog import live_writers
+    from polar_train.capture.outdir import LiveLock
+    from tests.support.calls import make_row, write_parts
+
+    part = write_parts(tmp_path / "team", [make_row(call_id="c1", prompt_ids=[1], completion_ids=[2])])
+    calls_b = tmp_path / "team" / "machine-b" / "calls"
+    calls_b.mkdir(parents=True)
+    lock = LiveLock(calls_b)
+    lock.refresh()
+    try:
+        assert live_writers(tmp_path / "team", [part]) == [(calls_b, [os.getpid()])]
+    finally:
+        lock.release()
+    assert live_writers(tmp_path / "team", [part]) == []
+
+
 def test_a_capture_that_lost_every_row_says_so_where_it_has_no_part(tmp_path):
     """The verification of the loss records: a disk full at the stop left no part, only the
     record, and inspect/build said "no call-log parts ...: wait, or stop mitmdump" - the proxy
