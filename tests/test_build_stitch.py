@@ -319,7 +319,7 @@ def test_resampling_an_earlier_prompt_is_a_branch(tmp_path):
     # the first prompt again after the session went on: what a rollout id reused for the next
     # round's session looks like (its reward and group would be shared): named in the report
     assert result.report.restarted_rollouts == ["r1"]
-    assert "1 started again from their first prompt (r1): one rollout id for several" in result.report.table()
+    assert "1 sent their first request again (r1): one rollout id for several" in result.report.table()
     rewind = make_row(call_id="r1-rewind", prompt_ids=second["prompt_token_ids"],
                       completion_ids=encode(conv.tok, "Other.<|im_end|>"), request={"rewind": 1})
     result = build(tmp_path / "later", [first, second, rewind])  # a branch of a later prompt: no restart
@@ -526,6 +526,28 @@ def test_a_one_call_session_run_again_under_its_id_by_a_restarted_proxy_keeps_bo
     assert sorted(c for t in result.trajectories for c in t.call_ids) == sorted([monday["call_id"], tuesday["call_id"]])
     assert "superseded_retry" not in result.report.skipped
     assert result.report.restarted_rollouts == ["r1"]
+
+
+@pytest.mark.parametrize("first_turn", [False, True])
+def test_a_retry_numbered_1_by_a_replaced_row_worker_stays_a_retry(tmp_path, first_turn):
+    """The review: a row worker replaced mid-session (killed, out of memory) numbers a real retry
+    attempt 1 again; the rule for a one-call task run again after a proxy restart kept both
+    answers, trained the one the harness threw away and named a restart that never was. Only a
+    session's first request numbered 1 again starts a session."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    rows = []
+    if not first_turn:
+        rows.append(conv.assistant("", tool_calls=[("ls", {"path": "."})]))
+        conv.tool("x")
+    unused = conv.assistant("unused answer", append=False)  # the client timed out, and asked again
+    used = conv.assistant("used answer", request_hash=unused["request_hash"], attempt=1)
+    conv.tool("y")
+    rows += [unused, used, conv.assistant("done")]
+    result = build(tmp_path, rows)
+    (t,) = result.trajectories
+    assert unused["call_id"] not in t.call_ids and used["call_id"] in t.call_ids
+    assert result.report.skipped == {"superseded_retry": 1} and result.report.restarted_rollouts == []
 
 
 def test_one_call_recorded_by_two_chained_proxies_is_kept_once(tmp_path):

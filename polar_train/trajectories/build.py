@@ -184,10 +184,13 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
     without this, a second run of a deterministic session (each call equal to one of the first
     run's) was taken call by call for retries answered alike, and the first run lost its calls.
 
-    Also a completed call numbered attempt 1 sent after every earlier completed attempt had ended:
-    the proxy that numbered it had not seen them (it was restarted - the next day's run of a
-    one-call session under the same id - or it is another proxy). Where they overlap in time it is
-    one call recorded by two chained proxies, which stays one."""
+    Also a session's first request (its prompt holds no earlier call's of the rollout) completed
+    and numbered attempt 1 after every earlier completed attempt had ended, and gone on from by no
+    later call: the proxy that numbered it had not seen them (it was restarted - the next day's run
+    of a one-call session under the same id - or it is another proxy). A later turn numbered 1, or
+    one the conversation went on from, is no such sign: a row worker replaced mid-session (killed,
+    out of memory) numbers a real retry 1 again, and the harness goes on from the retry. Where the
+    attempts overlap in time it is one call recorded by two chained proxies, which stays one."""
     restarts: dict[Any, set[datetime]] = {}
     for (rollout_id, _), rows in groups.items():
         if len(rows) < 2:  # (most requests are sent once)
@@ -198,10 +201,11 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
         gone_on: datetime | None = None  # the earliest a later call went on from an attempt so far
         ended: datetime | None = None  # the latest an attempt so far ended
         for c in ok:  # one pass over the rollout per attempt: sessions under one id cost linearly
-            numbered_afresh = attempt[c] == 1 and ended is not None and ended < when(c)
+            first = continued.first_gone_on(c, ok)
+            numbered_afresh = (attempt[c] == 1 and ended is not None and ended < when(c) and first is None
+                               and not continued.goes_on_from_an_earlier_call(c, ok))
             if numbered_afresh or (gone_on is not None and gone_on < when(c)):
                 restarts.setdefault(rollout_id, set()).add(when(c))
-            first = continued.first_gone_on(c, ok)
             if first is not None and (gone_on is None or first < gone_on):
                 gone_on = first
             end = finished[c] or when(c)
@@ -269,6 +273,19 @@ class _ContinuedAttempts:
                 out.append(a)
         by_text = self._of_by_text([a for a in attempts if a not in out], attempts, ids)
         return sorted(out + by_text, key=attempts.index)
+
+    def goes_on_from_an_earlier_call(self, a: int, attempts: list[int]) -> bool:
+        """Whether ``a``'s prompt holds an earlier completed call's of its rollout (``attempts`` aside)
+        as its beginning: ``a`` is a later turn of a conversation, not a session's first request."""
+        ids = self._rollout_ids(a)
+        prompt = ids[a][0]
+        if prompt is None:
+            return True  # unknown: taken for a later turn (a retry stays a retry)
+        for j, (earlier, _) in ids.items():
+            if (j not in attempts and self.status[j] == "ok" and self.when(j) < self.when(a)
+                    and earlier is not None and len(earlier) < len(prompt) and _extends(prompt, earlier)):
+                return True
+        return False
 
     def first_gone_on(self, a: int, attempts: list[int]) -> datetime | None:
         """When a later call (not one of ``attempts``) first went on from attempt ``a``, by its ids or

@@ -132,7 +132,7 @@ class BuildReport:
                                               "one rollout, or without one, than the builder follows: later calls "
                                               "of theirs fork)"))
         if self.restarted_rollouts:
-            rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} started again from their first prompt "
+            rows.append(("restarted rollouts", f"{len(self.restarted_rollouts)} sent their first request again "
                                                f"({_some(self.restarted_rollouts)}): one rollout id for several "
                                                "sessions? each needs its own"))
         if self.mixed_model_rollouts:
