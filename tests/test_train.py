@@ -245,6 +245,13 @@ def test_the_config_built_in_python_refuses_what_the_cli_refuses(tmp_path):
             TrainConfig(output_dir=out, **given)
     config = TrainConfig(output_dir=tmp_path / "run", init_adapter=Path("~/adapter"), top_p=1.0, learning_rate=1)
     assert config.output_dir == out and config.init_adapter == str(Path.home() / "adapter")
+    # what a notebook's sweep or TRL's own documented values give (the review): taken, as plain values
+    import numpy as np
+
+    config = TrainConfig(output_dir=out, lora_r=np.int64(8), learning_rate=np.float32(0.5), ddp_timeout=1800.0,
+                         bf16=0, scale_rewards=False)
+    assert (config.lora_r, config.learning_rate, config.ddp_timeout, config.bf16, config.scale_rewards) == (
+        8, 0.5, 1800, False, "none") and type(config.lora_r) is int
 
 
 def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -124,6 +125,9 @@ class TrainConfig(GRPOConfig):
         # the CLI converts and checks what a YAML or --set says before this; a script that builds the
         # config itself got lora_r=4.5 into torch (a TypeError after the weights loaded) and use_vllm
         # or top_p accepted without a word
+        if isinstance(self.scale_rewards, (bool, str)) and str(self.scale_rewards).lower() in ("true", "false"):
+            # TRL's own documented booleans (`--set scale_rewards=false`, YAML `false`, Python False)
+            self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
         self._check_types()
         self._refuse_generation_options()
         cuda = _cuda()
@@ -156,9 +160,6 @@ class TrainConfig(GRPOConfig):
                 raise ValueError(f"init_adapter {exc}") from None
         if isinstance(self.lora_target_modules, str):  # YAML `lora_target_modules: q_proj`, not a list
             self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
-        if isinstance(self.scale_rewards, (bool, str)) and str(self.scale_rewards).lower() in ("true", "false"):
-            # TRL's own documented booleans (`--set scale_rewards=false`, YAML `false`)
-            self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
         self._refuse_what_cannot_hold()
         if self.mask_truncated_completions:
             # TRL calls every completion that does not end in EOS truncated; a recorded agent trajectory
@@ -189,15 +190,24 @@ class TrainConfig(GRPOConfig):
         self._check_reporting()
 
     def _check_types(self) -> None:
-        """Each option of a plain type (bool, int, float, str, list) holds one: an int is a float
-        too, a path a string; None is left to the option's own checks."""
+        """Each option of a plain type (bool, int, float, str, list) holds one, converted where the
+        meaning is plain: a numpy number is its Python number, an int a float, a whole float
+        (1800.0) an int, 0/1 a bool, a path a string; None is left to the option's own checks."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             kinds = _hint_kinds(f.name)
             if value is None or kinds is None:
                 continue
-            if isinstance(value, os.PathLike) and str in kinds:
-                setattr(self, f.name, value := os.fspath(value))
+            converted = value.item() if isinstance(value, numbers.Number) and hasattr(value, "item") else value
+            if isinstance(converted, os.PathLike) and str in kinds:
+                converted = os.fspath(converted)
+            elif isinstance(converted, float) and int in kinds and float not in kinds and converted.is_integer():
+                converted = int(converted)
+            elif (bool in kinds and int not in kinds and not isinstance(converted, bool)
+                  and isinstance(converted, int) and converted in (0, 1)):
+                converted = bool(converted)
+            if converted is not value:
+                setattr(self, f.name, value := converted)
             fits = (isinstance(value, bool) if bool in kinds and isinstance(value, bool) else
                     not isinstance(value, bool) and (
                         (int in kinds and isinstance(value, int))
