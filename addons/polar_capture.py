@@ -211,7 +211,7 @@ class PolarCapture:
 
     # -- setup -------------------------------------------------------------------------------
     def load(self, loader) -> None:
-        escape_unencodable_output()  # an é in polar_out under LANG=C: our log line stopped mitmdump at start
+        escape_unencodable_output()  # an é in polar_out, ASCII stdout: our log line stopped mitmdump at start
         handover.stand_down(loader.master)  # loaded after a failed reload: record again
         for name, typ, default, help_text in OPTION_SPECS:
             loader.add_option(name, typ, default, help_text)

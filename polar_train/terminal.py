@@ -23,8 +23,8 @@ def shown(text: object, limit: int = 100) -> str:
 
 
 def escape_unencodable_output() -> None:
-    """Text this process's stdout/stderr encoding cannot show (``LANG=C``,
-    ``PYTHONIOENCODING=ascii``: an ``é`` in a folder's name or a rollout id) is written escaped
+    """Text this process's stdout/stderr encoding cannot show (``PYTHONIOENCODING=ascii``,
+    a non-UTF-8 locale: an ``é`` in a folder's name or a rollout id) is written escaped
     (``\\xe9``) instead of raising UnicodeEncodeError: a finished build exited 2 "error" without
     its table, and mitmdump stopped at start on the addon's own log line naming its folder."""
     import sys

@@ -362,7 +362,7 @@ def test_a_worker_short_of_file_descriptors_for_a_moment_still_starts(tmp_path: 
 
 
 def test_a_folder_name_the_terminal_cannot_show_does_not_stop_the_proxy(tmp_path: Path, monkeypatch) -> None:
-    """``LANG=C`` (an ASCII stdout) and an ``ä`` in ``polar_out``: the addon's own "writing calls
+    """``PYTHONIOENCODING=ascii`` (an ASCII stdout) and an ``ä`` in ``polar_out``: the addon's own "writing calls
     to ..." line raised UnicodeEncodeError in mitmproxy's log, and mitmdump exited at start."""
     monkeypatch.setenv("PYTHONIOENCODING", "ascii")
     with fault_upstream() as (base, _):

@@ -122,6 +122,28 @@ def test_a_caller_in_python_gets_its_ctrl_c_after_the_commands_line(capsys, monk
     assert cli._main(["inspect", "data/samples/demo/captures"], keep_signal=False) == 130
 
 
+def test_an_interrupted_harness_session_reaches_a_caller_in_python_too(capsys) -> None:
+    """The review: ``harness`` caught its own Ctrl-C and returned 130, so ``cli.main`` in a loop of
+    sessions ran on as before the change for the other commands."""
+    import argparse
+
+    from polar_train.cli import _run_command
+    from polar_train.harnesses.cli import _interrupted
+
+    def interrupted_session(args):
+        try:
+            raise KeyboardInterrupt  # as Harness.run raises it once it has ended the session
+        except KeyboardInterrupt as exc:
+            _interrupted(exc, "pi")
+
+    args = argparse.Namespace(command="harness", func=interrupted_session)
+    with pytest.raises(KeyboardInterrupt):
+        _run_command(args, keep_signal=True)
+    assert _run_command(args) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "polar-train harness: interrupted (SIGINT) before the pi session started"] * 2
+
+
 @pytest.mark.parametrize("exc, status, line", [
     (KeyboardInterrupt(), 130, "polar-train inspect: interrupted (SIGINT)"),
     (SystemExit(128 + signal.SIGTERM), 143, "polar-train inspect: interrupted (SIGTERM)"),
@@ -175,7 +197,7 @@ def test_a_signal_the_caller_ignores_stays_ignored() -> None:
 
 
 def test_a_terminal_that_cannot_show_a_name_or_a_full_disk_behind_stdout_is_no_input_error(tmp_path) -> None:
-    """``PYTHONIOENCODING=ascii`` (or ``LANG=C``) and an ``é`` in ``--out``: the build was done,
+    """``PYTHONIOENCODING=ascii`` (or a non-UTF-8 locale) and an ``é`` in ``--out``: the build was done,
     then its table raised UnicodeEncodeError (a ValueError: exit 2, "error", no table); ``> /dev/full``
     ended in a traceback after the build was written."""
     env = {**os.environ, "PYTHONIOENCODING": "ascii", "HF_HUB_OFFLINE": "1"}

@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
+from typing import NoReturn
 
 from ..paths import user_path
 
@@ -185,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     except HarnessError as exc:
         raise UserError(str(exc)) from None
     except (KeyboardInterrupt, SystemExit) as exc:
-        return _interrupted(exc, args.name)
+        _interrupted(exc, args.name)
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
     if run.timed_out:
@@ -205,11 +206,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interrupted(exc: KeyboardInterrupt | SystemExit, name: str) -> int:
+def _interrupted(exc: KeyboardInterrupt | SystemExit, name: str) -> NoReturn:
     """Ctrl-C or SIGTERM (polar_train.cli's ``_Unwinding`` raises ``SystemExit(128 + signal)``):
-    the session has been ended by ``Harness.run``; print what it wrote and one line, and exit as
-    the shell would (130, 143)."""
-    from ..cli import signal_name, signal_status
+    the session has been ended by ``Harness.run``; print what it wrote and one line, and raise it
+    on, said: the program exits as the shell would (130, 143), a caller of ``cli.main`` in Python
+    gets its Ctrl-C (a loop over sessions stops)."""
+    from ..cli import said_interrupted, signal_name, signal_status
 
     code = signal_status(exc)
     if code is None:
@@ -218,9 +220,9 @@ def _interrupted(exc: KeyboardInterrupt | SystemExit, name: str) -> int:
     run = getattr(exc, "harness_run", None)
     if run is None:
         print(f"polar-train harness: interrupted ({what}) before the {name} session started", file=sys.stderr)
-        return code
+        raise said_interrupted(exc) from None
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
     print(f"polar-train harness: interrupted ({what}); the {name} session was ended after {run.seconds:.1f}s "
           f"(home: {run.home})", file=sys.stderr)
-    return code
+    raise said_interrupted(exc) from None
