@@ -375,3 +375,28 @@ def test_a_folder_name_the_terminal_cannot_show_does_not_stop_the_proxy(tmp_path
             m.stop()
         log_text = m.proc.log()
         assert f"writing calls to {tmp_path}/c\\xe4p/calls" in log_text and no_addon_traceback(log_text)
+
+
+def test_a_dead_workers_parts_moved_to_an_archive_folder_are_not_counted_lost(tmp_path: Path) -> None:
+    """The review: the rows a dead worker had written were looked for in the current ``calls/``
+    only; moved beside it to archive them while the proxy ran, they were counted as lost."""
+    from mitmproxy.test import taddons
+
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False, polar_handoff_ms=0,
+                           polar_flush_rows=2, polar_flush_seconds="3600")
+            for i in range(2):
+                _call_through(addon, f"m{i}")
+            poll(lambda: list((tmp_path / "calls").glob("part-*.parquet")), 30, "a part of 2 rows")
+            (tmp_path / "calls").rename(tmp_path / "monday")
+            _call_through(addon, "held")  # handed, not yet written
+            poll(lambda: addon.writer.sent == 3, 30, "3 calls handed to the row worker")
+            os.kill(addon.writer._proc.pid, signal.SIGKILL)
+            poll(lambda: list((tmp_path / "calls").glob("_losses-*.json")), 30, "a loss record")
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("_losses-*.json")]
+    assert record["calls_lost"] == 1

@@ -76,6 +76,11 @@ def record_loss(calls_dir: Path, **counts: int | str) -> None:
     from datetime import datetime, timezone
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    if not calls_dir.exists():  # moved away to archive it: made again, as the next part would
+        try:
+            prepare_calls_dir(calls_dir)
+        except OSError:
+            pass
     final = calls_dir / f"_losses-{os.getpid()}-{stamp}.json"
     tmp = calls_dir / f".{final.name}.tmp"
     try:

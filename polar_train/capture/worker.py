@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 from .handoff import STOP, HandOff
 from .options import CaptureOptions
-from .outdir import LiveLock, prepare_calls_dir, record_loss
+from .outdir import LOSS_RECORD_GLOB, LiveLock, prepare_calls_dir, record_loss
 
 log = logging.getLogger("polar_capture")
 
@@ -115,9 +115,9 @@ class RowWorker:
         self._proc_started = 0.0
         self._early_exits = 0
         self._fallback = None  # a PartWriter thread, when the child cannot run
-        self._retired_fallbacks: list[Any] = []  # (closed at the end: a child runs again)
         self._retry_child_at: float | None = None  # the child could not start for want of fds/memory
         self._sent_to_child = 0  # calls the running child was handed (what a death may take with it)
+        self._proc_started_wall = 0.0
         self._fallback_renderer = None
         self._fallback_attempts = None
         self._thread: threading.Thread | None = None
@@ -203,8 +203,8 @@ class RowWorker:
                 lost = self._record_child_loss(proc.pid, proc.returncode)
                 log.error("polar_capture: row worker exited with code %s; %d call(s) it had not written are lost",
                           proc.returncode, lost)
-        for fallback in [*self._retired_fallbacks, *([self._fallback] if self._fallback is not None else [])]:
-            fallback.close(max(1.0, deadline - time.monotonic()))
+        if self._fallback is not None:
+            self._fallback.close(max(1.0, deadline - time.monotonic()))
 
     # -- sender thread ---------------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -216,6 +216,7 @@ class RowWorker:
             [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
             start_new_session=True, close_fds=True)
         self._proc_started = time.monotonic()
+        self._proc_started_wall = time.time()
         self._sent_to_child = 0
         write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
         self._proc.stdin.flush()
@@ -272,18 +273,18 @@ class RowWorker:
             self._retry_child_at = time.monotonic() + _CHILD_RETRY_S
             return
         log.warning("polar_capture: the row worker process runs again; rows are built there from now on")
-        self._retired_fallbacks.append(self._fallback)
-        self._fallback, self._retry_child_at = None, None
+        fallback, self._fallback, self._retry_child_at = self._fallback, None, None
+        fallback.close()  # its last rows written, its thread and files let go (fds were what was short)
 
     def _record_child_loss(self, pid: int, code: int | None) -> int:
         """Calls the dead child was handed and did not write (handed minus the rows of its parts),
         written down as a loss record: its death was in the log only, and inspect/build then said
         the proxy "recorded no call"."""
-        calls_dir = Path(self.opts.out).expanduser() / "calls"
-        lost = self._sent_to_child - _rows_written_by(calls_dir, pid)
-        self._sent_to_child = 0
+        out = Path(self.opts.out).expanduser()
+        handed, self._sent_to_child = self._sent_to_child, 0
+        lost = handed - _rows_accounted_for(out, pid, self._proc_started_wall)
         if lost > 0:
-            record_loss(calls_dir, calls_lost=lost,
+            record_loss(out / "calls", calls_lost=lost,
                         why=f"the row worker process {pid} exited with code {code} before writing them")
         return max(lost, 0)
 
@@ -305,6 +306,8 @@ class RowWorker:
                       "are lost (a loss record in calls/ says so); a new one starts with the next call", code, lost)
 
     def _start_fallback(self, why: str) -> None:
+        if self._fallback is not None:  # (never two at once: the one running is kept)
+            return
         from .record import AttemptCounter
         from .render import Renderer
         from .writer import PartWriter
@@ -355,15 +358,28 @@ _SPAWN_WAITS = (0.25, 0.5, 1.0, 2.0)
 _CHILD_RETRY_S = 60.0
 
 
-def _rows_written_by(calls_dir: Path, pid: int) -> int:
-    """Rows in the parts a process wrote (their names carry its pid), from the parts' footers."""
+def _rows_accounted_for(out: Path, pid: int, since: float) -> int:
+    """Rows a row worker process wrote (parts named with its pid, written since it started: not an
+    earlier process's that had the same pid) anywhere under ``out`` (``calls/`` moved to an archive
+    folder beside it while the proxy ran is found too), from the parts' footers; plus the rows its
+    own loss records say it could not write (counted there already)."""
+    import json
+
     import pyarrow.parquet as pq
 
     rows = 0
-    for part in calls_dir.glob(f"part-*-{pid}-*.parquet"):
+    for part in out.rglob(f"part-*-{pid}-*.parquet"):
         try:
-            rows += pq.read_metadata(part).num_rows
+            if part.stat().st_mtime >= since - 1:
+                rows += pq.read_metadata(part).num_rows
         except Exception:  # noqa: BLE001 - a part moved away or unreadable: not counted as written
+            pass
+    for record in out.rglob(LOSS_RECORD_GLOB):
+        try:
+            data = json.loads(record.read_text())
+            if data.get("pid") == pid:
+                rows += sum(n for k in ("rows_lost", "rows_failed") if isinstance(n := data.get(k), int))
+        except Exception:  # noqa: BLE001 - an unreadable record: nothing to subtract
             pass
     return rows
 

@@ -146,6 +146,7 @@ class PartWriter:
         self._retry_at = 0.0
         #: The reason parts cannot be written now (None: they can), and when it was last logged.
         self._failing: str | None = None
+        self._lost_why = ""  # why rows were lost otherwise than by a write the disk refused
         self._failure_logged_at = 0.0
         self._thread: threading.Thread | None = None
         #: readers see this capture is being written (see ``outdir.LIVE_LOCK``)
@@ -184,7 +185,7 @@ class PartWriter:
         self._thread = None
         if self.lost_rows or self.dropped or self.failed_jobs:  # said in the log; said on disk too
             record_loss(self.calls_dir, rows_lost=self.lost_rows, calls_dropped=self.dropped,
-                        rows_failed=self.failed_jobs, why=self._failing or "")
+                        rows_failed=self.failed_jobs, why=self._failing or self._lost_why)
         self._live_lock.release()
 
     def _run(self) -> None:
@@ -253,7 +254,7 @@ class PartWriter:
                           f"; {lost} oldest rows dropped ({self.lost_rows} so far)" if lost else "")
         except Exception as exc:  # a bug of ours: the rows cannot be written as they are; counted, on disk too
             self.lost_rows += len(rows)
-            self._failing = f"{type(exc).__name__}: {exc}"
+            self._lost_why = f"{type(exc).__name__}: {exc}"  # (not _failing: nothing is kept to retry)
             log.exception("polar_capture: writing a part of %d rows failed; they are lost", len(rows))
 
     #: Set in the metadata of a part written with compact prompts: a reader that opens the parts
