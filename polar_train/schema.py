@@ -122,7 +122,8 @@ def same_kind(have: pa.DataType, want: pa.DataType) -> bool:
     """Whether a column of type ``have`` reads as ``want`` without changing its meaning (the
     reader casts it): what pandas writes back from a table it read - ``large_string`` for every
     string, ``double`` for an integer column with nulls, ``null`` for a column of nulls,
-    ``large_list`` for lists. A value the cast cannot keep (2.5 as an int) fails the read, named."""
+    ``large_list`` for lists. A value an integer column cannot keep (2.5) fails the read, named; a
+    double read as float32 is rounded (pyarrow does not check its range)."""
     if have.equals(want) or pa.types.is_null(have):
         return True
     if pa.types.is_string(want) or pa.types.is_large_string(want):
