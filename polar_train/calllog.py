@@ -316,11 +316,14 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
         hint = ""
         if root.is_dir() and any((root / name).exists() for name in _RUN_FILES):
             hint = f": {root} is a training run (what `polar-train train` writes), not a capture"
+        elif losses := loss_notes(root, []):  # a disk full at the stop: every row lost, said on disk
+            hint = "; " + "; ".join(losses)
+        elif live := live_writers(root, []):  # a proxy writing here, or in a folder below (none yet)
+            hint = "; " + "; ".join(
+                f"a capture proxy (its lock held by process {', '.join(map(str, pids))}) is writing into {folder}: "
+                f"{_WAIT}" for folder, pids in live)
         elif part_folder(root).name == "calls" and part_folder(root).is_dir():  # the addon's: no part yet?
-            if losses := loss_notes(root, []):  # a disk full at the stop: every row lost, said on disk
-                hint = "; " + "; ".join(losses)
-            else:
-                hint = _no_part_yet(part_folder(root))
+            hint = _no_part_yet(part_folder(root))
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     good: list[Path] = []
@@ -381,24 +384,23 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
 
 
 def _no_part_yet(calls: Path) -> str:
-    """Why an addon's ``calls/`` folder holds no part: a proxy writing into it now (its lock's
-    holder), none ever started there (no lock file: a fresh checkout's ``data/captures/calls``), or
-    one that stopped before it recorded a call. Where the system does not say who holds locks
-    (no ``/proc/locks``), the first is assumed possible."""
+    """Why an addon's ``calls/`` folder that no proxy is writing into now holds no part: none ever
+    started there (no lock file: a fresh checkout's ``data/captures/calls``), or the one that did
+    recorded no call. Where the system does not say who holds locks (no ``/proc/locks``), a proxy
+    writing into it is assumed possible."""
     from .capture.outdir import LIVE_LOCK
-    from .folder_lock import lock_holders
 
     lock = calls / LIVE_LOCK
-    wait = "writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump"
-    if holders := lock_holders(lock):
-        return f"; a capture proxy (its lock held by process {', '.join(map(str, holders))}) {wait}"
     if not lock.exists():
         return ("; no capture proxy has started here (mitmdump -s addons/polar_capture.py --set polar_out=FOLDER "
                 "makes FOLDER/calls/ and writes parts into it)")
-    if os.access("/proc/locks", os.R_OK):
-        return ("; the capture proxy that made it is not running, and it recorded no call (were the harness's "
-                "model calls sent through it?)")
-    return f"; a running capture proxy {wait}"
+    if os.access("/proc/locks", os.R_OK):  # (a proxy on another machine, over NFS, is not seen here)
+        return ("; no capture proxy on this machine is writing into it, and the one that made it recorded no call "
+                "(were the harness's model calls sent through it?)")
+    return f"; if a capture proxy is running, {_WAIT}"
+
+
+_WAIT = "it writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump"
 
 
 def _compact_rows(table: pa.Table) -> int:

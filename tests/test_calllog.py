@@ -136,14 +136,25 @@ def test_missing_and_empty_folders_are_clear_errors(tmp_path):
     from polar_train.folder_lock import hold_shared_lock
 
     (tmp_path / "calls" / LIVE_LOCK).touch()  # what the addon makes at its start; parts follow every 10 s
-    with pytest.raises(CallLogError, match=r"; the capture proxy that made it is not running, and it recorded no "):
+    with pytest.raises(CallLogError, match=r"; no capture proxy on this machine is writing into it, and the one that "
+                                           r"made it recorded no call"):
         read_calls(tmp_path)
     held = hold_shared_lock(tmp_path / "calls" / LIVE_LOCK)
     assert held is not None
     with held:
         with pytest.raises(CallLogError, match=rf"; a capture proxy \(its lock held by process {os.getpid()}\) "
-                                               r"writes a part every polar_flush_seconds"):
+                                               rf"is writing into {re.escape(str(tmp_path / 'calls'))}: it writes a "
+                                               r"part every polar_flush_seconds"):
             read_calls(tmp_path)
+    # a team folder whose only proxy writes into a folder below, no part yet (the review): named too
+    deeper = tmp_path / "team" / "machine-b" / "calls"
+    deeper.mkdir(parents=True)
+    held = hold_shared_lock(deeper / LIVE_LOCK)
+    assert held is not None
+    with held:
+        with pytest.raises(CallLogError, match=re.escape(f"in {tmp_path / 'team'}; a capture proxy (its lock held by "
+                                                         f"process {os.getpid()}) is writing into {deeper}: ")):
+            read_calls(tmp_path / "team")
 
 
 def test_foreign_schema_and_corrupt_parts_are_named_and_skipped(tmp_path, session_rows):
