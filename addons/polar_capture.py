@@ -611,7 +611,7 @@ class PolarCapture:
     def _reloading(self) -> bool:
         """Whether ``done`` comes from mitmproxy reloading this file (its script manager, still
         registered, holds this instance) rather than from shutdown or the script's removal."""
-        if not self._running:  # mitmdump failed to start (a reload only comes once it runs)
+        if not self._running or not _in_script_reload():  # a failed start, shutdown, the script's removal
             return False
         try:
             if ctx.master.should_exit.is_set():
@@ -656,6 +656,19 @@ class PolarCapture:
         if live.writer is not None:
             _close_off_the_loop(live.writer)
         handover.stand_in(ctx.master, record.detect_api)  # no model call passes unrecorded meanwhile
+
+
+def _in_script_reload() -> bool:
+    """Whether this ``done`` runs inside mitmproxy's script reload (``ScriptLoader.loadscript``
+    removing the old instance). A start that failed after ``running`` (mitmproxy's TLS set-up on a
+    read-only HOME) exits without setting ``should_exit``, and was logged as "reloading"."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "loadscript" and code.co_filename.replace("\\", "/").endswith("mitmproxy/addons/script.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _STREAMED_BY_MITMPROXY = ("the {what} body was streamed by mitmproxy's stream_large_bodies (past its limit while "

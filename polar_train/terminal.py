@@ -31,7 +31,8 @@ def escape_unencodable_output() -> None:
 
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+        # strict, or surrogateescape (a C/POSIX locale without UTF-8 mode): both raise on an é
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict", "surrogateescape"):
             try:
                 reconfigure(errors="backslashreplace")
             except (ValueError, OSError):  # a stream that cannot change now: left as it is

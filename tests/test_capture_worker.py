@@ -400,3 +400,17 @@ def test_a_dead_workers_parts_moved_to_an_archive_folder_are_not_counted_lost(tm
             tctx.master._legacy_log_events.uninstall()
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("_losses-*.json")]
     assert record["calls_lost"] == 1
+
+
+def test_only_mitmproxys_script_reload_is_taken_for_a_reload() -> None:
+    """A start that failed after ``running`` (mitmproxy's TLS set-up on a read-only HOME) exits
+    without ``should_exit`` set: the addon's ``done`` logged "reloading: 0 calls in flight and the
+    row worker go on" as mitmdump exited. A reload is told by mitmproxy's ``loadscript`` on the stack."""
+    mod = _load_addon()
+    namespace: dict = {"check": mod._in_script_reload}
+    exec(compile("def loadscript():\n    return check()\n", "/x/site-packages/mitmproxy/addons/script.py", "exec"),
+         namespace)
+    assert namespace["loadscript"]() is True
+    assert mod._in_script_reload() is False
+    exec(compile("def loadscript():\n    return check()\n", "/x/mine.py", "exec"), namespace)
+    assert namespace["loadscript"]() is False  # a function of the same name elsewhere is no reload

@@ -206,6 +206,16 @@ def test_a_terminal_that_cannot_show_a_name_or_a_full_disk_behind_stdout_is_no_i
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"to {str(out).replace('é', chr(92) + 'xe9')} (report:" in proc.stdout and (out / "part-00000.parquet").is_file()
+    # a C locale without UTF-8 mode: stdout's errors are surrogateescape, which raised on an é too
+    from tests.support.calls import make_row, write_parts
+
+    write_parts(tmp_path / "cap", [make_row(call_id="c1", rollout_id="café", prompt_ids=[1, 2], completion_ids=[3])])
+    c_locale = {k: v for k, v in os.environ.items() if not k.startswith("LC_")} | {
+        "LANG": "C", "LC_ALL": "C", "PYTHONUTF8": "0", "HF_HUB_OFFLINE": "1"}
+    c_locale.pop("PYTHONIOENCODING", None)
+    proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", str(tmp_path / "cap")], capture_output=True,
+                          cwd=REPO, env=c_locale, timeout=300)
+    assert proc.returncode == 0 and b"caf\\xe9" in proc.stdout, proc.stderr[-2000:]
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "polar_train", "inspect", "data/samples/demo/captures"],
                               stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=300)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import re
 import signal
@@ -229,6 +230,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     number or an empty ``out`` are a :class:`ValueError` before anything is touched (an empty set
     used to remove the earlier build and write nothing; ``""`` wrote into the current folder).
     """
+    if isinstance(rows_per_part, numbers.Integral) and not isinstance(rows_per_part, bool):
+        rows_per_part = int(rows_per_part)  # (a numpy integer too)
     if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise ValueError(f"rows_per_part must be a positive whole number, not {rows_per_part!r}")
     if isinstance(out, (str, bytes, os.PathLike)) and not os.fspath(out):
