@@ -218,8 +218,14 @@ class RowWorker:
         self._proc_started = time.monotonic()
         self._proc_started_wall = time.time()
         self._sent_to_child = 0
-        write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
-        self._proc.stdin.flush()
+        try:
+            write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
+            self._proc.stdin.flush()
+        except OSError:  # it died at once: not left behind when the start is tried again
+            proc, self._proc = self._proc, None
+            proc.kill()
+            proc.wait()
+            raise
 
     def _send(self, state: Any) -> None:
         """Write one call to the child (started on first use); a dead child is replaced, and one
@@ -266,7 +272,7 @@ class RowWorker:
     def _retry_child(self) -> None:
         """Rows are built on the proxy's thread since the child could not start for want of fds or
         memory: try the child again, and go back to it if it starts (the thread's writer is closed
-        at the end)."""
+        then: its rows written, its files let go)."""
         try:
             self._spawn()
         except OSError:
@@ -303,7 +309,8 @@ class RowWorker:
             self._start_fallback(f"it exited with code {code} right after starting, twice")
         else:
             log.error("polar_capture: the row worker process exited (code %s); %d call(s) it had not written "
-                      "are lost (a loss record in calls/ says so); a new one starts with the next call", code, lost)
+                      "are lost%s; a new one starts with the next call", code, lost,
+                      " (a loss record in calls/ says so)" if lost else "")
 
     def _start_fallback(self, why: str) -> None:
         if self._fallback is not None:  # (never two at once: the one running is kept)
