@@ -320,8 +320,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
             hint = "; " + "; ".join(losses)
         elif live := live_writers(root, []):  # a proxy writing here, or in a folder below (none yet)
             hint = "; " + "; ".join(
-                f"a capture proxy (its lock held by process {', '.join(map(str, pids))}) is writing into {folder}: "
-                f"{_WAIT}" for folder, pids in live)
+                f"a capture proxy (its lock held by process {', '.join(map(str, pids))}) is writing into {where}: "
+                f"{_WAIT}" for where, pids in live)
         elif part_folder(root).name == "calls" and part_folder(root).is_dir():  # the addon's: no part yet?
             hint = _no_part_yet(part_folder(root))
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
