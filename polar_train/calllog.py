@@ -359,6 +359,10 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
                 # address-space limit, ulimit -v), deaf to SIGTERM; one part reads as fast either way
                 part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns, use_threads=False))
             except Exception as exc:  # corrupt pages behind a valid footer
+                if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
+                    raise CallLogError(f"cannot read {fragment.path}: not enough memory or threads for it "
+                                       f"({_short(exc)}); free memory or raise the limit (ulimit -v), and read "
+                                       "again") from None
                 result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
                 continue
             if text_lengths is not None:
@@ -381,6 +385,16 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
         result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild, text_lengths=lengths)
         result.problems.extend(unresolved)
     return result
+
+
+def _short_of_resources(exc: BaseException) -> bool:
+    """Whether reading failed for want of memory or threads (``ulimit -v``), not for the part."""
+    import errno
+
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno in (errno.ENOMEM, errno.EAGAIN)):
+        return True
+    text = str(exc)
+    return "Failed to launch worker thread" in text or "Resource temporarily unavailable" in text
 
 
 def _no_part_yet(calls: Path) -> str:

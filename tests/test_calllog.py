@@ -348,6 +348,35 @@ def test_a_part_written_back_by_pandas_reads_as_the_same_calls(tmp_path, session
         "unreadable data (Float value 1.500000 was truncated converting to int32)"]
 
 
+def test_a_read_short_of_memory_stops_instead_of_skipping_the_part(tmp_path, session_rows, monkeypatch):
+    """Under ``ulimit -v`` pyarrow could not start a reading thread: the part was skipped as
+    "unreadable data" (a good part, blamed) and the rest read - a build without its calls. It is
+    no fault of the part: the read stops, saying why."""
+    from polar_train import calllog
+
+    write_parts(tmp_path, session_rows[:2], "part-a")
+    real_dataset = calllog.ds.dataset
+
+    class ShortOfMemory:
+        def __init__(self, fragment):
+            self.path = fragment.path
+
+        def to_table(self, **kwargs):
+            raise pa.ArrowMemoryError("malloc of size 65536 failed")
+
+    class Dataset:
+        def __init__(self, *args, **kwargs):
+            self.real = real_dataset(*args, **kwargs)
+
+        def get_fragments(self):
+            return [ShortOfMemory(f) for f in self.real.get_fragments()]
+
+    monkeypatch.setattr(calllog.ds, "dataset", Dataset)
+    with pytest.raises(CallLogError, match=r"cannot read .*part-a\.parquet: not enough memory or threads for it "
+                                           r"\(malloc of size 65536 failed\); free memory"):
+        read_call_log(tmp_path)
+
+
 def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, session_rows, monkeypatch):
     """``Path("")`` is ``.``: an unset variable passed as the folder read the whole working folder
     (recursively); the CLI refuses an empty argument, the API does too."""
