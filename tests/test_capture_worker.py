@@ -270,13 +270,15 @@ def test_a_call_crosses_the_pipe_with_its_byte_strings_out_of_band() -> None:
     assert bytes(frames[-1]) == b"data: {}\n\n"
 
 
-def _call_through(addon, model: str) -> None:
+def _call_through(addon, model: str, rollout: str | None = None) -> None:
     """One finished chat call through the addon's hooks (mitmproxy's own test flows)."""
     from mitmproxy.http import Headers, Response
     from mitmproxy.test import tflow, tutils
 
     f = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/chat/completions",
                                     content=json.dumps(dict(OK, model=model)).encode()), resp=False)
+    if rollout is not None:
+        f.request.headers["x-polar-rollout"] = rollout
     addon.requestheaders(f)
     asyncio.run(addon.request(f))
     f.response = Response.make(200, json.dumps({"choices": []}).encode(), Headers(content_type="application/json"))
@@ -414,3 +416,27 @@ def test_only_mitmproxys_script_reload_is_taken_for_a_reload() -> None:
     assert mod._in_script_reload() is False
     exec(compile("def loadscript():\n    return check()\n", "/x/mine.py", "exec"), namespace)
     assert namespace["loadscript"]() is False  # a function of the same name elsewhere is no reload
+
+
+def test_a_retry_after_the_worker_was_replaced_is_numbered_on(tmp_path: Path) -> None:
+    """A probe with pi: a one-call session's request cut short, the row worker killed, and the
+    harness's retry numbered attempt 1 by the new worker - so the build took it for the same task
+    run again (both kept, a restart named). The new worker numbers on from its predecessor's rows."""
+    from mitmproxy.test import taddons
+
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        try:
+            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False, polar_handoff_ms=0, polar_flush_rows=1)
+            _call_through(addon, "same", rollout="r1")
+            poll(lambda: list((tmp_path / "calls").glob("part-*.parquet")), 30, "the first attempt written")
+            first = addon.writer._proc
+            os.kill(first.pid, signal.SIGKILL)
+            poll(lambda: addon.writer._proc is None, 30, "the killed worker reaped")
+            _call_through(addon, "same", rollout="r1")  # the harness's retry, through the next worker
+            addon.done()
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+    rows = sorted((r for p in (tmp_path / "calls").glob("part-*.parquet") for r in pq.read_table(p).to_pylist()),
+                  key=lambda r: r["finished_at"])
+    assert [r["attempt"] for r in rows] == [1, 2] and rows[0]["request_hash"] == rows[1]["request_hash"]

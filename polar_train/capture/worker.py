@@ -118,6 +118,7 @@ class RowWorker:
         self._retry_child_at: float | None = None  # the child could not start for want of fds/memory
         self._sent_to_child = 0  # calls the running child was handed (what a death may take with it)
         self._proc_started_wall = 0.0
+        self._earlier_writers: list[int] = []  # pids of this proxy's writers before the running one
         self._fallback_renderer = None
         self._fallback_attempts = None
         self._thread: threading.Thread | None = None
@@ -219,7 +220,7 @@ class RowWorker:
         self._proc_started_wall = time.time()
         self._sent_to_child = 0
         try:
-            write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level), protocol=5))
+            write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level, self._earlier_writers), protocol=5))
             self._proc.stdin.flush()
         except OSError:  # it died at once: not left behind when the start is tried again
             proc, self._proc = self._proc, None
@@ -271,16 +272,22 @@ class RowWorker:
 
     def _retry_child(self) -> None:
         """Rows are built on the proxy's thread since the child could not start for want of fds or
-        memory: try the child again, and go back to it if it starts (the thread's writer is closed
-        then: its rows written, its files let go)."""
+        memory: try the child again, and go back to it if it starts. The thread's writer is closed
+        first (its rows written, its thread and files let go: fds were what was short), so that the
+        child numbers attempts on from its rows; if the child still cannot start, a new thread
+        writer takes over, numbering on the same way."""
+        fallback, self._fallback = self._fallback, None
+        fallback.close()
+        if os.getpid() not in self._earlier_writers:
+            self._earlier_writers.append(os.getpid())
         try:
             self._spawn()
-        except OSError:
+        except OSError as exc:
+            self._start_fallback(f"cannot start {sys.executable}: {exc}", quiet=True)
             self._retry_child_at = time.monotonic() + _CHILD_RETRY_S
             return
         log.warning("polar_capture: the row worker process runs again; rows are built there from now on")
-        fallback, self._fallback, self._retry_child_at = self._fallback, None, None
-        fallback.close()  # its last rows written, its thread and files let go (fds were what was short)
+        self._retry_child_at = None
 
     def _record_child_loss(self, pid: int, code: int | None) -> int:
         """Calls the dead child was handed and did not write (handed minus the rows of its parts),
@@ -303,6 +310,7 @@ class RowWorker:
             proc.kill()
             code = proc.wait()
         lost = self._record_child_loss(proc.pid, code)
+        self._earlier_writers.append(proc.pid)  # the next writer numbers attempts on from its rows
         early = time.monotonic() - self._proc_started < _EARLY_EXIT_S
         self._early_exits = self._early_exits + 1 if early else 0
         if self._early_exits >= _MAX_EARLY_EXITS:
@@ -312,18 +320,20 @@ class RowWorker:
                       "are lost%s; a new one starts with the next call", code, lost,
                       " (a loss record in calls/ says so)" if lost else "")
 
-    def _start_fallback(self, why: str) -> None:
+    def _start_fallback(self, why: str, quiet: bool = False) -> None:
         if self._fallback is not None:  # (never two at once: the one running is kept)
             return
         from .record import AttemptCounter
         from .render import Renderer
         from .writer import PartWriter
 
-        log.error("polar_capture: the row worker process cannot run (%s); building rows on a thread "
-                  "of the proxy instead (slower; nothing is lost)", why)
+        if not quiet:  # (said once: not again at each failed retry of the child)
+            log.error("polar_capture: the row worker process cannot run (%s); building rows on a thread "
+                      "of the proxy instead (slower; nothing is lost)", why)
         o = self.opts
-        self._fallback_renderer = Renderer(o.tokenizer) if o.tokenizer else None
-        self._fallback_attempts = AttemptCounter()
+        if self._fallback_renderer is None and o.tokenizer:  # (kept across a retry of the child: seconds to load)
+            self._fallback_renderer = Renderer(o.tokenizer)
+        self._fallback_attempts = seeded_attempts(AttemptCounter(), o.out, self._earlier_writers)
         fallback = PartWriter(o.out, o.flush_rows, o.flush_seconds, o.queue_size, prompt_delta=o.prompt_delta)
         fallback.start(create_dir=False)
         self._proc = None
@@ -363,6 +373,32 @@ class RowWorker:
 _SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 _SPAWN_WAITS = (0.25, 0.5, 1.0, 2.0)
 _CHILD_RETRY_S = 60.0
+
+
+def seeded_attempts(attempts: Any, out: str | os.PathLike, pids: list[int]) -> Any:
+    """``attempts`` having counted the calls this proxy's earlier writers (``pids``: a row worker
+    killed, the proxy's own thread) wrote under ``out``, in the order they finished: a retry sent
+    after the writer was replaced is then numbered 2, as by one writer. Without it a one-call
+    session's retry, numbered 1 again, was taken by the build for the same task run again."""
+    if not pids:
+        return attempts
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for pid in dict.fromkeys(pids):
+        for part in Path(out).expanduser().rglob(f"part-*-{pid}-*.parquet"):
+            try:
+                tables.append(pq.read_table(part, columns=["rollout_id", "api", "request_hash", "finished_at"]))
+            except Exception:  # noqa: BLE001 - unreadable or moved away: not counted
+                pass
+    if not tables:
+        return attempts
+    seen = pa.concat_tables(tables, promote_options="permissive").sort_by("finished_at").to_pydict()
+    for rollout_id, api, request_hash in zip(seen["rollout_id"], seen["api"], seen["request_hash"]):
+        if request_hash is not None:
+            attempts.next(rollout_id, request_hash, api or "")
+    return attempts
 
 
 def _rows_accounted_for(out: Path, pid: int, since: float) -> int:
@@ -428,7 +464,8 @@ def main() -> int:
     first = read_frame(inp)
     if first is None:
         return 0
-    opts, level = pickle.loads(first)
+    opts, level, *rest = pickle.loads(first)
+    earlier_writers = rest[0] if rest else []
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s.%(msecs)03d] %(message)s", datefmt="%H:%M:%S"))
     log.addHandler(handler)
@@ -444,7 +481,9 @@ def main() -> int:
     writer.start(create_dir=False)  # the proxy created it; if it is gone, each write tries again
     writer.submit(PartWriter.warm_up, block=True)
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
-    attempts = AttemptCounter()  # used by the writer's thread only, in the order calls arrive
+    # used by the writer's thread only, in the order calls arrive; numbered on from this proxy's
+    # earlier writers (a worker replaced mid-session numbered the retry of a call it never saw 1)
+    attempts = seeded_attempts(AttemptCounter(), opts.out, earlier_writers)
     if renderer is not None:
         # loaded beside the writer, not on its thread: 4-12 s here, during which calls with the
         # server's ids would otherwise wait unwritten (a SIGKILL then lost all of them); a call
