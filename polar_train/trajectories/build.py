@@ -188,8 +188,9 @@ def _session_restarts(groups: dict[tuple, list[int]], status: list, when, contin
     and numbered attempt 1 after every earlier completed attempt had ended, and gone on from by no
     later call: the proxy that numbered it had not seen them (it was restarted - the next day's run
     of a one-call session under the same id - or it is another proxy). A later turn numbered 1, or
-    one the conversation went on from, is no such sign: a row worker replaced mid-session (killed,
-    out of memory) numbers a real retry 1 again, and the harness goes on from the retry. Where the
+    one the conversation went on from, is no such sign: a row worker that died (killed, out of
+    memory) before writing the first attempt's row has its successor number the retry 1, and the
+    harness goes on from the retry (captures of earlier versions: any replaced worker). Where the
     attempts overlap in time it is one call recorded by two chained proxies, which stays one."""
     restarts: dict[Any, set[datetime]] = {}
     for (rollout_id, _), rows in groups.items():
