@@ -110,15 +110,7 @@ def _calls_folders(folder: str | Path, parts: list[Path]) -> list[Path]:
     found = {p.parent for p in parts}
     if root.is_dir():
         found |= {root, root / "calls"}
-        seen = {os.path.realpath(root)}
-        for here, folders, files in os.walk(root, followlinks=True, onerror=lambda exc: None):
-            kept = []
-            for d in folders:
-                real = os.path.realpath(os.path.join(here, d))
-                if not d.startswith((".", "_")) and real not in seen:  # as the parts' walk: each real folder once
-                    seen.add(real)
-                    kept.append(d)
-            folders[:] = kept
+        for here, files in _walk_capture(root, lambda exc: None):  # (an unreadable folder: the parts' walk says it)
             if LIVE_LOCK in files or any(name.startswith("_losses-") for name in files):
                 found.add(Path(here))
     return sorted(found)
@@ -198,15 +190,7 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
         problems.append(PartProblem(str(exc.filename or base), f"unreadable folder: {exc.strerror or exc}"))
 
     parts = []
-    seen = {os.path.realpath(base)}
-    for here, folders, files in os.walk(base, onerror=unreadable, followlinks=True):
-        kept = []
-        for d in folders:
-            real = os.path.realpath(os.path.join(here, d))
-            if not d.startswith((".", "_")) and real not in seen:  # temporary or private; read once
-                seen.add(real)
-                kept.append(d)
-        folders[:] = kept
+    for here, files in _walk_capture(base, unreadable):
         for name in files:
             if name.endswith(PART_SUFFIX) and not name.startswith((".", "_")):
                 path = Path(here) / name
@@ -218,6 +202,21 @@ def _find_parts(folder: str | Path) -> tuple[list[Path], list[PartProblem]]:
                 problems.append(PartProblem(str(Path(here) / name), "a compressed part: decompress it (gunzip, "
                                             "zstd -d, ...) to read its calls"))
     return sorted(parts), problems
+
+
+def _walk_capture(base: Path, onerror: Callable[[OSError], None]):
+    """``(folder, file names)`` for ``base`` and every folder below it, links to folders followed,
+    each real folder once; names starting with ``.`` or ``_`` (temporary, private) left out."""
+    seen = {os.path.realpath(base)}
+    for here, folders, files in os.walk(base, onerror=onerror, followlinks=True):
+        kept = []
+        for d in folders:
+            real = os.path.realpath(os.path.join(here, d))
+            if not d.startswith((".", "_")) and real not in seen:
+                seen.add(real)
+                kept.append(d)
+        folders[:] = kept
+        yield here, files
 
 
 #: A part file someone compressed whole (``gzip part-....parquet``): Parquet compresses inside.

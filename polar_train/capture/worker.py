@@ -375,6 +375,11 @@ _SPAWN_WAITS = (0.25, 0.5, 1.0, 2.0)
 _CHILD_RETRY_S = 60.0
 
 
+def _parts_of(out: Path, pid: int):
+    """The parts a writer process wrote anywhere under ``out`` (their names carry its pid)."""
+    return out.rglob(f"part-*-{pid}-*.parquet")
+
+
 def seeded_attempts(attempts: Any, out: str | os.PathLike, pids: list[int]) -> Any:
     """``attempts`` having counted the calls this proxy's earlier writers (``pids``: a row worker
     killed, the proxy's own thread) wrote under ``out``, in the order they finished: a retry sent
@@ -387,7 +392,7 @@ def seeded_attempts(attempts: Any, out: str | os.PathLike, pids: list[int]) -> A
 
     tables = []
     for pid in dict.fromkeys(pids):
-        for part in Path(out).expanduser().rglob(f"part-*-{pid}-*.parquet"):
+        for part in _parts_of(Path(out).expanduser(), pid):
             try:
                 tables.append(pq.read_table(part, columns=["rollout_id", "api", "request_hash", "finished_at"]))
             except Exception:  # noqa: BLE001 - unreadable or moved away: not counted
@@ -411,7 +416,7 @@ def _rows_accounted_for(out: Path, pid: int, since: float) -> int:
     import pyarrow.parquet as pq
 
     rows = 0
-    for part in out.rglob(f"part-*-{pid}-*.parquet"):
+    for part in _parts_of(out, pid):
         try:
             if part.stat().st_mtime >= since - 1:
                 rows += pq.read_metadata(part).num_rows

@@ -208,12 +208,13 @@ class TrainConfig(GRPOConfig):
                 converted = bool(converted)
             if converted is not value:
                 setattr(self, f.name, value := converted)
-            fits = (isinstance(value, bool) if bool in kinds and isinstance(value, bool) else
-                    not isinstance(value, bool) and (
-                        (int in kinds and isinstance(value, int))
+            if isinstance(value, bool):  # (a bool is an int to isinstance)
+                fits = bool in kinds
+            else:
+                fits = ((int in kinds and isinstance(value, int))
                         or (float in kinds and isinstance(value, (int, float)))
                         or (str in kinds and isinstance(value, str))
-                        or (list in kinds and isinstance(value, (list, tuple, str)))))
+                        or (list in kinds and isinstance(value, (list, tuple, str))))
             if not fits:
                 wanted = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str, list) if k in kinds)
                 raise ValueError(f"{f.name} must be {wanted}, not {value!r}")
