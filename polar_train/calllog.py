@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .schema import (CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, CALL_LOG_VERSION, COMPACT_TEXT_COLUMNS, delta_columns,
-                     missing_columns)
+from .schema import (CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, CALL_LOG_VERSION, COMPACT_TEXT_COLUMNS,
+                     LEGACY_REQUEST_DELTA_COLUMNS, delta_columns, missing_columns)
 from .text_delta import BadDelta, apply_text_delta, delta_length
 
 log = logging.getLogger(__name__)
@@ -333,6 +333,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
         else:
             good.append(path)
     tables: list[pa.Table] = []
+    legacy: list[pa.Table] = []  # each part's LEGACY_REQUEST_DELTA_COLUMNS (null where it has none)
+    read_legacy = resolve_prompts and "request_json" in columns
     # checked, not rebuilt: a part's texts are read for their lengths and let go at once (a long
     # run's texts, hundreds of MB, were all held together: 1.09 GB to report on 7,118 calls)
     text_lengths: dict[str, list[pa.Array]] | None = (
@@ -357,6 +359,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
                 # one thread: pyarrow's threaded scan waits forever where it cannot start a thread (an
                 # address-space limit, ulimit -v), deaf to SIGTERM; one part reads as fast either way
                 part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns, use_threads=False))
+                if read_legacy:
+                    legacy.append(_legacy_request_deltas(fragment, part.num_rows))
             except Exception as exc:  # corrupt pages behind a valid footer
                 if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
                     raise CallLogError(f"cannot read {fragment.path}: not enough memory or threads for it "
@@ -373,8 +377,19 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
-    result.compact_rows = _compact_rows(result.table)
+    legacy_table = pa.concat_tables(legacy) if legacy and any(t.column(0).null_count < t.num_rows for t in legacy) \
+        else None
+    result.compact_rows = _compact_rows(result.table, legacy_table)
     if resolve_prompts:
+        if legacy_table is not None:
+            if rebuild:
+                result.table = _replace(result.table, {"request_json": pa.array(_resolve_legacy_requests(
+                    result.table, legacy_table, result.table.column("request_json").to_pylist(), result.problems),
+                    type=pa.string())})
+            elif text_lengths is not None:
+                found = pa.chunked_array(text_lengths["request_json"], type=pa.int32()).to_pylist()
+                text_lengths["request_json"] = [pa.array(_resolve_legacy_requests(
+                    result.table, legacy_table, found, result.problems), type=pa.int32())]
         if not rebuild:
             result.prompt_lengths = _prompt_lengths(result.table, result.problems)
             result.table = _replace(result.table, {"prompt_token_ids": None, "prompt_prefix_call_id": None,
@@ -416,15 +431,50 @@ def _no_part_yet(calls: Path) -> str:
 _WAIT = "it writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump"
 
 
-def _compact_rows(table: pa.Table) -> int:
+def _compact_rows(table: pa.Table, legacy: pa.Table | None = None) -> int:
     """Rows with a reference to another call's prompt or text."""
-    refs = ["prompt_prefix_call_id", *(delta_columns(c)[0] for c in COMPACT_TEXT_COLUMNS)]
-    if table.num_rows == 0 or all(table.column(c).null_count == table.num_rows for c in refs):
+    refs = [table.column(c) for c in ("prompt_prefix_call_id", *(delta_columns(c)[0] for c in COMPACT_TEXT_COLUMNS))]
+    if legacy is not None:
+        refs.append(legacy.column(0))
+    if table.num_rows == 0 or all(ref.null_count == table.num_rows for ref in refs):
         return 0
     valid = np.zeros(table.num_rows, dtype=bool)
-    for c in refs:
-        valid |= np.asarray(table.column(c).is_valid())
+    for ref in refs:
+        valid |= np.asarray(ref.is_valid())
     return int(valid.sum())
+
+
+def _legacy_request_deltas(fragment: ds.ParquetFileFragment, rows: int) -> pa.Table:
+    """A part's :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (all null in a part
+    that has none: every part but those of 2026-12-05's fourteen minutes)."""
+    types = (pa.string(), pa.int32(), pa.int32())
+    if LEGACY_REQUEST_DELTA_COLUMNS[0] not in fragment.physical_schema.names:
+        return pa.table([pa.nulls(rows, t) for t in types], names=list(LEGACY_REQUEST_DELTA_COLUMNS))
+    found = fragment.to_table(columns=list(LEGACY_REQUEST_DELTA_COLUMNS), use_threads=False)
+    return pa.table([found.column(n).cast(t) for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, types)],
+                    names=list(LEGACY_REQUEST_DELTA_COLUMNS))
+
+
+def _resolve_legacy_requests(table: pa.Table, legacy: pa.Table, texts: list[str | None] | list[int | None],
+                             problems: list[PartProblem]) -> list:
+    """Every row's request text (or, given lengths, its length), where rows of 2026-12-05's
+    short-lived format store the middle of it (:data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS`):
+    the referred call's first ``prefix_len`` characters, the middle, its last ``suffix_len``."""
+    refs, prefixes, suffixes = (legacy.column(n).to_pylist() for n in LEGACY_REQUEST_DELTA_COLUMNS)
+
+    def extend(base, ref: int, j: int):
+        p, s, base_len = prefixes[j], suffixes[j], base if isinstance(base, int) else len(base)
+        if p is None or s is None or p < 0 or s < 0 or p + s > base_len:
+            raise _BadReference(f"request_json_prefix_len {p} and request_json_suffix_len {s} do not fit the "
+                                f"{base_len} characters of call {refs[j]}")
+        if texts[j] is None:
+            raise _BadReference("request_json_prefix_call_id is set but request_json (the middle) is null")
+        if isinstance(base, int):
+            return p + texts[j] + s
+        return base[:p] + texts[j] + base[len(base) - s:]
+
+    return _resolve_chains(table.column("call_id").to_pylist(), refs, texts.__getitem__, extend, "request_json",
+                           "request_json_prefix_call_id", "request_json prefix", problems)
 
 
 def _full_schema(table: pa.Table) -> pa.Table:

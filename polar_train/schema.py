@@ -117,6 +117,13 @@ def delta_columns(column: str) -> tuple[str, str]:
 #: them as null - what such a writer meant (it never stored a request compactly).
 CALL_LOG_ADDED_COLUMNS = frozenset(name for c in COMPACT_TEXT_COLUMNS for name in delta_columns(c))
 
+#: How ``polar_prompt_delta`` stored a request text for fourteen minutes (2026-12-05 12:58-13:12,
+#: polar-train 343a87e..ec6066d): the call it shares text with, how many of that call's first and
+#: last characters the text starts and ends with; ``request_json`` held the middle. Parts written
+#: then have these columns (and none of the later delta columns): the reader rebuilds their texts
+#: from them (taken as the middle alone, a request read back as a fragment, unsaid).
+LEGACY_REQUEST_DELTA_COLUMNS = ("request_json_prefix_call_id", "request_json_prefix_len", "request_json_suffix_len")
+
 
 def same_kind(have: pa.DataType, want: pa.DataType) -> bool:
     """Whether a column of type ``have`` reads as ``want`` without changing its meaning (the

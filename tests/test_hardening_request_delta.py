@@ -263,6 +263,39 @@ def test_parts_written_before_the_columns_were_added_still_read(tmp_path: Path) 
     assert log.table.column("request_json_delta").null_count == 1
 
 
+def test_parts_of_the_first_compact_request_format_rebuild_their_texts(tmp_path: Path, capsys) -> None:
+    """For fourteen minutes of 2026-12-05 compact storage kept a request's middle in request_json,
+    with how many first and last characters of the previous request's surround it. Such a capture
+    read back fragments as whole requests, unsaid; its texts are rebuilt (a chain, and the length
+    inspect checks), a row whose numbers do not fit is named."""
+    from polar_train.cli import main
+    from polar_train.schema import LEGACY_REQUEST_DELTA_COLUMNS
+
+    first, second, third = '{"m": ["a", "b"], "x": 1}', '{"m": ["a", "b", "c"], "x": 1}', '{"m": ["a", "b", "c", "d"], "x": 2}'
+    rows = [row("r", first, prompt=[1, 2]), row("r", ', "c"', prompt=[1, 2, 3]), row("r", ', "d"], "x": 2}', prompt=[4]),
+            row("r", "xyz", prompt=[5])]
+    ids = [r["call_id"] for r in rows]
+    legacy = [(None, None, None), (ids[0], len('{"m": ["a", "b"'), len('], "x": 1}')), (ids[1], len('{"m": ["a", "b", "c"'), 0),
+              (ids[0], 20, 20)]  # the last: 40 characters of a 25-character text
+    for r, (ref, p, s) in zip(rows, legacy):
+        r.update(zip(LEGACY_REQUEST_DELTA_COLUMNS, (ref, p, s)))
+    schema = pa.schema([f for f in CALL_LOG_SCHEMA if f.name not in CALL_LOG_ADDED_COLUMNS]
+                       + [pa.field(LEGACY_REQUEST_DELTA_COLUMNS[0], pa.string()),
+                          *(pa.field(n, pa.int32()) for n in LEGACY_REQUEST_DELTA_COLUMNS[1:])])
+    (tmp_path / "calls").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "calls" / "part-1205.parquet")
+    log = read_call_log(tmp_path)
+    assert log.table.column("request_json").to_pylist() == [first, second, third, None]
+    assert [(p.call_id, p.column) for p in log.problems] == [(ids[3], "request_json")]
+    assert "request_json_prefix_len 20 and request_json_suffix_len 20 do not fit the 25 characters" in log.problems[0].message
+    checked = read_call_log(tmp_path, rebuild=False)
+    assert [(p.call_id, p.message) for p in checked.problems] == [(p.call_id, p.message) for p in log.problems]
+    assert checked.compact_rows == log.compact_rows == 3
+    assert read_call_log(tmp_path, skip={"request_json"}).problems == []  # the builder's read: no texts, no word
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert "compact storage: 3 of 4 rows" in capsys.readouterr().out
+
+
 def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: Path, capsys) -> None:
     """The part a compact request refers to is gone: its text reads as null and is named, its prompt
     (stored in full) is kept, and inspect does not call it a lost prompt."""

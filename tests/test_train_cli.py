@@ -445,7 +445,7 @@ def test_an_interrupted_run_resumes_from_its_last_complete_checkpoint_on_the_sam
     marker = out / ".polar-train-run"  # without it nothing was checked: other data went on unsaid
     marker.rename(tmp_path / "marker")
     with pytest.raises(UserError, match=f"^--resume: {out} has no .polar-train-run \\(a folder polar-train train "
-                                        "did not write, or its marker was removed\\)"):
+                                        "did not write, a run of a polar-train older than the marker \\(2026-12-04\\), or its marker was removed\\)"):
         train_cli.run(_args(fewer, tiny_model_dir, out, "max_steps=2", resume=True))
     (tmp_path / "marker").rename(marker)
     # a run an earlier version started: its marker records fewer options; those it lacks are named
