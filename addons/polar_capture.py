@@ -431,7 +431,9 @@ class PolarCapture:
         state = self.calls.get(flow.id)
         if state is None or flow.response is None:
             if flow.response is not None and flow.metadata.get(_PROBE_KEY):
-                flow.response.headers[CAPTURE_MARK] = "1"  # the check learns the capture proxy passed it on
+                # the check learns the capture proxy passed it on, and in which mode it listens (a
+                # reverse-mode port sends every request to its own target and refuses CONNECT)
+                flow.response.headers[CAPTURE_MARK] = getattr(flow.client_conn.proxy_mode, "type_name", "1")
             return
         try:
             self._responseheaders(flow, state)

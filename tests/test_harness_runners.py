@@ -941,6 +941,34 @@ def test_a_model_server_on_the_proxy_port_is_refused_before_the_session(tmp_path
     assert len(seen) == 1  # the check only: no session started
 
 
+def test_a_reverse_mode_capture_proxy_is_refused_before_the_session(tmp_path, models_server, monkeypatch,
+                                                                    capsys) -> None:
+    """The capture proxy of the docs' first example listens in reverse mode: the check's GET went to its
+    target and came back marked, then Pi's HTTPS tunnel was refused there ("Connection error." after
+    21 s, nothing recorded). The real mitmdump, one regular and one reverse listener: the regular one
+    passes the check, the reverse one is refused in one line."""
+    import polar_train.harnesses as harnesses
+    from tests.support.mitm import mitm
+
+    port, seen = models_server
+    started: list[dict] = []
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: started.append(options) or _QuickSession())
+    server = f"http://127.0.0.1:{port}"
+    with mitm(tmp_path / "proxy", modes=("regular", f"reverse:{server}")) as proxy:
+        regular, reverse = proxy.ports
+        args = ["harness", "pi", "x", "--server", server, "--workdir", str(tmp_path), "--home", str(tmp_path / "home"),
+                "--rollout", "r1"]
+        assert main([*args, "--proxy-port", str(regular)]) == 0, capsys.readouterr().err
+        assert len(started) == 1
+        capsys.readouterr()
+        assert main([*args, "--proxy-port", str(reverse)]) == 2
+    assert capsys.readouterr().err == (
+        f"polar-train harness: error: --proxy-port {reverse}: 127.0.0.1:{reverse} is a capture proxy in reverse mode "
+        "(mitmdump --mode reverse:URL): a harness uses it as its HTTP(S) proxy, which needs a regular-mode listener "
+        "(leave --mode out, or add --mode regular@PORT and give that PORT)\n")
+    assert len(started) == 1 and len(seen) == 2  # each check reached the server; no second session
+
+
 def test_names_the_system_refuses_are_one_line(tmp_path, capsys) -> None:
     """ENAMETOOLONG and symlink loops were tracebacks (OSError from exists(), RuntimeError from resolve())."""
     long_name = tmp_path / ("a" * 300)

@@ -24,7 +24,7 @@ API_KEY_PREFIX = "polar-"
 #: A header ``polar-train harness`` sends on its check request through the proxy. The addon removes
 #: it (as the identity headers) and marks the answer with :data:`CAPTURE_MARK`: a port that is the
 #: model server itself, or a proxy without the addon, answers unmarked - a session through it
-#: would go unrecorded.
+#: would go unrecorded. The mark's value is the listening mode (``regular``, ``reverse``, ...).
 PROBE_HEADER = "x-polar-capture-probe"
 CAPTURE_MARK = "x-polar-capture"
 #: The longest rollout or task id kept (a longer one is refused, and said once in the log).

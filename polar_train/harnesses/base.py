@@ -200,7 +200,7 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
     try:
         with opener.open(request, timeout=timeout) as response:  # noqa: S310 - the user's server
             body = response.read(4 << 20)
-            marked = response.headers.get(CAPTURE_MARK) is not None
+            mark = response.headers.get(CAPTURE_MARK)
     except urllib.error.HTTPError as exc:
         raise HarnessError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
@@ -214,7 +214,13 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
         models = None
     if not isinstance(models, dict) or not isinstance(models.get("data"), list):
         raise HarnessError(f"GET {url} did not answer with a model list (not an OpenAI-compatible server?)")
-    if proxy is not None and capturing and not marked:
+    if proxy is not None and capturing and mark == "reverse":
+        # the check's GET went to the reverse target, but a harness's HTTPS tunnel (Pi's CONNECT) is
+        # refused there ("Connection error." after retries), and every request goes to that target
+        raise NotTheCaptureProxy(f"{proxy.host}:{proxy.port} is a capture proxy in reverse mode (mitmdump --mode "
+                                 "reverse:URL): a harness uses it as its HTTP(S) proxy, which needs a regular-mode "
+                                 "listener (leave --mode out, or add --mode regular@PORT and give that PORT)")
+    if proxy is not None and capturing and mark is None:
         # the model server itself on the proxy port answers an absolute-form GET too: the
         # session would run, unrecorded, with the proxy credentials sent to the server
         raise NotTheCaptureProxy(f"{proxy.host}:{proxy.port} answered GET {url} without the capture addon's mark: "
