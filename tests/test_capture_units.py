@@ -1604,7 +1604,7 @@ def test_the_harness_checks_probe_is_marked_and_never_leaves_the_proxy(tmp_path)
             flow.response = Response.make(200, b"{}", Headers(content_type="application/json"))
             addon.responseheaders(flow)
         assert probe.request.headers["accept"] == "application/json"
-        assert probe.response.headers.get(CAPTURE_MARK) == "1"
+        assert probe.response.headers.get(CAPTURE_MARK) == "regular"  # the listening mode (tflow's client: regular)
         assert CAPTURE_MARK not in plain.response.headers and CAPTURE_MARK not in call.response.headers
         addon.done()
 
