@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO
 
 from .paths import user_path
 from .terminal import escape_unencodable_output, printable
@@ -217,9 +217,66 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     after the command answered with the command's status (:func:`_finish_on_signal`): a caller
     of :func:`main` (a script, a notebook) keeps its own Ctrl-C."""
     escape_unencodable_output()
-    status = _main(argv, keep_signal=False)
+    if sys.stdout is not None:
+        sys.stdout = _GuardedOutput(sys.stdout)
+    try:
+        try:
+            status = _main(argv, keep_signal=False)
+        except SystemExit as exc:  # argparse's own exits: --help (0), a usage error (2)
+            if exc.code in (0, None):
+                _flush_output()
+            raise
+    except OutputError as failed:  # `--help > /dev/full` (a command's own is said by _run_command): the
+        print(f"polar-train: error: {failed}", file=sys.stderr)  # help was lost, and exit 0 said nothing
+        sys.exit(1)
     _finish_on_signal(status)
     sys.exit(status)
+
+
+class _GuardedOutput:
+    """The program's stdout: a write the system refuses (a full disk behind ``>``) raises
+    :class:`OutputError` - one line and exit 1 from any command - where the commands that print
+    along the way (``addon``, ``tiny-model``, ``train``, ``demo``) ended in a traceback. From
+    then on stdout goes nowhere (Python's own flush at exit stays quiet). A reader that left
+    (``| head``) is still a BrokenPipeError, each command's to take."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._refused(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._refused(exc) from None
+
+    def _refused(self, exc: OSError) -> OutputError:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+        return OutputError(f"cannot write the result to standard output: {exc.strerror or exc}")
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, reconfigure, ...
+        return getattr(self._stream, name)
+
+
+def _flush_output() -> None:
+    """Flush stdout now, while a failure can still be said (:class:`_GuardedOutput`); a reader
+    that left is no failure: stdout goes nowhere from here on."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class OutputError(Exception):
@@ -235,7 +292,7 @@ def _finish_on_signal(status: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, OutputError):
                 pass
         os._exit(status)
 
@@ -272,7 +329,10 @@ def signal_name(status: int) -> str:
 
 def _run_command(args: argparse.Namespace, keep_signal: bool = False) -> int:
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if isinstance(sys.stdout, _GuardedOutput):  # the program's: what is still buffered fails here, said
+            _flush_output()
+        return status
     except (KeyboardInterrupt, SystemExit) as exc:
         status = signal_status(exc)
         if status is None:

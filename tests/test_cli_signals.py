@@ -222,3 +222,24 @@ def test_a_terminal_that_cannot_show_a_name_or_a_full_disk_behind_stdout_is_no_i
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "polar-train inspect: error: cannot write the result to standard output: No space left on device"]
+
+
+def test_every_command_behind_a_full_disk_ends_in_one_line(tmp_path) -> None:
+    """``addon``, ``tiny-model`` and ``train`` print along the way, not through the table printer
+    ``inspect`` and ``build`` use: ``> /dev/full`` ended each in a traceback (``tiny-model`` after
+    writing its model); ``--help`` lost its text and exited 0, unsaid."""
+    runs = {"addon": ["addon"], "tiny-model": ["tiny-model", str(tmp_path / "tiny")], "help": ["--help"],
+            "build help": ["build", "--help"]}
+    said = {}
+    with open("/dev/full", "w") as full:
+        for name, args in runs.items():
+            proc = subprocess.run([sys.executable, "-m", "polar_train", *args], stdout=full, stderr=subprocess.PIPE,
+                                  text=True, cwd=REPO, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            said[name] = (proc.returncode, [line for line in proc.stderr.splitlines() if line and "Writing model shards" not in line])
+    line = "error: cannot write the result to standard output: No space left on device"
+    assert said == {"addon": (1, [f"polar-train addon: {line}"]), "tiny-model": (1, [f"polar-train tiny-model: {line}"]),
+                    "help": (1, [f"polar-train: {line}"]), "build help": (1, [f"polar-train: {line}"])}
+    assert (tmp_path / "tiny" / "config.json").is_file()  # its work was done; only the line about it was lost
+    proc = subprocess.run(f"{sys.executable} -m polar_train --help | head -1", shell=True, capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert proc.stdout.startswith("usage: polar-train") and proc.stderr == ""  # a reader that left: no error
