@@ -102,6 +102,22 @@ def test_tasks_file_wins_and_equal_reward_groups_are_reported(tmp_path, captures
     assert "rollouts (broadcast), 1 without (r4)" in result.report.table()
 
 
+def test_a_group_without_any_reward_is_counted_apart(tmp_path, captures):
+    """Rewards for one task's rollouts only: the other groups were counted among the groups, not
+    among the size-1 ones, and said nowhere - yet the trainer leaves every one of them out."""
+    rewards = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "r1", "reward": 1, "task_id": "t-add"},
+                                                 {"rollout_id": "r2", "reward": 0, "task_id": "t-add"}])
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text("rollout_id,task_id\nr3,t-sub\n")
+    report = build_trajectories(captures, BuildOptions(rewards=rewards, tasks=tasks)).report
+    assert (report.groups, report.singleton_groups, report.unrewarded_groups) == (3, [], ["t-log", "t-sub"])
+    table = report.table()
+    assert "groups (tasks)          3; size 1: 0; all-equal rewards: 0; no reward: 2\n" in table
+    assert "groups without a reward: t-log, t-sub" in table
+    everyone = build_trajectories(captures, BuildOptions(rewards=write_jsonl(tmp_path / "all.jsonl", REWARDS))).report
+    assert everyone.unrewarded_groups == [] and "no reward" not in everyone.table()
+
+
 def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captures):
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join([

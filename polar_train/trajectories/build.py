@@ -567,6 +567,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.groups = groups.groups
     report.singleton_groups = groups.singleton_groups
     report.equal_reward_groups = groups.equal_reward_groups
+    report.unrewarded_groups = groups.unrewarded_groups
     report.rollouts_without_task = groups.rollouts_without_task
     report.rollouts_without_reward = groups.rollouts_without_reward
     report.unrewarded_rollouts = groups.unrewarded_rollouts

@@ -48,6 +48,8 @@ class BuildReport:
     groups: int = 0
     singleton_groups: list[str] = field(default_factory=list)
     equal_reward_groups: list[str] = field(default_factory=list)
+    #: Groups none of whose rollouts the rewards file rewards (the trainer leaves them all out).
+    unrewarded_groups: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     #: What the reader of this build should know of its input as a whole (a capture still being
     #: written, calls its proxy lost, a tokenizer that is not Qwen3.5's): printed before problems.
@@ -123,7 +125,8 @@ class BuildReport:
                            if self.trajectories and not self.rollouts_with_reward
                            and not self.rewarded_without_calls else "")),
             ("groups (tasks)", f"{self.groups}; size 1: {len(self.singleton_groups)}; "
-                               f"all-equal rewards: {len(self.equal_reward_groups)}"),
+                               f"all-equal rewards: {len(self.equal_reward_groups)}"
+                               + (f"; no reward: {len(self.unrewarded_groups)}" if self.unrewarded_groups else "")),
         ]
         if self.parts_skipped:
             rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
@@ -161,6 +164,8 @@ class BuildReport:
             lines.append(f"{'':<{width}}  size-1 groups: {_some(self.singleton_groups, 10)}")
         if self.equal_reward_groups:
             lines.append(f"{'':<{width}}  all-equal groups: {_some(self.equal_reward_groups, 10)}")
+        if self.unrewarded_groups:
+            lines.append(f"{'':<{width}}  groups without a reward: {_some(self.unrewarded_groups, 10)}")
         lines.extend(f"note: {shown(n, 600)}" for n in self.notes)
         if self.problems:
             lines.append(f"problems ({len(self.problems)}):")

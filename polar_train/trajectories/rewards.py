@@ -249,6 +249,7 @@ class GroupSummary:
     groups: int = 0
     singleton_groups: list[str] = field(default_factory=list)
     equal_reward_groups: list[str] = field(default_factory=list)
+    unrewarded_groups: list[str] = field(default_factory=list)
     rollouts_without_task: int = 0
     rollouts_without_reward: int = 0
     unrewarded_rollouts: list[str] = field(default_factory=list)
@@ -295,7 +296,9 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
     summary.unrewarded_rollouts.sort()
     for task, members in sorted(groups.items()):
         rewarded = [v for v in members.values() if v is not None]
-        if len(rewarded if labels.rewards else members) == 1:
+        if labels.rewards and not rewarded:  # counted among the groups, trained as none: said apart
+            summary.unrewarded_groups.append(task)
+        elif len(rewarded if labels.rewards else members) == 1:
             summary.singleton_groups.append(task)
         elif len(rewarded) > 1 and len(set(rewarded)) == 1:
             summary.equal_reward_groups.append(task)
