@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "~/.mitmproxy/mitmproxy-ca-cert.pem; an http:// server needs none)")
     p.add_argument("--home", default=None, type=user_path,
                    help="private HOME/config dir: new, empty or one an earlier run made (default: a new temporary dir)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before the session is killed (default: 600)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="one more environment variable for the harness, e.g. Claude Code's "
                         "CLAUDE_CODE_AUTO_COMPACT_WINDOW=100000 (repeatable; not for secrets: a command line "
