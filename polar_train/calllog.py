@@ -21,7 +21,6 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .schema import (CALL_LOG_ADDED_COLUMNS, CALL_LOG_SCHEMA, CALL_LOG_VERSION, COMPACT_TEXT_COLUMNS,
@@ -235,13 +234,9 @@ def _not_a_file(path: Path) -> str:
     return f"{kind}, not a part file"
 
 
-def _check_schema(path: Path) -> str | None:
-    """None when the part's footer has every call-log column with the right type (a part written
+def _check_schema(schema: pa.Schema) -> str | None:
+    """None when a part's schema has every call-log column with the right type (a part written
     before a column was added may lack it: it reads as null)."""
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
-        return f"not a readable Parquet file ({_short(exc)})"
     metadata = schema.metadata or {}
     version = metadata.get(b"polar_train.version")
     if metadata.get(b"polar_train.table") == b"calls" and version is not None \
@@ -258,6 +253,23 @@ def _check_schema(path: Path) -> str | None:
         shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
         return f"another schema than the call log: {shown}"
     return None
+
+
+def _read_part(part: pq.ParquetFile, schema: pa.Schema, wanted: pa.Schema) -> pa.Table:
+    """The ``wanted`` columns of a checked part (``schema``: its schema), each of its call-log type (a
+    pandas round trip's ``large_string`` or ``double`` cast back; a column the part lacks null)."""
+    names = set(schema.names)
+    table = part.read(columns=[c for c in wanted.names if c in names], use_threads=False)
+    if table.schema.equals(wanted, check_metadata=False):  # the capture's own parts
+        return _full_schema(pa.Table.from_arrays(table.columns, schema=wanted))
+    arrays = []
+    for field in wanted:
+        if field.name not in names:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(field.name)
+        arrays.append(column if column.type.equals(field.type) else column.cast(field.type))
+    return _full_schema(pa.Table.from_arrays(arrays, schema=wanted))
 
 
 def _short(exc: BaseException) -> str:
@@ -325,55 +337,53 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
             hint = _no_part_yet(part_folder(root))
         raise CallLogError(f"no call-log parts (*{PART_SUFFIX}) in {part_folder(root)}{hint}")
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
-    good: list[Path] = []
-    for path in parts:
-        problem = _check_schema(path)
-        if problem:
-            result.problems.append(PartProblem(str(path), problem))
-        else:
-            good.append(path)
-    tables: list[pa.Table] = []
+    tables: list[pa.Table] = []  # batches of parts, each one table: a table per part held
+    pending: list[pa.Table] = []  # ~45 columns' objects (~50 KB) however few its rows
     legacy: list[pa.Table] = []  # each part's LEGACY_REQUEST_DELTA_COLUMNS (null where it has none)
     read_legacy = resolve_prompts and "request_json" in columns
+    wanted = pa.schema([CALL_LOG_SCHEMA.field(name) for name in columns])
     # checked, not rebuilt: a part's texts are read for their lengths and let go at once (a long
     # run's texts, hundreds of MB, were all held together: 1.09 GB to report on 7,118 calls)
     text_lengths: dict[str, list[pa.Array]] | None = (
         {c: [] for c in COMPACT_TEXT_COLUMNS if c in columns} if resolve_prompts and not rebuild else None)
-    if good:
-        verified = ds.ParquetFileFormat(  # pages written with a checksum (the capture's) are checked
-            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
-        while True:
-            try:
-                dataset = ds.dataset([str(p) for p in good], format=verified, schema=CALL_LOG_SCHEMA)
-                break
-            except OSError:  # a part removed since its schema was read (an archiving job): named, the rest read
-                gone = [p for p in good if not p.is_file()]
-                if not gone:
-                    raise
-                result.problems.extend(PartProblem(str(p), "removed while it was read") for p in gone)
-                good = [p for p in good if p not in gone]
-                if not good:
-                    break
-        for fragment in dataset.get_fragments() if good else ():
-            try:
-                # one thread: pyarrow's threaded scan waits forever where it cannot start a thread (an
-                # address-space limit, ulimit -v), deaf to SIGTERM; one part reads as fast either way
-                part = _full_schema(fragment.to_table(schema=CALL_LOG_SCHEMA, columns=columns, use_threads=False))
-                if read_legacy:
-                    legacy.append(_legacy_request_deltas(fragment, part.num_rows))
-            except Exception as exc:  # corrupt pages behind a valid footer
-                if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
-                    raise CallLogError(f"cannot read {fragment.path}: not enough memory or threads for it "
-                                       f"({_short(exc)}); free memory or raise the limit (ulimit -v), and read "
-                                       "again") from None
-                result.problems.append(PartProblem(fragment.path, f"unreadable data ({_short(exc)})"))
+    for path in parts:
+        # one open per part (footer parsed once), not a pyarrow dataset: its fragments held
+        # ~150 KB each, and a week of 10-second parts (60,000) took 9 GB to read
+        try:
+            part_file = pq.ParquetFile(path, page_checksum_verification=True)  # the capture's checksums
+        except FileNotFoundError:  # an archiving job moved it since the folder was listed
+            result.problems.append(PartProblem(str(path), "removed while it was read"))
+            continue
+        except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for broken files
+            if _short_of_resources(exc):
+                raise _no_resources(path, exc) from None
+            result.problems.append(PartProblem(str(path), f"not a readable Parquet file ({_short(exc)})"))
+            continue
+        with part_file:
+            schema = part_file.schema_arrow  # (built anew at each use)
+            problem = _check_schema(schema)
+            if problem:
+                result.problems.append(PartProblem(str(path), problem))
                 continue
-            if text_lengths is not None:
-                for c, found in text_lengths.items():
-                    found.append(pc.utf8_length(part.column(c)).combine_chunks())
-                part = _replace(part, dict.fromkeys(text_lengths))
-            tables.append(part)
-            result.parts.append(Path(fragment.path))
+            try:
+                part = _read_part(part_file, schema, wanted)
+                if read_legacy:
+                    legacy.append(_legacy_request_deltas(part_file, schema, part.num_rows))
+            except Exception as exc:  # corrupt pages behind a valid footer; a value its column cannot hold
+                if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
+                    raise _no_resources(path, exc) from None
+                result.problems.append(PartProblem(str(path), f"unreadable data ({_short(exc)})"))
+                continue
+        if text_lengths is not None:
+            for c, found in text_lengths.items():
+                found.append(pc.utf8_length(part.column(c)).combine_chunks())
+            part = _replace(part, dict.fromkeys(text_lengths))
+        pending.append(part)
+        result.parts.append(path)
+        if len(pending) >= 256:
+            tables.append(pa.concat_tables(pending).combine_chunks())
+            pending = []
+    tables.extend(pending)
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
@@ -399,6 +409,11 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
         result.table, unresolved = resolve_compact_rows(result.table, rebuild=rebuild, text_lengths=lengths)
         result.problems.extend(unresolved)
     return result
+
+
+def _no_resources(path: Path, exc: BaseException) -> CallLogError:
+    return CallLogError(f"cannot read {path}: not enough memory or threads for it ({_short(exc)}); free memory or "
+                        "raise the limit (ulimit -v), and read again")
 
 
 def _short_of_resources(exc: BaseException) -> bool:
@@ -444,13 +459,13 @@ def _compact_rows(table: pa.Table, legacy: pa.Table | None = None) -> int:
     return int(valid.sum())
 
 
-def _legacy_request_deltas(fragment: ds.ParquetFileFragment, rows: int) -> pa.Table:
+def _legacy_request_deltas(part: pq.ParquetFile, schema: pa.Schema, rows: int) -> pa.Table:
     """A part's :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (all null in a part
     that has none: every part but those of 2026-12-05's fourteen minutes)."""
     types = (pa.string(), pa.int32(), pa.int32())
-    if LEGACY_REQUEST_DELTA_COLUMNS[0] not in fragment.physical_schema.names:
+    if LEGACY_REQUEST_DELTA_COLUMNS[0] not in schema.names:
         return pa.table([pa.nulls(rows, t) for t in types], names=list(LEGACY_REQUEST_DELTA_COLUMNS))
-    found = fragment.to_table(columns=list(LEGACY_REQUEST_DELTA_COLUMNS), use_threads=False)
+    found = part.read(columns=list(LEGACY_REQUEST_DELTA_COLUMNS), use_threads=False)
     return pa.table([found.column(n).cast(t) for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, types)],
                     names=list(LEGACY_REQUEST_DELTA_COLUMNS))
 

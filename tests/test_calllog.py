@@ -355,23 +355,11 @@ def test_a_read_short_of_memory_stops_instead_of_skipping_the_part(tmp_path, ses
     from polar_train import calllog
 
     write_parts(tmp_path, session_rows[:2], "part-a")
-    real_dataset = calllog.ds.dataset
 
-    class ShortOfMemory:
-        def __init__(self, fragment):
-            self.path = fragment.path
+    def short_of_memory(part, schema, wanted):
+        raise pa.ArrowMemoryError("malloc of size 65536 failed")
 
-        def to_table(self, **kwargs):
-            raise pa.ArrowMemoryError("malloc of size 65536 failed")
-
-    class Dataset:
-        def __init__(self, *args, **kwargs):
-            self.real = real_dataset(*args, **kwargs)
-
-        def get_fragments(self):
-            return [ShortOfMemory(f) for f in self.real.get_fragments()]
-
-    monkeypatch.setattr(calllog.ds, "dataset", Dataset)
+    monkeypatch.setattr(calllog, "_read_part", short_of_memory)
     with pytest.raises(CallLogError, match=r"cannot read .*part-a\.parquet: not enough memory or threads for it "
                                            r"\(malloc of size 65536 failed\); free memory"):
         read_call_log(tmp_path)
@@ -524,29 +512,17 @@ def test_a_part_folder_named_like_a_call_counts_as_a_skipped_part(tmp_path, sess
 def test_skipped_columns_are_not_read_and_come_back_null(tmp_path, session_rows, monkeypatch):
     """The builder never needs the request and response texts (most of a long session's bytes): it
     reads without them. They come back null in a table of the full schema; the ids are all there."""
-    import types
-
-    import pyarrow.dataset as ds
-
     from polar_train import calllog
 
     write_parts(tmp_path, compact(session_rows))
     asked = []
+    real_read = calllog._read_part
 
-    class Fragment:  # what the reader asks pyarrow for
-        def __init__(self, fragment):
-            self.fragment, self.path = fragment, fragment.path
+    def read_part(part, schema, wanted):  # what the reader asks pyarrow for
+        asked.append(wanted.names)
+        return real_read(part, schema, wanted)
 
-        def to_table(self, **kwargs):
-            asked.append(kwargs.get("columns"))
-            return self.fragment.to_table(**kwargs)
-
-    def dataset(*args, **kwargs):
-        real = ds.dataset(*args, **kwargs)
-        return types.SimpleNamespace(get_fragments=lambda: [Fragment(f) for f in real.get_fragments()])
-
-    monkeypatch.setattr(calllog, "ds", types.SimpleNamespace(dataset=dataset, ParquetFileFormat=ds.ParquetFileFormat,
-                                                            ParquetFragmentScanOptions=ds.ParquetFragmentScanOptions))
+    monkeypatch.setattr(calllog, "_read_part", read_part)
     log = read_call_log(tmp_path, skip=frozenset({"request_json", "response_json"}))
     assert asked and all("request_json" not in c and "response_json" not in c and "request_json_delta" not in c
                          for c in asked)
@@ -621,15 +597,14 @@ def test_a_part_removed_while_read_or_compressed_is_named_and_the_rest_read(tmp_
     write_parts(tmp_path, session_rows[3:], "part-d")
     packed.with_name(packed.name + ".gz").write_bytes(gzip.compress(packed.read_bytes()))
     packed.unlink()
-    checked = calllog._check_schema
+    found = calllog._find_parts
 
-    def check_then_remove(path):
-        problem = checked(path)
-        if path == gone:  # the archiving job's turn: after the schema, before the data
-            gone.unlink()
-        return problem
+    def find_then_remove(folder):
+        parts = found(folder)
+        gone.unlink()  # the archiving job's turn: after the listing, before the part is opened
+        return parts
 
-    monkeypatch.setattr(calllog, "_check_schema", check_then_remove)
+    monkeypatch.setattr(calllog, "_find_parts", find_then_remove)
     log = read_call_log(tmp_path)
     assert sorted(log.table.column("call_id").to_pylist()) == sorted(r["call_id"] for r in (session_rows[0],
                                                                                             session_rows[3]))
