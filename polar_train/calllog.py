@@ -339,8 +339,9 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     tables: list[pa.Table] = []  # batches of parts, each one table: a table per part held
     pending: list[pa.Table] = []  # ~45 columns' objects (~50 KB) however few its rows
-    legacy: list[pa.Table] = []  # each part's LEGACY_REQUEST_DELTA_COLUMNS (null where it has none)
+    legacy: list[tuple[int, pa.Table]] = []  # (first row, LEGACY_REQUEST_DELTA_COLUMNS) of the parts that have them
     read_legacy = resolve_prompts and "request_json" in columns
+    rows_read = 0
     wanted = pa.schema([CALL_LOG_SCHEMA.field(name) for name in columns])
     # checked, not rebuilt: a part's texts are read for their lengths and let go at once (a long
     # run's texts, hundreds of MB, were all held together: 1.09 GB to report on 7,118 calls)
@@ -367,8 +368,8 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
                 continue
             try:
                 part = _read_part(part_file, schema, wanted)
-                if read_legacy:
-                    legacy.append(_legacy_request_deltas(part_file, schema, part.num_rows))
+                if read_legacy and set(LEGACY_REQUEST_DELTA_COLUMNS) <= set(schema.names):
+                    legacy.append((rows_read, _legacy_request_deltas(part_file)))
             except Exception as exc:  # corrupt pages behind a valid footer; a value its column cannot hold
                 if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
                     raise _no_resources(path, exc) from None
@@ -379,6 +380,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
                 found.append(pc.utf8_length(part.column(c)).combine_chunks())
             part = _replace(part, dict.fromkeys(text_lengths))
         pending.append(part)
+        rows_read += part.num_rows
         result.parts.append(path)
         if len(pending) >= 256:
             tables.append(pa.concat_tables(pending).combine_chunks())
@@ -387,8 +389,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
-    legacy_table = pa.concat_tables(legacy) if legacy and any(t.column(0).null_count < t.num_rows for t in legacy) \
-        else None
+    legacy_table = _legacy_table(legacy, result.table.num_rows)
     result.compact_rows = _compact_rows(result.table, legacy_table)
     if resolve_prompts:
         if legacy_table is not None:
@@ -459,15 +460,33 @@ def _compact_rows(table: pa.Table, legacy: pa.Table | None = None) -> int:
     return int(valid.sum())
 
 
-def _legacy_request_deltas(part: pq.ParquetFile, schema: pa.Schema, rows: int) -> pa.Table:
-    """A part's :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (all null in a part
-    that has none: every part but those of 2026-12-05's fourteen minutes)."""
-    types = (pa.string(), pa.int32(), pa.int32())
-    if LEGACY_REQUEST_DELTA_COLUMNS[0] not in schema.names:
-        return pa.table([pa.nulls(rows, t) for t in types], names=list(LEGACY_REQUEST_DELTA_COLUMNS))
+def _legacy_request_deltas(part: pq.ParquetFile) -> pa.Table:
+    """A part's :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (only parts of 2026-12-05's
+    fourteen minutes have them), of the types they were written with."""
     found = part.read(columns=list(LEGACY_REQUEST_DELTA_COLUMNS), use_threads=False)
-    return pa.table([found.column(n).cast(t) for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, types)],
+    return pa.table([found.column(n).cast(t) for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, _LEGACY_TYPES)],
                     names=list(LEGACY_REQUEST_DELTA_COLUMNS))
+
+
+_LEGACY_TYPES = (pa.string(), pa.int32(), pa.int32())
+
+
+def _legacy_table(found: list[tuple[int, pa.Table]], rows: int) -> pa.Table | None:
+    """The legacy columns of all ``rows`` read (null where a part had none); None where no part
+    refers to another call by them: nothing is held for the parts without them."""
+    found = [(start, t) for start, t in found if t.column(0).null_count < t.num_rows]
+    if not found:
+        return None
+    pieces, at = [], 0
+    for start, t in found:
+        if start > at:
+            pieces.append(pa.table([pa.nulls(start - at, ty) for ty in _LEGACY_TYPES],
+                                   names=list(LEGACY_REQUEST_DELTA_COLUMNS)))
+        pieces.append(t)
+        at = start + t.num_rows
+    if rows > at:
+        pieces.append(pa.table([pa.nulls(rows - at, ty) for ty in _LEGACY_TYPES], names=list(LEGACY_REQUEST_DELTA_COLUMNS)))
+    return pa.concat_tables(pieces).combine_chunks()
 
 
 def _resolve_legacy_requests(table: pa.Table, legacy: pa.Table, texts: list[str | None] | list[int | None],

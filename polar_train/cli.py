@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -220,17 +220,28 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     if sys.stdout is not None:
         sys.stdout = _GuardedOutput(sys.stdout)
     try:
-        try:
-            status = _main(argv, keep_signal=False)
-        except SystemExit as exc:  # argparse's own exits: --help (0), a usage error (2)
-            if exc.code in (0, None):
-                _flush_output()
-            raise
-    except OutputError as failed:  # `--help > /dev/full` (a command's own is said by _run_command): the
-        print(f"polar-train: error: {failed}", file=sys.stderr)  # help was lost, and exit 0 said nothing
+        status = _main(argv, keep_signal=False)
+    except OutputError as failed:  # argparse's help, written to a full disk
+        print(f"polar-train: error: {failed}", file=sys.stderr)
         sys.exit(1)
+    except SystemExit as exc:  # argparse's own exits: --help (0), a usage error (2)
+        if _output_lost():  # `--help > /dev/full` lost the help, and exit 0 said nothing
+            sys.exit(exc.code if isinstance(exc.code, int) and exc.code else 1)
+        raise
+    if _output_lost():  # what a command printed before it failed or was interrupted: said too
+        status = status or 1
     _finish_on_signal(status)
     sys.exit(status)
+
+
+def _output_lost() -> bool:
+    """Flush the program's stdout; where what it held cannot be written, say so (one line)."""
+    try:
+        _flush_output()
+    except OutputError as failed:
+        print(f"polar-train: error: {failed}", file=sys.stderr)
+        return True
+    return False
 
 
 class _GuardedOutput:
@@ -259,14 +270,17 @@ class _GuardedOutput:
         except OSError as exc:
             raise self._refused(exc) from None
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def _refused(self, exc: OSError) -> OutputError:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-        except (OSError, ValueError):
-            pass
+        _to_devnull(self._stream)
         return OutputError(f"cannot write the result to standard output: {exc.strerror or exc}")
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, reconfigure, ...
+        if name == "_stream":  # a copy (copy.copy) has none yet: no endless lookup
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 
@@ -276,7 +290,19 @@ def _flush_output() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_devnull(sys.stdout)
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: what it still holds goes nowhere, quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 class OutputError(Exception):
@@ -354,7 +380,7 @@ def _run_command(args: argparse.Namespace, keep_signal: bool = False) -> int:
         try:
             sys.stdout.flush()
         except BrokenPipeError:  # `polar-train CMD | head`: the reader left; no traceback, as a shell's SIGPIPE
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit
+            _to_devnull(sys.stdout)  # Python's own flush at exit
             return 128 + signal.SIGPIPE
         print(f"polar-train {args.command}: error: {exc}", file=sys.stderr)  # another pipe (a child, a socket)
         return 1
@@ -366,12 +392,9 @@ def print_out(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_devnull(sys.stdout)
     except OSError as exc:  # `> /dev/full`, a full disk: said in one line; Python's flush at exit stays quiet
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        _to_devnull(sys.stdout)
         raise OutputError(f"cannot write the result to standard output: {exc.strerror or exc}") from None
 
 

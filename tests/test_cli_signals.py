@@ -243,3 +243,28 @@ def test_every_command_behind_a_full_disk_ends_in_one_line(tmp_path) -> None:
     proc = subprocess.run(f"{sys.executable} -m polar_train --help | head -1", shell=True, capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     assert proc.stdout.startswith("usage: polar-train") and proc.stderr == ""  # a reader that left: no error
+
+
+def test_output_lost_before_a_command_failed_is_said_too(tmp_path) -> None:
+    """A command that printed (buffered: stdout is a file) and then failed: its own error line came,
+    and the lost output went unsaid - or, before, Python's "Exception ignored ... OSError" and 120."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import polar_train.cli as cli\n"
+        "built = cli.build_parser\n"
+        "def build_parser():\n"
+        "    parser = built()\n"
+        "    def fail(args):\n"
+        "        print('half a table')\n"
+        "        raise cli.UserError('bad input')\n"
+        "    parser._subparsers._group_actions[0].choices['addon'].set_defaults(func=fail)\n"
+        "    return parser\n"
+        "cli.build_parser = build_parser\n"
+        "cli.program(['addon'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a file's stdout is
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, str(script)], stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              env=env, timeout=300)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+        "polar-train addon: error: bad input",
+        "polar-train: error: cannot write the result to standard output: No space left on device"])

@@ -283,9 +283,14 @@ def test_parts_of_the_first_compact_request_format_rebuild_their_texts(tmp_path:
                        + [pa.field(LEGACY_REQUEST_DELTA_COLUMNS[0], pa.string()),
                           *(pa.field(n, pa.int32()) for n in LEGACY_REQUEST_DELTA_COLUMNS[1:])])
     (tmp_path / "calls").mkdir()
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "calls" / "part-1205.parquet")
+    earlier = [row("q", '{"m": ["z"]}', prompt=[9]), row("q", '{"m": ["y"]}', prompt=[8])]  # read first: rows 0-1
+    pq.write_table(pa.Table.from_pylist(earlier, schema=CALL_LOG_SCHEMA), tmp_path / "calls" / "part-1204.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:2], schema=schema), tmp_path / "calls" / "part-1205a.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[2:], schema=schema), tmp_path / "calls" / "part-1205b.parquet")
+    pq.write_table(pa.Table.from_pylist(earlier[:1], schema=CALL_LOG_SCHEMA), tmp_path / "calls" / "part-1206.parquet")
     log = read_call_log(tmp_path)
-    assert log.table.column("request_json").to_pylist() == [first, second, third, None]
+    assert log.table.column("request_json").to_pylist() == ['{"m": ["z"]}', '{"m": ["y"]}', first, second, third, None,
+                                                            '{"m": ["z"]}']
     assert [(p.call_id, p.column) for p in log.problems] == [(ids[3], "request_json")]
     assert "request_json_prefix_len 20 and request_json_suffix_len 20 do not fit the 25 characters" in log.problems[0].message
     checked = read_call_log(tmp_path, rebuild=False)
@@ -293,7 +298,7 @@ def test_parts_of_the_first_compact_request_format_rebuild_their_texts(tmp_path:
     assert checked.compact_rows == log.compact_rows == 3
     assert read_call_log(tmp_path, skip={"request_json"}).problems == []  # the builder's read: no texts, no word
     assert main(["inspect", str(tmp_path)]) == 0
-    assert "compact storage: 3 of 4 rows" in capsys.readouterr().out
+    assert "compact storage: 3 of 7 rows" in capsys.readouterr().out
 
 
 def test_a_lost_reference_costs_only_that_request_and_inspect_says_so(tmp_path: Path, capsys) -> None:
