@@ -941,12 +941,13 @@ def test_a_model_server_on_the_proxy_port_is_refused_before_the_session(tmp_path
     assert len(seen) == 1  # the check only: no session started
 
 
-def test_a_reverse_mode_capture_proxy_is_refused_before_the_session(tmp_path, models_server, monkeypatch,
-                                                                    capsys) -> None:
+def test_a_reverse_mode_capture_proxy_is_refused_for_a_harness_that_tunnels(tmp_path, models_server, monkeypatch,
+                                                                             capsys) -> None:
     """The capture proxy of the docs' first example listens in reverse mode: the check's GET went to its
-    target and came back marked, then Pi's HTTPS tunnel was refused there ("Connection error." after
-    21 s, nothing recorded). The real mitmdump, one regular and one reverse listener: the regular one
-    passes the check, the reverse one is refused in one line."""
+    target and came back marked, then Pi's CONNECT tunnel was refused there ("Connection error." after
+    21 s, nothing recorded). Codex and Claude Code send absolute-form requests, which such a port
+    records (a probe with the real CLIs): for them it stays allowed. The real mitmdump, one regular
+    and one reverse listener."""
     import polar_train.harnesses as harnesses
     from tests.support.mitm import mitm
 
@@ -956,17 +957,18 @@ def test_a_reverse_mode_capture_proxy_is_refused_before_the_session(tmp_path, mo
     server = f"http://127.0.0.1:{port}"
     with mitm(tmp_path / "proxy", modes=("regular", f"reverse:{server}")) as proxy:
         regular, reverse = proxy.ports
-        args = ["harness", "pi", "x", "--server", server, "--workdir", str(tmp_path), "--home", str(tmp_path / "home"),
-                "--rollout", "r1"]
-        assert main([*args, "--proxy-port", str(regular)]) == 0, capsys.readouterr().err
-        assert len(started) == 1
+        args = ["x", "--server", server, "--workdir", str(tmp_path), "--home", str(tmp_path / "home"), "--rollout", "r1"]
+        assert main(["harness", "pi", *args, "--proxy-port", str(regular)]) == 0, capsys.readouterr().err
+        assert main(["harness", "codex", *args, "--proxy-port", str(reverse)]) == 0, capsys.readouterr().err
+        assert len(started) == 2
         capsys.readouterr()
-        assert main([*args, "--proxy-port", str(reverse)]) == 2
+        assert main(["harness", "pi", *args, "--proxy-port", str(reverse)]) == 2
     assert capsys.readouterr().err == (
         f"polar-train harness: error: --proxy-port {reverse}: 127.0.0.1:{reverse} is a capture proxy in reverse mode "
-        "(mitmdump --mode reverse:URL): a harness uses it as its HTTP(S) proxy, which needs a regular-mode listener "
-        "(leave --mode out, or add --mode regular@PORT and give that PORT)\n")
-    assert len(started) == 1 and len(seen) == 2  # each check reached the server; no second session
+        "(mitmdump --mode reverse:URL), which refuses the CONNECT tunnel pi reaches its server through: give a "
+        "regular-mode port (leave --mode out, or add --mode regular@PORT and give that PORT)\n")
+    assert len(started) == 2 and len(seen) == 3  # each check reached the server; no third session
+    assert [name for name, cls in harnesses.HARNESSES.items() if cls.tunnels] == ["pi"]
 
 
 def test_names_the_system_refuses_are_one_line(tmp_path, capsys) -> None:

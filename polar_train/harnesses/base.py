@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 from ..capture.identity import CAPTURE_MARK, PROBE_HEADER
@@ -175,13 +175,14 @@ class NotTheCaptureProxy(HarnessError):
 
 
 def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: float = 5.0,
-                  capturing: bool = True) -> dict[str, Any]:
+                  capturing: bool = True, tunnels: str | None = None) -> dict[str, Any]:
     """``GET SERVER/v1/models`` (through ``proxy`` when given, with the rollout's credentials and
     trusting its CA), the way the harness will reach the server: the model list, or a
     :class:`HarnessError` saying in one line what answered instead; through a proxy also
     :class:`NotTheCaptureProxy` where the answer lacks the capture addon's mark (``capturing=False``:
-    only the model list is wanted). The capture addon records only POSTs to model paths, so this
-    request never becomes a row."""
+    only the model list is wanted), or where ``tunnels`` (a harness that reaches even an http://
+    server through a CONNECT tunnel: Pi) meets a reverse-mode listener, which refuses tunnels. The
+    capture addon records only POSTs to model paths, so this request never becomes a row."""
     url = server.base_url + "/v1/models"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.api_key}",
                                                    "Accept": "application/json"})
@@ -214,12 +215,13 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
         models = None
     if not isinstance(models, dict) or not isinstance(models.get("data"), list):
         raise HarnessError(f"GET {url} did not answer with a model list (not an OpenAI-compatible server?)")
-    if proxy is not None and capturing and mark == "reverse":
-        # the check's GET went to the reverse target, but a harness's HTTPS tunnel (Pi's CONNECT) is
-        # refused there ("Connection error." after retries), and every request goes to that target
+    if proxy is not None and capturing and tunnels and mark == "reverse":
+        # the check's absolute-form GET went to the reverse target, as Codex's and Claude Code's calls
+        # do (recorded), but Pi's CONNECT tunnel is refused there ("Connection error." after 21 s)
         raise NotTheCaptureProxy(f"{proxy.host}:{proxy.port} is a capture proxy in reverse mode (mitmdump --mode "
-                                 "reverse:URL): a harness uses it as its HTTP(S) proxy, which needs a regular-mode "
-                                 "listener (leave --mode out, or add --mode regular@PORT and give that PORT)")
+                                 f"reverse:URL), which refuses the CONNECT tunnel {tunnels} reaches its server "
+                                 "through: give a regular-mode port (leave --mode out, or add --mode regular@PORT "
+                                 "and give that PORT)")
     if proxy is not None and capturing and mark is None:
         # the model server itself on the proxy port answers an absolute-form GET too: the
         # session would run, unrecorded, with the proxy credentials sent to the server
@@ -334,6 +336,9 @@ class Harness(ABC):
     #: Below this server context ``polar-train harness`` warns: the harness is not told to compact
     #: there (Codex, Claude Code), or compacts but a long tool output overflows it (Pi).
     smallest_context: int = field(init=False, default=MIN_COMPACTING_WINDOW)
+    #: Whether the harness reaches even an http:// server through its proxy by a CONNECT tunnel (Pi's
+    #: SDK), which a reverse-mode listener refuses; Codex and Claude Code send absolute-form requests.
+    tunnels: ClassVar[bool] = False
 
     @abstractmethod
     def configure(self, home: Path, server: ModelServer, proxy: Proxy | None) -> dict[str, str]:

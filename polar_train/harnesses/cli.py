@@ -114,7 +114,7 @@ def _check_served(models: dict | None, server) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ..cli import UserError
-    from . import DEFAULT_API_KEY, Harness, HarnessError, ModelServer, Proxy, get_harness
+    from . import DEFAULT_API_KEY, HARNESSES, Harness, HarnessError, ModelServer, Proxy, get_harness
     from .base import NotTheCaptureProxy, absolute, check_timeout, server_models
     from .base import MIN_COMPACTING_WINDOW, served_context_length
 
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
             # something listens there; is it a proxy that reaches the server? (else: a silent wait
             # until --timeout). A GET of /v1/models is not a model call: the capture records no row.
             try:
-                models = server_models(server, proxy)
+                models = server_models(server, proxy, tunnels=args.name if HARNESSES[args.name].tunnels else None)
             except NotTheCaptureProxy as exc:
                 raise UserError(f"--proxy-port {proxy.port}: {exc}") from None
             except HarnessError as exc:

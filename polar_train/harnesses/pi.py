@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from .base import Harness, ModelServer, Proxy, served_context_length, served_window  # noqa: F401 (re-exported)
 
@@ -58,6 +59,7 @@ def models_json(server: ModelServer, context_window: int, max_tokens: int, reaso
 class Pi(Harness):
     """``pi -p --no-session``; ``context_window``: None asks the server (:func:`context_window_of`)."""
 
+    tunnels: ClassVar[bool] = True
     context_window: int | None = None
     max_tokens: int = 1024
     reasoning: bool = True
