@@ -376,6 +376,31 @@ def test_redaction():
     assert redacted_dumps(body, compact) == compact(redacted)
 
 
+def test_a_secret_inside_a_tool_calls_arguments_string_is_redacted():
+    """OpenAI's tool calls carry their arguments as a JSON string (chat and Responses): a
+    ``"password"`` there was stored as sent, where Anthropic's ``input`` object had it replaced
+    (a probe). A header named as a secret (X-Auth-Token, GitLab's Private-Token) is one too."""
+    arguments = json.dumps({"user": "bob", "password": "hunter2-tool"})
+    body = {"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
+                "name": "login", "arguments": arguments}}]}],
+            "input": [{"type": "function_call", "name": "login", "arguments": arguments},
+                      {"type": "function_call_output", "output": "[1, 2]"}, {"type": "message", "content": "{not json"}]}
+    for text in (compact(body), json.dumps(body), json.dumps(body, indent=1)):
+        assert has_secret_key(text.lower().encode(), spaced=True)
+    stored = redacted_dumps(body, compact)
+    assert "hunter2-tool" not in stored
+    back = json.loads(stored)
+    assert json.loads(back["messages"][0]["tool_calls"][0]["function"]["arguments"]) == {"user": "bob",
+                                                                                          "password": REDACTED}
+    assert json.loads(back["input"][0]["arguments"]) == {"user": "bob", "password": REDACTED}
+    assert back["input"][1:] == body["input"][1:]  # strings without a secret key: as sent
+    plain = {"tool_calls": [{"function": {"arguments": json.dumps({"path": "a.py"})}}]}
+    assert redacted_dumps(plain, compact) == compact(plain)
+    found = header_secrets(_view({"x-auth-token": "tok-PROBE-1", "private-token": "glpat-PROBE-2",
+                                  "x-request-id": "req-123456"}))
+    assert {"tok-PROBE-1", "glpat-PROBE-2"} <= found and "req-123456" not in found
+
+
 @pytest.mark.parametrize("key", ["null", "none", "true", 'tok"en\\abc-999', "clé-secrète-ü"])
 def test_a_secret_is_scrubbed_from_the_stored_json_without_breaking_it(key):
     """The secret was replaced in the JSON *text*: a key `null` turned JSON's null into
@@ -1547,7 +1572,7 @@ def test_the_all_interfaces_warning_reads_each_modes_own_host(tmp_path, caplog):
 #: The forward form of the secret-key scan (what redact searched before it read the text reversed):
 #: the reference the fast scan must agree with.
 _FORWARD_SECRET_KEY = (b'(?:"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(SECRET_KEYS)) + b')|(?:'
-                       + b"|".join(re.escape(k.encode()) for k in SECRET_KEY_SUFFIXES) + b'))"')
+                       + b"|".join(re.escape(k.encode()) for k in SECRET_KEY_SUFFIXES) + b'))\\\\?"')
 _KEY_PIECES = st.sampled_from(sorted(SECRET_KEYS) + list(SECRET_KEY_SUFFIXES)
                               + ["my", "_", "-", "key", "token", "x", '"', "\\", ":", " ", "\n", "{", "}", ","])
 

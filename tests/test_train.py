@@ -751,6 +751,7 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     ("neftune_noise_alpha=5", "neftune_noise_alpha is not supported: its noise on the embeddings"),
     ('model_init_kwargs={"dtype": "bfloat16"}', "model_init_kwargs is not used: polar-train loads the model itself"),
     ("fp16=true,use_cpu=true", "fp16 needs a CUDA GPU"),
+    ("hub_token=hf_PROBE", "hub_token: a token given as an option is written into every training_args.bin"),
     ("loss_type=sapo,sapo_temperature_pos=0", "sapo_temperature_pos must be a finite number above 0"),
     ("loss_type=vespo,vllm_importance_sampling_mode=sequence_truncate",
      "loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask"),

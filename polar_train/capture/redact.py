@@ -49,7 +49,8 @@ def _reversed_secret_key(gap: bytes) -> re.Pattern[bytes]:
     time per call); reversed, every match starts with ``:`` and ``re`` skips to each colon."""
     keys = b"|".join(re.escape(k.encode()[::-1]) + b'"' for k in sorted(SECRET_KEYS))
     suffixes = b"|".join(re.escape(k.encode()[::-1]) for k in SECRET_KEY_SUFFIXES)
-    return re.compile(b":" + gap + b'"(?:' + keys + b"|" + suffixes + b")")
+    # a backslash before the quote: a key inside a JSON string (a tool call's "arguments")
+    return re.compile(b":" + gap + b'"\\\\?(?:' + keys + b"|" + suffixes + b")")
 
 
 _SECRET_KEY_COMPACT = _reversed_secret_key(b"")
@@ -65,12 +66,24 @@ def has_secret_key(lowered: bytes, spaced: bool = False) -> bool:
 def redact_json(value: Any) -> Any:
     """A copy of ``value`` with the value of every secret-named key replaced; where that value is
     an object or a list it is walked instead (a tool's parameter schema for a ``password`` or an
-    ``api_token`` is no secret, and the record keeps it as sent)."""
+    ``api_token`` is no secret, and the record keeps it as sent). A string that holds a JSON object
+    or list is walked too: OpenAI's tool calls carry their ``arguments`` so (a ``"password"`` there
+    was stored as sent, where Anthropic's ``input`` object had it replaced); it is written back
+    compact where something in it was replaced, as it was otherwise."""
     if isinstance(value, dict):
         return {k: (REDACTED if is_secret_key(k) and not isinstance(v, (dict, list)) else redact_json(v))
                 for k, v in value.items()}
     if isinstance(value, list):
         return [redact_json(v) for v in value]
+    if isinstance(value, str) and value[:1] in "{[ \n\t\r" and value.lstrip()[:1] in ("{", "["):
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(inner, (dict, list)):
+            redacted = redact_json(inner)
+            if redacted != inner:
+                return json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
     return value
 
 
@@ -135,8 +148,11 @@ def header_secrets(headers: Any) -> set[str]:
                     found |= cookie_secrets(value)
     for name, values in getattr(headers, "items", lambda: ())():
         if name not in SECRET_HEADERS:
+            secret_name = is_secret_key(name)  # X-Auth-Token, Private-Token (GitLab's), X-Service-Api-Key
             for value in values:
-                if _SCHEMED_CREDENTIAL.match(value):
+                if secret_name and value:
+                    found |= value_secrets(value)
+                elif _SCHEMED_CREDENTIAL.match(value):
                     found |= value_secrets(value.strip())
     return found
 
