@@ -29,6 +29,8 @@ SECRET_KEY_SUFFIXES = ("api_key", "api-key", "apikey", "_token", "-token", "_sec
 SECRET_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "cookie",
                   "x-goog-api-key", "openai-api-key", "anthropic-api-key")
 _MIN_SECRET_LEN = 4
+#: The shortest value taken as a secret from a header known only by its name (``X-Auth-Token``).
+_MIN_HEADER_SECRET_LEN = 8
 
 
 def is_secret_key(key: Any) -> bool:
@@ -49,8 +51,8 @@ def _reversed_secret_key(gap: bytes) -> re.Pattern[bytes]:
     time per call); reversed, every match starts with ``:`` and ``re`` skips to each colon."""
     keys = b"|".join(re.escape(k.encode()[::-1]) + b'"' for k in sorted(SECRET_KEYS))
     suffixes = b"|".join(re.escape(k.encode()[::-1]) for k in SECRET_KEY_SUFFIXES)
-    # a backslash before the quote: a key inside a JSON string (a tool call's "arguments")
-    return re.compile(b":" + gap + b'"\\\\?(?:' + keys + b"|" + suffixes + b")")
+    # backslashes before the quote: a key inside a JSON string (a tool call's "arguments"), at any depth
+    return re.compile(b":" + gap + b'"\\\\*(?:' + keys + b"|" + suffixes + b")")
 
 
 _SECRET_KEY_COMPACT = _reversed_secret_key(b"")
@@ -75,16 +77,21 @@ def redact_json(value: Any) -> Any:
                 for k, v in value.items()}
     if isinstance(value, list):
         return [redact_json(v) for v in value]
-    if isinstance(value, str) and value[:1] in "{[ \n\t\r" and value.lstrip()[:1] in ("{", "["):
+    if isinstance(value, str) and _JSON_TEXT.match(value) \
+            and has_secret_key(value.lower().encode("utf-8", "surrogatepass"), spaced=True):  # (a parse costs)
         try:
             inner = json.loads(value)
-        except ValueError:
+            if isinstance(inner, (dict, list)):
+                redacted = redact_json(inner)
+                if redacted != inner:  # (a lone surrogate written back as the escape the client sent)
+                    return escape_surrogates(json.dumps(redacted, ensure_ascii=False, separators=(",", ":")))
+        except (ValueError, RecursionError):  # not JSON; nested deeper than Python parses: kept as sent
             return value
-        if isinstance(inner, (dict, list)):
-            redacted = redact_json(inner)
-            if redacted != inner:
-                return json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
     return value
+
+
+#: A string that may hold a JSON object or list (what :func:`redact_json` reads as JSON).
+_JSON_TEXT = re.compile(r"[ \t\n\r]*[\[{]")
 
 
 #: A UTF-16 surrogate code point: in a str only where JSON text escaped one alone (``"\\ud83d"``,
@@ -128,7 +135,8 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
         data = text.encode("utf-8")
     if not isinstance(value, (dict, list)):
         return text
-    found = has_secret_key(text.lower().encode("utf-8") if "\u212a" in text else data.lower())
+    # spaced: a JSON string inside (a tool call's arguments) keeps the client's spacing (`\"password\" :`)
+    found = has_secret_key(text.lower().encode("utf-8") if "\u212a" in text else data.lower(), spaced=True)
     return escape_surrogates(dumps(redact_json(value))) if found else text
 
 
@@ -150,7 +158,9 @@ def header_secrets(headers: Any) -> set[str]:
         if name not in SECRET_HEADERS:
             secret_name = is_secret_key(name)  # X-Auth-Token, Private-Token (GitLab's), X-Service-Api-Key
             for value in values:
-                if secret_name and value:
+                # (a token's length: a misconfigured "null" would be scrubbed from every text, and every
+                # call whose prompt holds the word would lose its token ids)
+                if secret_name and len(value.strip()) >= _MIN_HEADER_SECRET_LEN:
                     found |= value_secrets(value)
                 elif _SCHEMED_CREDENTIAL.match(value):
                     found |= value_secrets(value.strip())
