@@ -286,7 +286,10 @@ class _GuardedOutput:
 
 def _flush_output() -> None:
     """Flush stdout now, while a failure can still be said (:class:`_GuardedOutput`); a reader
-    that left is no failure: stdout goes nowhere from here on."""
+    that left is no failure: stdout goes nowhere from here on. (No stdout at all - started with
+    it closed, ``>&-`` - is None: nothing to flush.)"""
+    if sys.stdout is None:
+        return
     try:
         sys.stdout.flush()
     except BrokenPipeError:

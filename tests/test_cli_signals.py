@@ -243,6 +243,9 @@ def test_every_command_behind_a_full_disk_ends_in_one_line(tmp_path) -> None:
     proc = subprocess.run(f"{sys.executable} -m polar_train --help | head -1", shell=True, capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     assert proc.stdout.startswith("usage: polar-train") and proc.stderr == ""  # a reader that left: no error
+    proc = subprocess.run(f"{sys.executable} -m polar_train addon >&-", shell=True, capture_output=True, text=True,
+                          cwd=REPO, timeout=300)  # no stdout at all (sys.stdout None): as before, quiet
+    assert (proc.returncode, proc.stderr) == (0, "")
 
 
 def test_output_lost_before_a_command_failed_is_said_too(tmp_path) -> None:
