@@ -339,7 +339,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
     result = CallLog(table=CALL_LOG_SCHEMA.empty_table(), problems=unreadable)
     tables: list[pa.Table] = []  # batches of parts, each one table: a table per part held
     pending: list[pa.Table] = []  # ~45 columns' objects (~50 KB) however few its rows
-    legacy: list[tuple[int, pa.Table]] = []  # (first row, LEGACY_REQUEST_DELTA_COLUMNS) of the parts that have them
+    legacy: dict[int, tuple] = {}  # row -> its LEGACY_REQUEST_DELTA_COLUMNS, where they refer to a call
     read_legacy = resolve_prompts and "request_json" in columns
     rows_read = 0
     wanted = pa.schema([CALL_LOG_SCHEMA.field(name) for name in columns])
@@ -369,7 +369,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
             try:
                 part = _read_part(part_file, schema, wanted)
                 if read_legacy and set(LEGACY_REQUEST_DELTA_COLUMNS) <= set(schema.names):
-                    legacy.append((rows_read, _legacy_request_deltas(part_file)))
+                    legacy.update(_legacy_request_deltas(part_file, rows_read))
             except Exception as exc:  # corrupt pages behind a valid footer; a value its column cannot hold
                 if _short_of_resources(exc):  # no fault of the part: skipping it would build without its calls
                     raise _no_resources(path, exc) from None
@@ -389,18 +389,17 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
     if tables:
         table = pa.concat_tables(tables).combine_chunks()
         result.table = table
-    legacy_table = _legacy_table(legacy, result.table.num_rows)
-    result.compact_rows = _compact_rows(result.table, legacy_table)
+    result.compact_rows = _compact_rows(result.table, legacy)
     if resolve_prompts:
-        if legacy_table is not None:
+        if legacy:
             if rebuild:
                 result.table = _replace(result.table, {"request_json": pa.array(_resolve_legacy_requests(
-                    result.table, legacy_table, result.table.column("request_json").to_pylist(), result.problems),
+                    result.table, legacy, result.table.column("request_json").to_pylist(), result.problems),
                     type=pa.string())})
             elif text_lengths is not None:
                 found = pa.chunked_array(text_lengths["request_json"], type=pa.int32()).to_pylist()
                 text_lengths["request_json"] = [pa.array(_resolve_legacy_requests(
-                    result.table, legacy_table, found, result.problems), type=pa.int32())]
+                    result.table, legacy, found, result.problems), type=pa.int32())]
         if not rebuild:
             result.prompt_lengths = _prompt_lengths(result.table, result.problems)
             result.table = _replace(result.table, {"prompt_token_ids": None, "prompt_prefix_call_id": None,
@@ -447,57 +446,37 @@ def _no_part_yet(calls: Path) -> str:
 _WAIT = "it writes a part every polar_flush_seconds (10 s by default) and when it stops: wait, or stop mitmdump"
 
 
-def _compact_rows(table: pa.Table, legacy: pa.Table | None = None) -> int:
-    """Rows with a reference to another call's prompt or text."""
-    refs = [table.column(c) for c in ("prompt_prefix_call_id", *(delta_columns(c)[0] for c in COMPACT_TEXT_COLUMNS))]
-    if legacy is not None:
-        refs.append(legacy.column(0))
-    if table.num_rows == 0 or all(ref.null_count == table.num_rows for ref in refs):
+def _compact_rows(table: pa.Table, legacy_rows: Collection[int] = ()) -> int:
+    """Rows with a reference to another call's prompt or text (``legacy_rows``: by the legacy columns)."""
+    refs = ["prompt_prefix_call_id", *(delta_columns(c)[0] for c in COMPACT_TEXT_COLUMNS)]
+    if table.num_rows == 0 or (not legacy_rows and all(table.column(c).null_count == table.num_rows for c in refs)):
         return 0
     valid = np.zeros(table.num_rows, dtype=bool)
-    for ref in refs:
-        valid |= np.asarray(ref.is_valid())
+    for c in refs:
+        valid |= np.asarray(table.column(c).is_valid())
+    valid[list(legacy_rows)] = True
     return int(valid.sum())
 
 
-def _legacy_request_deltas(part: pq.ParquetFile) -> pa.Table:
-    """A part's :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (only parts of 2026-12-05's
-    fourteen minutes have them), of the types they were written with."""
+def _legacy_request_deltas(part: pq.ParquetFile, first_row: int) -> dict[int, tuple]:
+    """``{row: (call id, prefix length, suffix length)}`` of a part's rows that refer to a call by
+    :data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS` (only parts of 2026-12-05's fourteen
+    minutes have them); ``first_row``: the part's first row in the table read."""
     found = part.read(columns=list(LEGACY_REQUEST_DELTA_COLUMNS), use_threads=False)
-    return pa.table([found.column(n).cast(t) for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, _LEGACY_TYPES)],
-                    names=list(LEGACY_REQUEST_DELTA_COLUMNS))
+    refs, prefixes, suffixes = (found.column(n).cast(t).to_pylist()
+                                for n, t in zip(LEGACY_REQUEST_DELTA_COLUMNS, (pa.string(), pa.int32(), pa.int32())))
+    return {first_row + i: row for i, row in enumerate(zip(refs, prefixes, suffixes)) if row[0] is not None}
 
 
-_LEGACY_TYPES = (pa.string(), pa.int32(), pa.int32())
-
-
-def _legacy_table(found: list[tuple[int, pa.Table]], rows: int) -> pa.Table | None:
-    """The legacy columns of all ``rows`` read (null where a part had none); None where no part
-    refers to another call by them: nothing is held for the parts without them."""
-    found = [(start, t) for start, t in found if t.column(0).null_count < t.num_rows]
-    if not found:
-        return None
-    pieces, at = [], 0
-    for start, t in found:
-        if start > at:
-            pieces.append(pa.table([pa.nulls(start - at, ty) for ty in _LEGACY_TYPES],
-                                   names=list(LEGACY_REQUEST_DELTA_COLUMNS)))
-        pieces.append(t)
-        at = start + t.num_rows
-    if rows > at:
-        pieces.append(pa.table([pa.nulls(rows - at, ty) for ty in _LEGACY_TYPES], names=list(LEGACY_REQUEST_DELTA_COLUMNS)))
-    return pa.concat_tables(pieces).combine_chunks()
-
-
-def _resolve_legacy_requests(table: pa.Table, legacy: pa.Table, texts: list[str | None] | list[int | None],
+def _resolve_legacy_requests(table: pa.Table, legacy: dict[int, tuple], texts: list[str | None] | list[int | None],
                              problems: list[PartProblem]) -> list:
     """Every row's request text (or, given lengths, its length), where rows of 2026-12-05's
     short-lived format store the middle of it (:data:`~polar_train.schema.LEGACY_REQUEST_DELTA_COLUMNS`):
     the referred call's first ``prefix_len`` characters, the middle, its last ``suffix_len``."""
-    refs, prefixes, suffixes = (legacy.column(n).to_pylist() for n in LEGACY_REQUEST_DELTA_COLUMNS)
+    refs = [legacy[i][0] if i in legacy else None for i in range(table.num_rows)]
 
     def extend(base, ref: int, j: int):
-        p, s, base_len = prefixes[j], suffixes[j], base if isinstance(base, int) else len(base)
+        (_, p, s), base_len = legacy[j], base if isinstance(base, int) else len(base)
         if p is None or s is None or p < 0 or s < 0 or p + s > base_len:
             raise _BadReference(f"request_json_prefix_len {p} and request_json_suffix_len {s} do not fit the "
                                 f"{base_len} characters of call {refs[j]}")

@@ -222,7 +222,7 @@ def program(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         status = _main(argv, keep_signal=False)
     except OutputError as failed:  # argparse's help, written to a full disk
-        print(f"polar-train: error: {failed}", file=sys.stderr)
+        _say_lost(failed)
         sys.exit(1)
     except SystemExit as exc:  # argparse's own exits: --help (0), a usage error (2)
         if _output_lost():  # `--help > /dev/full` lost the help, and exit 0 said nothing
@@ -239,9 +239,13 @@ def _output_lost() -> bool:
     try:
         _flush_output()
     except OutputError as failed:
-        print(f"polar-train: error: {failed}", file=sys.stderr)
+        _say_lost(failed)
         return True
     return False
+
+
+def _say_lost(failed: OutputError) -> None:
+    print(f"polar-train: error: {failed}", file=sys.stderr)
 
 
 class _GuardedOutput:

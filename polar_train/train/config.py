@@ -232,10 +232,9 @@ class TrainConfig(GRPOConfig):
     def _refuse_what_cannot_hold(self) -> None:
         """GRPOConfig options that fail here after the weights load (a traceback), go unused without a
         word, or break the recorded logprobs' exactness (a probe of every option people change)."""
-        for name in ("hub_token",):  # pickled as given into every training_args.bin (adapter/ too)
-            if getattr(self, name, None):
-                raise ValueError(f"{name}: a token given as an option is written into every training_args.bin "
-                                 "(the adapter folder's too): set the HF_TOKEN environment variable instead")
+        if self.hub_token:  # pickled as given into every training_args.bin (adapter/ too)
+            raise ValueError("hub_token: a token given as an option is written into every training_args.bin "
+                             "(the adapter folder's too): set the HF_TOKEN environment variable instead")
         if self.cast_lm_head_to_fp32:  # TRL's cast assumes a model without an adapter: AttributeError
             raise ValueError("cast_lm_head_to_fp32 is not supported with the LoRA adapter this trainer trains "
                              "(TRL's cast assumes a model without one)")
