@@ -413,6 +413,25 @@ def test_a_secret_inside_a_tool_calls_arguments_string_is_redacted():
     assert back.encode("utf-8") and json.loads(back) == {"password": REDACTED, "text": "\ud83d"}
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_secret_key_spelled_with_a_unicode_escape_inside_a_json_string_is_redacted(depth):
+    """A key written ``"\\u0070assword"`` inside a tool call's arguments string shows no
+    ``password`` in any text the scan reads (the outer parse keeps the inner escape): it was stored
+    as sent. Only the string's own parse spells the key; a plain ``\\u`` elsewhere costs the walk only."""
+    inner = '{"user": "bob", "\\u0070assword": "hunter4-esc", "\\u0054oken": "tok-esc-5678"}'
+    arguments = inner if depth == 1 else json.dumps({"content": inner})
+    body = {"input": [{"type": "function_call", "name": "login", "arguments": arguments},
+                      {"type": "function_call_output", "output": '{"name": "caf\\u00e9"}'}]}
+    stored = redacted_dumps(body, compact)
+    assert "hunter4-esc" not in stored and "tok-esc-5678" not in stored
+    back = json.loads(stored)["input"]
+    found = json.loads(back[0]["arguments"]) if depth == 1 else json.loads(json.loads(back[0]["arguments"])["content"])
+    assert found == {"user": "bob", "password": REDACTED, "Token": REDACTED}
+    assert back[1] == body["input"][1]  # an escape without a secret key: the string as sent
+    escaped_only = {"input": [{"type": "function_call_output", "output": '{"path": "\\u00e9t\\u00e9.txt"}'}]}
+    assert redacted_dumps(escaped_only, compact) == compact(escaped_only)
+
+
 @pytest.mark.parametrize("key", ["null", "none", "true", 'tok"en\\abc-999', "clé-secrète-ü"])
 def test_a_secret_is_scrubbed_from_the_stored_json_without_breaking_it(key):
     """The secret was replaced in the JSON *text*: a key `null` turned JSON's null into

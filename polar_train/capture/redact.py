@@ -77,8 +77,8 @@ def redact_json(value: Any) -> Any:
                 for k, v in value.items()}
     if isinstance(value, list):
         return [redact_json(v) for v in value]
-    if isinstance(value, str) and _JSON_TEXT.match(value) \
-            and has_secret_key(value.lower().encode("utf-8", "surrogatepass"), spaced=True):  # (a parse costs)
+    if isinstance(value, str) and _JSON_TEXT.match(value) and (  # (a parse costs)
+            has_secret_key(value.lower().encode("utf-8", "surrogatepass"), spaced=True) or _U_ESCAPE.search(value)):
         try:
             inner = json.loads(value)
             if isinstance(inner, (dict, list)):
@@ -92,6 +92,11 @@ def redact_json(value: Any) -> Any:
 
 #: A string that may hold a JSON object or list (what :func:`redact_json` reads as JSON).
 _JSON_TEXT = re.compile(r"[ \t\n\r]*[\[{]")
+#: A ``\uXXXX`` escape in a string's text: a key inside it may spell a letter so (``"\u0070assword"``),
+#: which no scan of the text finds; only its parse shows the key.
+_U_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
+#: The same escape inside a JSON string of a JSON text (its backslash escaped: ``\\u0070``), at any depth.
+_NESTED_U_ESCAPE = re.compile(rb"\\\\u[0-9a-fA-F]{4}")
 
 
 #: A UTF-16 surrogate code point: in a str only where JSON text escaped one alone (``"\\ud83d"``,
@@ -136,7 +141,8 @@ def redacted_dumps(value: Any, dumps: Callable[[Any], str]) -> str:
     if not isinstance(value, (dict, list)):
         return text
     # spaced: a JSON string inside (a tool call's arguments) keeps the client's spacing (`\"password\" :`)
-    found = has_secret_key(text.lower().encode("utf-8") if "\u212a" in text else data.lower(), spaced=True)
+    found = (has_secret_key(text.lower().encode("utf-8") if "\u212a" in text else data.lower(), spaced=True)
+             or _NESTED_U_ESCAPE.search(data) is not None)  # a key in a JSON string may hide a letter so
     return escape_surrogates(dumps(redact_json(value))) if found else text
 
 
