@@ -908,6 +908,30 @@ def test_a_run_that_diverges_stops_at_that_step_and_saves_no_nan_checkpoint(traj
     assert rows[-1]["step"] == step and rows[-1]["error"].startswith(f"training diverged at step {step}: ")
 
 
+def test_a_run_whose_policy_saturated_says_which_steps_learned_nothing(trajectories, tiny_model_dir, tmp_path):
+    """A learning rate of 1e12 made every distribution uniform after step 1; every later gradient
+    was 0 though rewards differed, and the run exited 0 with an adapter no later step changed,
+    unsaid (a probe). Real training, a few tiny steps; the healthy run's summary has no such step."""
+    out = tmp_path / "run"
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                       "--set", "learning_rate=1e12", "--set", "max_steps=3", "--set", "per_device_train_batch_size=4",
+                       "--set", "gradient_accumulation_steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"grad_norm"' in x]
+    assert rows[0]["grad_norm"] > 0 and all(r["grad_norm"] == 0 and r["frac_reward_zero_std"] < 1 for r in rows[1:])
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["stalled_steps"] == [2, 3]
+    assert ("polar-train train: warning: 2 steps (2..3) learned nothing: gradient norm 0 although rewards differed "
+            "within a group and no token was clipped - the policy saturated (learning_rate 1e+12 too high?)") in proc.stderr
+    from polar_train.train.trainer import stall_warning, stalled_steps
+
+    healthy = [{"step": 1, "grad_norm": 0.3, "frac_reward_zero_std": 0.0},
+               {"step": 2, "grad_norm": 0.0, "frac_reward_zero_std": 1.0},  # nothing to learn: no stall
+               {"step": 3, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "clip_ratio/region_mean": 0.2},  # clipped
+               {"step": 4, "train_runtime": 1.0}]
+    assert stalled_steps(healthy) == [] and stall_warning([], 1e-5) is None
+
+
 def test_a_nan_adapter_is_refused_as_init_adapter_and_skipped_as_a_checkpoint(tiny_model_dir, tmp_path):
     """Checkpoints an earlier version saved after a run diverged hold NaN weights: the training
     notebook and --resume took the newest one, and init_adapter= it trained (or served) NaNs."""

@@ -648,7 +648,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, Any]:
-    from .trainer import mismatch_warning, restore_first_epoch_mismatch
+    from .trainer import mismatch_warning, restore_first_epoch_mismatch, stall_warning, stalled_steps
 
     out = Path(args.output)
     # a resumed run's first step was taken before the checkpoint: its value comes from there
@@ -696,6 +696,7 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
         "adapter_max_abs_change": changed,
         "logprob_mismatch_first_step": first,
         "logprob_mismatch_first_epoch_mean": sum(measured) / len(measured) if measured and first_step_known else None,
+        "stalled_steps": stalled_steps(trainer.state.log_history),
         "data": report.__dict__,
     }
     if trainer.accelerator.is_main_process:
@@ -708,6 +709,8 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
             if (warning := mismatch_warning(first, trainer.args.init_adapter)) is not None:
                 print(warning, file=sys.stderr, flush=True)
+        if (warning := stall_warning(summary["stalled_steps"], trainer.args.learning_rate)) is not None:
+            print(warning, file=sys.stderr, flush=True)
     return summary
 
 

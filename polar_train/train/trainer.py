@@ -189,6 +189,30 @@ def mismatch_warning(first_step: float, init_adapter: str | None) -> str | None:
             "adapter> and the --model it was served on (docs/train.md, \"Round after round\").")
 
 
+def stalled_steps(log_history: list[dict[str, Any]]) -> list[int]:
+    """Logged steps that learned nothing although they had something to learn: gradient norm 0
+    while some group's rewards differed and no token's ratio was clipped. A learning rate that
+    saturates the policy (1e12: every distribution uniform after one step, every gradient 0 after)
+    ran to its end and exited 0 with an adapter that no later step changed, unsaid."""
+    stalled = []
+    for row in log_history:
+        grad, spread, clipped = row.get("grad_norm"), row.get("frac_reward_zero_std"), row.get("clip_ratio/region_mean")
+        if isinstance(grad, (int, float)) and grad == 0 and isinstance(spread, (int, float)) and spread < 1 \
+                and not (isinstance(clipped, (int, float)) and clipped > 0) and "step" in row:
+            stalled.append(int(row["step"]))
+    return stalled
+
+
+def stall_warning(stalled: list[int], learning_rate: float) -> str | None:
+    """What to tell a user whose run stalled (:func:`stalled_steps`)."""
+    if not stalled:
+        return None
+    where = (f"step {stalled[0]}" if len(stalled) == 1 else f"{len(stalled)} steps ({stalled[0]}..{stalled[-1]})")
+    return (f"polar-train train: warning: {where} learned nothing: gradient norm 0 although rewards differed within "
+            f"a group and no token was clipped - the policy saturated (learning_rate {learning_rate:g} too high?) or "
+            "no completion token was trainable; metrics.jsonl has each step's grad_norm and entropy")
+
+
 #: Written into each checkpoint: the first-epoch mismatch list so far, so a resumed run's summary
 #: still reports the run's first step (the resumed process only sees the steps after the checkpoint).
 MISMATCH_FILE = "polar_first_epoch_mismatch.json"
