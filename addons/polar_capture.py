@@ -44,7 +44,7 @@ except ModuleNotFoundError:  # a checkout (or an installed copy) this interprete
 from polar_train.capture import handover, record
 from polar_train.capture.blind_spots import WATCHED, blind_spots
 from polar_train.capture import fields as raw_headers
-from polar_train.capture.identity import CAPTURE_MARK, PROBE_HEADER, identity_headers
+from polar_train.capture.identity import CAPTURE_MARK, CAPTURE_TARGET, PROBE_HEADER, identity_headers
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
 from polar_train.capture.request_walk import splice_injection, walk_request
@@ -434,6 +434,8 @@ class PolarCapture:
                 # the check learns the capture proxy passed it on, and in which mode it listens (a
                 # reverse-mode port sends every request to its own target and refuses CONNECT)
                 flow.response.headers[CAPTURE_MARK] = getattr(flow.client_conn.proxy_mode, "type_name", "1")
+                host = f"[{flow.request.host}]" if ":" in flow.request.host else flow.request.host
+                flow.response.headers[CAPTURE_TARGET] = f"{flow.request.scheme}://{host}:{flow.request.port}"
             return
         try:
             self._responseheaders(flow, state)

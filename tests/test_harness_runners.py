@@ -971,6 +971,40 @@ def test_a_reverse_mode_capture_proxy_is_refused_for_a_harness_that_tunnels(tmp_
     assert [name for name, cls in harnesses.HARNESSES.items() if cls.tunnels] == ["pi"]
 
 
+def test_a_reverse_mode_proxy_whose_target_is_another_server_is_said(tmp_path, models_server, monkeypatch,
+                                                                      capsys) -> None:
+    """Codex and Claude Code through a reverse listener: every call goes to the listener's target,
+    whatever --server names; a target other than --server sent the session to another server unsaid.
+    The real mitmdump, a reverse listener to one server, --server naming it and then a second one."""
+    import polar_train.harnesses as harnesses
+    from polar_train.harnesses.base import same_endpoint
+    from tests.support.mitm import mitm
+
+    port, seen = models_server
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_ModelsServer,), {"seen": []}))
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(harnesses, "get_harness", lambda name, **options: _QuickSession())
+    try:
+        with mitm(tmp_path / "proxy", modes=(f"reverse:http://127.0.0.1:{port}",)) as proxy:
+            (reverse,) = proxy.ports
+            common = ["x", "--workdir", str(tmp_path), "--home", str(tmp_path / "home"), "--rollout", "r1",
+                      "--proxy-port", str(reverse)]
+            for server in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+                assert main(["harness", "codex", *common, "--server", server]) == 0
+                assert "reverse mode" not in capsys.readouterr().err
+            elsewhere = f"http://127.0.0.1:{other.server_address[1]}"
+            assert main(["harness", "claude-code", *common, "--server", elsewhere]) == 0
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join()
+    assert capsys.readouterr().err.splitlines()[:1] == [
+        f"polar-train harness: warning: the capture proxy at 127.0.0.1:{reverse} listens in reverse mode and sends "
+        f"every call to its target http://127.0.0.1:{port}, not to --server {elsewhere}"]
+    assert same_endpoint("http://[::1]:80", "http://[::1]") and not same_endpoint("https://h:443", "http://h:443")
+
+
 def test_names_the_system_refuses_are_one_line(tmp_path, capsys) -> None:
     """ENAMETOOLONG and symlink loops were tracebacks (OSError from exists(), RuntimeError from resolve())."""
     long_name = tmp_path / ("a" * 300)

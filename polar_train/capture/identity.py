@@ -27,6 +27,9 @@ API_KEY_PREFIX = "polar-"
 #: would go unrecorded. The mark's value is the listening mode (``regular``, ``reverse``, ...).
 PROBE_HEADER = "x-polar-capture-probe"
 CAPTURE_MARK = "x-polar-capture"
+#: Also on the check's answer: where the proxy sent the request (``http://127.0.0.1:8000``). A
+#: reverse-mode listener sends every request to its own target, whatever server the client named.
+CAPTURE_TARGET = "x-polar-capture-target"
 #: The longest rollout or task id kept (a longer one is refused, and said once in the log).
 MAX_ID_CHARS = 512
 

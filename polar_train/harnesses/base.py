@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -29,13 +30,13 @@ import urllib.error
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 from urllib.parse import quote, urlsplit
 
-from ..capture.identity import CAPTURE_MARK, PROBE_HEADER
+from ..capture.identity import CAPTURE_MARK, CAPTURE_TARGET, PROBE_HEADER
 from ..paths import holds_other_files, make_private_dir
 
 #: Where ``scripts/install-harnesses`` puts the pinned harnesses (``.harnesses/node_modules/.bin``).
@@ -175,14 +176,17 @@ class NotTheCaptureProxy(HarnessError):
 
 
 def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: float = 5.0,
-                  capturing: bool = True, tunnels: str | None = None) -> dict[str, Any]:
+                  capturing: bool = True, tunnels: str | None = None,
+                  warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``GET SERVER/v1/models`` (through ``proxy`` when given, with the rollout's credentials and
     trusting its CA), the way the harness will reach the server: the model list, or a
     :class:`HarnessError` saying in one line what answered instead; through a proxy also
     :class:`NotTheCaptureProxy` where the answer lacks the capture addon's mark (``capturing=False``:
     only the model list is wanted), or where ``tunnels`` (a harness that reaches even an http://
     server through a CONNECT tunnel: Pi) meets a reverse-mode listener, which refuses tunnels. The
-    capture addon records only POSTs to model paths, so this request never becomes a row."""
+    capture addon records only POSTs to model paths, so this request never becomes a row. ``warn``
+    hears of a reverse-mode listener whose target is another server than ``server``: every call of
+    the session goes there (the model list came from there too)."""
     url = server.base_url + "/v1/models"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.api_key}",
                                                    "Accept": "application/json"})
@@ -201,7 +205,7 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
     try:
         with opener.open(request, timeout=timeout) as response:  # noqa: S310 - the user's server
             body = response.read(4 << 20)
-            mark = response.headers.get(CAPTURE_MARK)
+            mark, target = response.headers.get(CAPTURE_MARK), response.headers.get(CAPTURE_TARGET)
     except urllib.error.HTTPError as exc:
         raise HarnessError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
@@ -222,6 +226,10 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
                                  f"reverse:URL), which refuses the CONNECT tunnel {tunnels} reaches its server "
                                  "through: give a regular-mode port (leave --mode out, or add --mode regular@PORT "
                                  "and give that PORT)")
+    if proxy is not None and mark == "reverse" and target and warn is not None \
+            and not same_endpoint(target, server.base_url):
+        warn(f"the capture proxy at {proxy.host}:{proxy.port} listens in reverse mode and sends every call to its "
+             f"target {target}, not to --server {server.base_url}")
     if proxy is not None and capturing and mark is None:
         # the model server itself on the proxy port answers an absolute-form GET too: the
         # session would run, unrecorded, with the proxy credentials sent to the server
@@ -230,6 +238,31 @@ def server_models(server: ModelServer, proxy: Proxy | None = None, timeout: floa
                                  "addons/polar_capture.py, or \"$(polar-train addon)\"; an addon older than this "
                                  "polar-train marks nothing), and the session would go unrecorded")
     return models
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two URLs name the same server: scheme, port (its default where none is given) and
+    host - the same name, or names that resolve to a common address (``localhost`` and ``127.0.0.1``)."""
+    def parts(url: str) -> tuple[str, str, int | None]:
+        split = urlsplit(url)
+        try:
+            port = split.port
+        except ValueError:
+            port = None
+        return split.scheme.lower(), (split.hostname or "").lower(), port or {"http": 80, "https": 443}.get(split.scheme.lower())
+
+    (scheme_a, host_a, port_a), (scheme_b, host_b, port_b) = parts(a), parts(b)
+    if (scheme_a, port_a) != (scheme_b, port_b):
+        return False
+    if host_a == host_b:
+        return True
+
+    def addresses(host: str) -> set[str]:
+        try:
+            return {info[4][0] for info in socket.getaddrinfo(host, port_a, type=socket.SOCK_STREAM)}
+        except (OSError, UnicodeError):
+            return set()
+    return bool(addresses(host_a) & addresses(host_b))
 
 
 def served_context_length(models: dict[str, Any], model: str) -> int | None:

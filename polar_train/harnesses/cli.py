@@ -156,7 +156,9 @@ def _run(args: argparse.Namespace) -> int:
             # something listens there; is it a proxy that reaches the server? (else: a silent wait
             # until --timeout). A GET of /v1/models is not a model call: the capture records no row.
             try:
-                models = server_models(server, proxy, tunnels=args.name if HARNESSES[args.name].tunnels else None)
+                models = server_models(server, proxy, tunnels=args.name if HARNESSES[args.name].tunnels else None,
+                                       warn=lambda line: print(f"polar-train harness: warning: {line}",
+                                                               file=sys.stderr, flush=True))
             except NotTheCaptureProxy as exc:
                 raise UserError(f"--proxy-port {proxy.port}: {exc}") from None
             except HarnessError as exc:
