@@ -755,6 +755,48 @@ def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
     assert row["usage_match"] is True
 
 
+def test_a_stream_that_splits_an_emoji_by_utf16_code_unit_keeps_its_token_ids(tiny_model_dir, caplog):
+    """A server that cuts its stream by UTF-16 code unit (JavaScript's) sends an emoji's surrogate
+    pair in two deltas: the joined reply held the pair, the tokenizer refused it with a TypeError,
+    the call lost all its ids (the prompt's too) and the log a traceback per call (a probe). A reply
+    with a truly unpaired surrogate is said in its row, once in the log, without a traceback."""
+    from polar_train.capture.render import Renderer
+
+    def event(name, obj):
+        return f"event: {name}\ndata: {json.dumps(obj)}\n\n"
+
+    def stream(*texts):
+        return "".join([
+            event("message_start", {"type": "message_start", "message": {"id": "m", "type": "message",
+                  "role": "assistant", "model": "tiny", "content": [], "usage": {"input_tokens": 9, "output_tokens": 1}}}),
+            event("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}}),
+            *[event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                            "delta": {"type": "text_delta", "text": t}}) for t in texts],
+            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                    "usage": {"output_tokens": 4}}),
+            event("message_stop", {"type": "message_stop"})]).encode()
+
+    renderer = Renderer(str(tiny_model_dir))
+    req = {"model": "tiny", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    record._LOGGED.clear()
+    with caplog.at_level("WARNING", logger="polar_capture"):
+        rows = [record.build_row(_state("anthropic.messages", request=req, http_status=200,
+                                        stream_raw=stream(*texts)), renderer)
+                for texts in (("A\ud83d", "\ude00B"), ("A\ud83d", "B"), ("A\ud83d", "B"))]
+    whole = rows[0]
+    assert whole["status"] == "ok" and whole["token_source"] == "rendered" and whole["error"] is None
+    assert whole["completion_token_ids"][:-1] == renderer.encode("A\U0001f600B")
+    assert whole["prompt_token_ids"] == renderer.prompt_ids([{"role": "user", "content": "hi"}], None)
+    for cut in rows[1:]:
+        assert cut["status"] == "ok" and cut["token_source"] == "none" and cut["prompt_token_ids"] is None
+        assert cut["error"] == ("token ids unavailable: the text holds an unpaired UTF-16 surrogate (\\ud83d at "
+                                "character 1), which no tokenizer encodes")
+    assert not any(r.exc_info for r in caplog.records)
+    assert sum("unpaired UTF-16 surrogate" in r.getMessage() for r in caplog.records) == 1
+
+
 @pytest.mark.parametrize("api,why", [
     ("anthropic.messages", {"stop_reason": "stop_sequence", "stop_sequence": "e"}),
     ("openai.chat", {"finish_reason": "stop", "stop_reason": "e"}),  # vLLM names the stop string
@@ -809,7 +851,8 @@ def test_a_tokenizer_that_does_not_load_is_said_once_and_each_row_keeps_its_call
             "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn",
             "usage": {"input_tokens": 5, "output_tokens": 2}}
     renderer = Renderer(str(broken))
-    with caplog.at_level("ERROR", logger="polar_capture"):
+    record._LOGGED.clear()
+    with caplog.at_level("WARNING", logger="polar_capture"):
         rows = [record.build_row(_state("anthropic.messages", request=req, http_status=200,
                                         response_body=json.dumps(body).encode()), renderer) for _ in range(3)]
     for row in rows:  # the call is kept, with why it has no ids

@@ -27,7 +27,7 @@ from .json_members import compact
 from .parsed import ParsedCall
 from .redact import (escape_surrogates, header_secrets, query_secrets, redacted_dumps, scrub, scrub_json,
                      secret_forms, utf8, value_secrets)
-from .render import Renderer, TokenizerUnavailable, server_tokenize
+from .render import Renderer, TokenizerUnavailable, UnencodableText, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
 from .sse import event_json, parse_event, split_all
@@ -453,6 +453,10 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
                 error = f"{error}; {reason}" if error else reason
         except TokenizerUnavailable as exc:  # logged once by the renderer
             error = f"token ids unavailable: {exc}"
+        except UnencodableText as exc:  # a reply with half an emoji (a stream cut by UTF-16 code unit)
+            error = f"token ids unavailable: {exc}"
+            _log_once("a call's text holds an unpaired UTF-16 surrogate, which no tokenizer encodes; such calls "
+                      "keep no token ids (their rows say where)")
         except BadRequest as exc:  # a prompt the template refuses (vLLM would have answered 400)
             error = f"token ids unavailable: {exc}"
             _log_once(f"a prompt could not be rendered ({exc}); such calls keep no token ids")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,30 @@ log = logging.getLogger("polar_capture")
 class TokenizerUnavailable(ValueError):
     """``polar_tokenizer`` names a folder whose tokenizer does not load: said once in the log, and
     in each rendered call's row (``error``), without a traceback per call."""
+
+
+class UnencodableText(ValueError):
+    """A text holds a UTF-16 surrogate that no other one pairs with: no tokenizer encodes it (the
+    call keeps no token ids; its row says why, without a traceback per call)."""
+
+
+#: A UTF-16 surrogate code point (in a str only where JSON escaped it: ``"\\ud83d"``).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
+
+
+def whole_code_points(text: str) -> str:
+    """``text`` with each surrogate pair joined into its character. A server that cuts its stream
+    by UTF-16 code unit (JavaScript's) sends an emoji as ``"A\\ud83d"`` then ``"\\ude00B"``: joined,
+    the reply holds the pair, which the tokenizer refused (a TypeError, and the call lost its ids)."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        lone = _LONE_SURROGATE.search(text)  # (what made the decode fail)
+        where = f" (\\u{ord(lone.group()):04x} at character {lone.start()})" if lone else ""
+        raise UnencodableText(f"the text holds an unpaired UTF-16 surrogate{where}, which no tokenizer encodes") from None
 
 
 class Renderer:
@@ -68,7 +93,7 @@ class Renderer:
         return render(self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(whole_code_points(text), add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(self._template(messages, tools, True))
