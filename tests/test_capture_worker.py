@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -379,28 +380,32 @@ def test_a_folder_name_the_terminal_cannot_show_does_not_stop_the_proxy(tmp_path
         assert f"writing calls to {tmp_path}/c\\xe4p/calls" in log_text and no_addon_traceback(log_text)
 
 
-def test_a_dead_workers_parts_moved_to_an_archive_folder_are_not_counted_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("archive", ["cap/monday", "archive/monday"])
+def test_a_dead_workers_parts_moved_to_an_archive_folder_are_not_counted_lost(tmp_path: Path, archive: str) -> None:
     """The review: the rows a dead worker had written were looked for in the current ``calls/``
-    only; moved beside it to archive them while the proxy ran, they were counted as lost."""
+    only; moved beside it to archive them while the proxy ran, they were counted as lost - and
+    moved out of the capture folder (a probe: "lost 22" where 8 were), they still were."""
     from mitmproxy.test import taddons
 
+    out = tmp_path / "cap"
     addon = _load_addon().PolarCapture()
     with taddons.context(addon) as tctx:
         try:
-            tctx.configure(addon, polar_out=str(tmp_path), polar_inject=False, polar_handoff_ms=0,
+            tctx.configure(addon, polar_out=str(out), polar_inject=False, polar_handoff_ms=0,
                            polar_flush_rows=2, polar_flush_seconds="3600")
             for i in range(2):
                 _call_through(addon, f"m{i}")
-            poll(lambda: list((tmp_path / "calls").glob("part-*.parquet")), 30, "a part of 2 rows")
-            (tmp_path / "calls").rename(tmp_path / "monday")
+            poll(lambda: list((out / "calls").glob("part-*.parquet")), 30, "a part of 2 rows")
+            (tmp_path / archive).parent.mkdir(exist_ok=True)
+            (out / "calls").rename(tmp_path / archive)
             _call_through(addon, "held")  # handed, not yet written
             poll(lambda: addon.writer.sent == 3, 30, "3 calls handed to the row worker")
             os.kill(addon.writer._proc.pid, signal.SIGKILL)
-            poll(lambda: list((tmp_path / "calls").glob("_losses-*.json")), 30, "a loss record")
+            poll(lambda: list((out / "calls").glob("_losses-*.json")), 30, "a loss record")
             addon.done()
         finally:
             tctx.master._legacy_log_events.uninstall()
-    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "calls").glob("_losses-*.json")]
+    (record,) = [json.loads(p.read_text()) for p in (out / "calls").glob("_losses-*.json")]
     assert record["calls_lost"] == 1
 
 

@@ -118,6 +118,9 @@ class RowWorker:
         self._retry_child_at: float | None = None  # the child could not start for want of fds/memory
         self._sent_to_child = 0  # calls the running child was handed (what a death may take with it)
         self._proc_started_wall = 0.0
+        #: An unlinked file the running child writes its count of rows written into (8 bytes): its
+        #: parts may have moved away (calls/ archived) when it dies, and were counted as lost.
+        self._progress: BinaryIO | None = None
         self._earlier_writers: list[int] = []  # pids of this proxy's writers before the running one
         self._fallback_renderer = None
         self._fallback_attempts = None
@@ -204,6 +207,8 @@ class RowWorker:
                 lost = self._record_child_loss(proc.pid, proc.returncode)
                 log.error("polar_capture: row worker exited with code %s; %d call(s) it had not written are lost",
                           proc.returncode, lost)
+            _rows_written(self._progress)  # (closes it)
+            self._progress = None
         if self._fallback is not None:
             self._fallback.close(max(1.0, deadline - time.monotonic()))
 
@@ -213,19 +218,30 @@ class RowWorker:
         root = _package_root()
         if root in sys.path:  # found through sys.path (a checkout the addon put there): so must the child
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
-            start_new_session=True, close_fds=True)
+        progress = _progress_file()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "polar_train.capture.worker"], stdin=subprocess.PIPE, env=env,
+                start_new_session=True, close_fds=True, pass_fds=(progress.fileno(),) if progress else ())
+        except BaseException:
+            if progress is not None:
+                progress.close()
+            raise
+        self._progress = progress
         self._proc_started = time.monotonic()
         self._proc_started_wall = time.time()
         self._sent_to_child = 0
         try:
-            write_frame(self._proc.stdin, pickle.dumps((self.opts, self.log_level, self._earlier_writers), protocol=5))
+            write_frame(self._proc.stdin, pickle.dumps(
+                (self.opts, self.log_level, self._earlier_writers, progress.fileno() if progress else None),
+                protocol=5))
             self._proc.stdin.flush()
         except OSError:  # it died at once: not left behind when the start is tried again
             proc, self._proc = self._proc, None
             proc.kill()
             proc.wait()
+            _rows_written(self._progress)  # (closes it)
+            self._progress = None
             raise
 
     def _send(self, state: Any) -> None:
@@ -295,7 +311,9 @@ class RowWorker:
         the proxy "recorded no call"."""
         out = Path(self.opts.out).expanduser()
         handed, self._sent_to_child = self._sent_to_child, 0
-        lost = handed - _rows_accounted_for(out, pid, self._proc_started_wall)
+        progress, self._progress = self._progress, None
+        written = _rows_written(progress)
+        lost = handed - _rows_accounted_for(out, pid, self._proc_started_wall, written)
         if lost > 0:
             record_loss(out / "calls", calls_lost=lost,
                         why=f"the row worker process {pid} exited with code {code} before writing them")
@@ -406,17 +424,53 @@ def seeded_attempts(attempts: Any, out: str | os.PathLike, pids: list[int]) -> A
     return attempts
 
 
-def _rows_accounted_for(out: Path, pid: int, since: float) -> int:
-    """Rows a row worker process wrote (parts named with its pid, written since it started: not an
-    earlier process's that had the same pid) anywhere under ``out`` (``calls/`` moved to an archive
-    folder beside it while the proxy ran is found too), from the parts' footers; plus the rows its
-    own loss records say it could not write (counted there already)."""
+def _progress_file() -> BinaryIO | None:
+    """The file a row worker counts its written rows in (unlinked: nothing is left behind), or
+    None where none can be made (the parts on disk are counted then)."""
+    import tempfile
+
+    try:
+        f = tempfile.TemporaryFile(prefix="polar-capture-progress-")
+        f.write(struct.pack("<q", 0))
+        f.flush()
+        return f
+    except OSError:
+        return None
+
+
+def _rows_written(progress: BinaryIO | None) -> int | None:
+    """The count the child wrote into ``progress`` (closed here), or None where there is none."""
+    if progress is None:
+        return None
+    try:
+        data = os.pread(progress.fileno(), 8, 0)
+        return struct.unpack("<q", data)[0] if len(data) == 8 else None
+    except OSError:
+        return None
+    finally:
+        progress.close()
+
+
+def report_rows_written(fd: int | None, rows: int) -> None:
+    """The child's side of :func:`_rows_written`: the count so far, in place (one 8-byte write)."""
+    if fd is not None:
+        try:
+            os.pwrite(fd, struct.pack("<q", rows), 0)
+        except OSError:
+            pass
+
+
+def _rows_accounted_for(out: Path, pid: int, since: float, written: int | None = None) -> int:
+    """Rows a row worker process wrote - ``written``, the count it kept itself, else its parts
+    (named with its pid, written since it started: not an earlier process's that had the same pid)
+    anywhere under ``out``, from the parts' footers (an archived ``calls/`` elsewhere is not found) -
+    plus the rows its own loss records say it could not write (counted there already)."""
     import json
 
     import pyarrow.parquet as pq
 
-    rows = 0
-    for part in _parts_of(out, pid):
+    rows = written or 0
+    for part in _parts_of(out, pid) if written is None else ():
         try:
             if part.stat().st_mtime >= since - 1:
                 rows += pq.read_metadata(part).num_rows
@@ -471,6 +525,7 @@ def main() -> int:
         return 0
     opts, level, *rest = pickle.loads(first)
     earlier_writers = rest[0] if rest else []
+    progress_fd = rest[1] if len(rest) > 1 else None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s.%(msecs)03d] %(message)s", datefmt="%H:%M:%S"))
     log.addHandler(handler)
@@ -482,7 +537,8 @@ def main() -> int:
     from .writer import PartWriter
 
     writer = PartWriter(opts.out, opts.flush_rows, opts.flush_seconds, opts.queue_size,
-                        prompt_delta=opts.prompt_delta)
+                        prompt_delta=opts.prompt_delta,
+                        on_written=lambda rows: report_rows_written(progress_fd, rows))
     writer.start(create_dir=False)  # the proxy created it; if it is gone, each write tries again
     writer.submit(PartWriter.warm_up, block=True)
     renderer = Renderer(opts.tokenizer) if opts.tokenizer else None

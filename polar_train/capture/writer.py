@@ -124,7 +124,8 @@ class PartWriter:
     """Buffers rows and writes ``<out>/calls/part-<UTC>-<pid>-<seq>.parquet`` every N rows / T s."""
 
     def __init__(self, out_dir: str | os.PathLike, flush_rows: int = 256, flush_seconds: float = 10.0,
-                 queue_size: int = 1024, prompt_delta: bool = False) -> None:
+                 queue_size: int = 1024, prompt_delta: bool = False,
+                 on_written: Callable[[int], None] | None = None) -> None:
         self.calls_dir = Path(out_dir).expanduser() / "calls"
         #: Compact prompts (polar_prompt_delta): encoded when a part is written, in row order, so a
         #: reference only ever points at a row stored before (or with) the row that uses it - never
@@ -137,6 +138,8 @@ class PartWriter:
         self._first_row_at: float | None = None
         self._seq = 0
         self.written_rows = 0
+        #: told the count of rows written after each part (the row worker's parent reads it)
+        self._on_written = on_written
         self.failed_jobs = 0
         #: Rows kept in memory while parts cannot be written (disk full); beyond this many, or this
         #: many bytes of texts and ids, the oldest go (1,024 rows of multi-MB histories held 0.8 GB).
@@ -318,5 +321,7 @@ class PartWriter:
             raise
         sync_folder(self.calls_dir)
         self.written_rows += n_rows
+        if self._on_written is not None:
+            self._on_written(self.written_rows)
         log.info("polar_capture: wrote %s (%d rows)", final, n_rows)
         return final
