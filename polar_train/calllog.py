@@ -160,6 +160,18 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
     return notes
 
 
+def joined_live_writers(*seen: list[tuple[Path, list[int]]]) -> list[tuple[Path, list[int]]]:
+    """:func:`live_writers` seen before and after a read, as one: a proxy that stopped while the
+    parts were read wrote the rows it held after the listing, unread, and was gone by the check
+    after the read (a probe's build read 20 of 25 rows and said nothing)."""
+    pids: dict[Path, list[int]] = {}
+    for live in seen:
+        for folder, holders in live:
+            pids.setdefault(folder, [])
+            pids[folder] += [p for p in holders if p not in pids[folder]]
+    return sorted(pids.items())
+
+
 def live_writers_note(live: list[tuple[Path, list[int]]]) -> str | None:
     """One line on :func:`live_writers`' folders for a report, or None."""
     if not live:

@@ -196,9 +196,10 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
-    from .calllog import live_writers, live_writers_note, loss_notes
+    from .calllog import joined_live_writers, live_writers, live_writers_note, loss_notes
     from .cli import UserError, print_out
 
+    live_before = live_writers(args.dir, [])  # (a proxy that stops during the read: still said)
     log = load_calls(args.dir)
     table, files, problems = log.table, log.parts, log.problems
     if log.prompt_lengths is not None:  # the prompts were checked, not rebuilt: their lengths ride along
@@ -213,7 +214,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     shown = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
     lines = [printable(f"{args.dir}: {len(files)} part(s), {shown}{where}"),
              *(f"skipped: {printable(p)}" for p in skipped)]
-    if (live := live_writers_note(live_writers(args.dir, files))) is not None:
+    if (live := live_writers_note(joined_live_writers(live_before, live_writers(args.dir, files)))) is not None:
         lines.append(printable(f"note: {live}"))
     lines += [printable(f"note: {loss}") for loss in loss_notes(args.dir, files)]
     if log.compact_rows:

@@ -353,6 +353,49 @@ def test_client_leaving_after_the_final_event_is_a_complete_call(proxy):
     assert json.loads(row["response_json"])["choices"][0]["message"]["content"] == "hi"
 
 
+def test_a_proxy_that_stops_while_the_parts_are_read_is_still_said(tmp_path, monkeypatch, capsys):
+    """The lock was looked at only after the read: a proxy that stopped meanwhile wrote the rows it
+    held after the listing (unread) and was gone by then - a probe's build read 20 of 25 rows and
+    said nothing. A process holds the live lock as a proxy does, and lets go during the read."""
+    import shutil
+    import subprocess
+    import sys
+
+    import polar_train.calllog as calllog
+    import polar_train.trajectories.build as build
+    from polar_train.cli import main
+    from polar_train.trajectories import BuildOptions, build_trajectories
+
+    capture = tmp_path / "cap"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "samples" / "demo" / "captures", capture)
+    holder_code = ("import sys; from pathlib import Path; from polar_train.capture.outdir import LiveLock; "
+                   f"lock = LiveLock(Path({str(capture / 'calls')!r})); lock.refresh(); print('held', flush=True); "
+                   "sys.stdin.read()")
+    for reader, module in (("build", build), ("inspect", calllog)):
+        holder = subprocess.Popen([sys.executable, "-c", holder_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout.readline() == "held\n"
+        real = calllog.read_call_log
+
+        def stopping_read(*args, **kwargs):
+            result = real(*args, **kwargs)
+            holder.stdin.close()  # the proxy stops while the parts are read
+            holder.wait(30)
+            return result
+
+        monkeypatch.setattr(module, "read_call_log", stopping_read)
+        if reader == "build":
+            notes = build_trajectories(capture, BuildOptions()).report.notes
+            assert any(n.startswith(f"a capture proxy is writing into {capture / 'calls'} (its lock held by process "
+                                    f"{holder.pid})") for n in notes), notes
+        else:
+            assert main(["inspect", str(capture)]) == 0
+            assert f"note: a capture proxy is writing into {capture / 'calls'} (its lock held by process {holder.pid})" \
+                in capsys.readouterr().out
+        monkeypatch.undo()
+        assert holder.returncode == 0 and calllog.live_writers(capture, []) == []
+
+
 def test_inspect_and_build_say_a_capture_is_still_being_written(upstream, tmp_path):
     """A build of a capture that a proxy was still writing read 10 of 16 finished calls (the rest
     not yet flushed) and built rollouts still running as complete, exit 0, without a word: the row

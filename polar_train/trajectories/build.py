@@ -22,6 +22,7 @@ from ..calllog import (
     CallLogError,
     _list_values,
     first_rows,
+    joined_live_writers,
     live_writers,
     live_writers_note,
     loss_notes,
@@ -488,6 +489,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
                 check_file(p)  # fail before the (possibly long) read
     token_bytes_factory, tokenizer_note = _token_bytes_factory(options.tokenizer)
     # the stitcher resolves compact prompts; the texts are not needed (most of a long session's bytes)
+    live_before = live_writers(folder, [])  # (a proxy that stops during the read: still said)
     log = read_call_log(folder, resolve_prompts=False, skip=frozenset({"request_json", "response_json"}))
     table = log.table
     report = BuildReport(source=str(folder), realign=options.realign, reward_mode=options.reward_mode,
@@ -498,7 +500,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
 
         more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
         raise CallLogError(f"no readable call-log part in {folder}; skipped {printable(str(log.problems[0]))}{more}")
-    if (live := live_writers_note(live_writers(folder, log.parts))) is not None:
+    if (live := live_writers_note(joined_live_writers(live_before, live_writers(folder, log.parts)))) is not None:
         report.notes.append(live)
     report.notes.extend(loss_notes(folder, log.parts))
     if tokenizer_note is not None:
