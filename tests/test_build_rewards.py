@@ -134,7 +134,8 @@ def test_bad_reward_rows_are_named_and_valid_rows_still_applied(tmp_path, captur
     problems = result.report.problems
     assert f"{path}: line 2: non-numeric reward 'n/a' for rollout 'r2'" in problems
     assert f"{path}: line 3: unknown rollout 'ghost' {NO_CALLS}" in problems
-    assert any(p.startswith(f"{path}: line 4: not valid JSON") for p in problems)
+    # where on the line (the message alone was cut: "Unterminated string starting at")
+    assert f"{path}: line 4: not valid JSON (Expecting property name enclosed in double quotes: column 2)" in problems
     assert f"{path}: line 5: non-finite reward nan for rollout 'r3'" in problems
     assert f"{path}: line 6: rollout 'r1' listed again; the first reward is kept" in problems
     assert f"{path}: line 7: expected a JSON object, got list" in problems

@@ -64,7 +64,7 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    problems.append(f"{path}: line {n}: not valid JSON ({exc.msg})")
+                    problems.append(f"{path}: line {n}: not valid JSON ({exc.msg}: column {exc.colno})")
                     continue
                 except RecursionError:
                     problems.append(f"{path}: line {n}: JSON nested too deeply to read")
