@@ -359,6 +359,12 @@ BAD = {"model": "tiny", "messages": USER, "max_tokens": 2}
     ("/v1/chat/completions", {**BAD, "tool_choice": "required"}),
     ("/v1/chat/completions", {**BAD, "top_k": -2}),
     ("/v1/chat/completions", {**BAD, "logprobs": True, "top_logprobs": 21}),
+    ("/v1/chat/completions", {**BAD, "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {
+        "type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]}),
+    ("/v1/chat/completions", {**BAD, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "http://127.0.0.1:9/a.mp4"}}]}]}),
+    ("/v1/chat/completions", {**BAD, "messages": [{"role": "user", "content": [
+        {"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:9/a.wav"}}]}]}),
     ("/v1/responses", {"model": "tiny", "input": 5}),
     ("/v1/responses", {"model": "tiny", "input": "x", "include": "x"}),
     ("/v1/messages", {"model": "tiny", "messages": USER}),

@@ -75,6 +75,11 @@ def test_field_type_errors_are_pydantics(polar_base_url, extra, kind):
         {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]}, None),
     ("/v1/responses", {"model": "tiny", "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x/a.png"}]}]}, None),
+    # an audio part was dropped from the prompt, answered 200 (a probe: vLLM 0.32 answers this 400)
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {
+        "type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]}, None),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "http://x/a.mp4"}}]}]}, None),
 ])
 def test_vllm_checks_in_vllms_words(polar_base_url, path, body, param):
     r = post(polar_base_url, path, body)
@@ -94,6 +99,21 @@ def test_vllm_checks_in_vllms_words(polar_base_url, path, body, param):
         assert "must be in [-2, 2], got" in err["message"]
     else:
         assert err["message"] == "tiny is not a multimodal model"
+
+
+@pytest.mark.parametrize("message", [{"role": "user", "content": None}, {"role": "system"},
+                                     {"role": "tool", "content": None, "tool_call_id": "a"}])
+def test_a_message_without_content_is_refused_as_vllm_refuses_it(polar_base_url, message):
+    """vLLM answers 400 (its union of message types, 18-19 entries); serve rendered an empty turn
+    and answered 200 (a probe). An assistant turn without content (its tool calls) stays allowed."""
+    r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x"}, message]})
+    assert r.status_code == 400
+    role = message["role"]
+    assert r.json()["error"] == {"message": f"messages[1].content is required for role {role!r} (a string or a list "
+                                            "of parts)", "type": "Bad Request", "param": "messages", "code": 400}
+    ok = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": None}, {"role": "user", "content": "y"}]})
+    assert ok.status_code == 200
 
 
 def test_unknown_previous_response_is_vllms_404(polar_base_url):

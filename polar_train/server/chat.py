@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from ..wire.errors import BadRequest
 from . import constraints
 from .common import (check_model, check_top_logprobs, integer, keep_specials, refuse_images,
                      require_list, sampling)
@@ -33,6 +34,17 @@ GREEDY_EPS = 1e-5
 MAX_N = 16384
 #: choices of one non-streamed request sampled at once (each on a thread of its own)
 PARALLEL_CHOICES = 4
+
+
+def require_content(messages: list[Any]) -> None:
+    """A message other than the assistant's without ``content`` (or with ``null``) is refused, as
+    vLLM's union of message types refuses it (400; our wording, docs/server.md): it was rendered as
+    an empty turn and answered 200 (a probe)."""
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if isinstance(role, str) and role not in ("assistant", "function") and m.get("content") is None:
+            raise BadRequest(f"messages[{i}].content is required for role {m.get('role')!r} (a string or a list of "
+                             "parts)", param="messages")
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
@@ -57,6 +69,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if server.script is None:  # a script's answer is fixed; sampling would ignore a constraint
         constraints.check_chat(body)
     messages = require_list(body, "messages")
+    require_content(messages)
     check_tool_call_arguments(messages)
     tools_raw = list_of(body, "tools")
     check_tools(tools_raw or [])

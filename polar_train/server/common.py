@@ -201,11 +201,13 @@ def check_penalties(body: dict) -> None:
             raise VllmError(f"{key} must be in [-2, 2], got {v}.")
 
 
-IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+#: Parts vLLM hands its multimodal registry: an image (chat, Responses, Messages), audio or video (chat).
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url", "video_url"})
 
 
 def refuse_images(items: Any, served_name: str) -> None:
-    """vLLM's answer to an image part for a text-only model (its multimodal registry's ValueError)."""
+    """vLLM's answer to a media part for a text-only model (its multimodal registry's ValueError):
+    an audio part was dropped from the prompt and answered 200 where vLLM answers 400."""
     for m in items if isinstance(items, list) else []:
         content = m.get("content") if isinstance(m, dict) else None
         for part in content if isinstance(content, list) else []:
