@@ -389,6 +389,10 @@ def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp
             assert "polar_train changed on disk since mitmdump started (polar_train/capture/handover.py)" \
                 in m.proc.log()
             assert model_call().status_code == 503
+            # a second failed load: mitmproxy's stale "None" addon of the first one said "An addon
+            # called 'nonetype' already exists", with a traceback of its own
+            save(ADDON.read_text() + "\nsyntax error (\n", "error in script")
+            assert "nonetype" not in m.proc.log()
         finally:
             m.stop()
         assert rows_of(m.out_dir, r) == []

@@ -137,8 +137,18 @@ DOWN_MESSAGE = ("polar-train's capture addon failed to load after a change of it
                 "mitmdump (after updating polar-train, restart it: a reload keeps the old package)")
 
 
+def _forget_failed_load(master: Any) -> None:
+    """mitmproxy registers a script that failed to load as the addon ``None`` ("nonetype") and never
+    removes it: the next failed load of the file then logged "An addon called 'nonetype' already
+    exists" with a traceback of its own, on top of the real error."""
+    lookup = getattr(master.addons, "lookup", None)
+    if isinstance(lookup, dict) and "nonetype" in lookup and lookup["nonetype"] is None:
+        del lookup["nonetype"]
+
+
 def stand_in(master: Any, detect_api: Callable[[str, str], str | None]) -> None:
     """Refuse model calls until a capture addon loads again (once; logged as an error)."""
+    _forget_failed_load(master)
     if master.addons.get(CaptureDown.name) is None:
         master.addons.add(CaptureDown(detect_api))
         log.error("polar_capture: %s", DOWN_MESSAGE.replace("this model call was refused", "model calls are refused"))
@@ -146,6 +156,7 @@ def stand_in(master: Any, detect_api: Callable[[str, str], str | None]) -> None:
 
 def stand_down(master: Any) -> None:
     """A capture addon loaded: model calls pass (and are recorded) again."""
+    _forget_failed_load(master)
     down = master.addons.get(CaptureDown.name)
     if down is not None:
         master.addons.remove(down)
