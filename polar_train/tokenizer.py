@@ -144,11 +144,29 @@ def tokenizer_json_path() -> Path:
 
 
 def build_tokenizer():
-    """A ``PreTrainedTokenizerFast`` with the Qwen3.5 vocabulary and our chat template."""
+    """A ``PreTrainedTokenizerFast`` with the Qwen3.5 vocabulary and our chat template. A cached
+    file that does not load (cut short by a full disk or a copy) is made again: every command that
+    needed it ended in the tokenizers library's traceback, naming no file to delete."""
+    path = tokenizer_json_path()
+    try:
+        tok = _fast_tokenizer(path)
+    except Exception:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a broken file
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise PermissionError(f"the tokenizer cache {path} does not load and cannot be removed "
+                                  f"({exc.strerror or exc}): delete it, or set POLAR_TRAIN_CACHE to another "
+                                  "folder") from None
+        tok = _fast_tokenizer(tokenizer_json_path())
+    tok.chat_template = chat_template()
+    return tok
+
+
+def _fast_tokenizer(path: Path):
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_json_path()),
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
         bos_token=None,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
@@ -157,8 +175,6 @@ def build_tokenizer():
         model_max_length=32768,
         extra_special_tokens={},
     )
-    tok.chat_template = chat_template()
-    return tok
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -77,3 +77,18 @@ def test_a_cache_folder_that_cannot_be_made_names_the_variable_that_moves_it(tmp
     with pytest.raises(PermissionError, match=f"^cannot make the tokenizer cache {tmp_path / 'file' / 'cache'} "
                                               r"\(.*\): set POLAR_TRAIN_CACHE to a writable folder$"):
         tokenizer.tokenizer_json_path()
+
+
+def test_a_cache_file_cut_short_is_made_again(tmp_path, monkeypatch, fast):
+    """A cached tokenizer.json cut short (a full disk, a copy): build, tiny-model and the demo each
+    ended in the tokenizers library's traceback ("EOF while parsing"), naming no file to delete."""
+    from polar_train import tokenizer
+
+    cached = tokenizer.tokenizer_json_path()
+    monkeypatch.setenv("POLAR_TRAIN_CACHE", str(tmp_path))
+    broken = tmp_path / cached.name
+    broken.write_bytes(cached.read_bytes()[:1000])
+    again = build_tokenizer()
+    assert broken.read_bytes() == cached.read_bytes()
+    text = "def f(x):\n    return x  # ünïcödé <think>"
+    assert again.encode(text) == fast.encode(text)
