@@ -755,6 +755,14 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     ("loss_type=sapo,sapo_temperature_pos=0", "sapo_temperature_pos must be a finite number above 0"),
     ("loss_type=vespo,vllm_importance_sampling_mode=sequence_truncate",
      "loss_type vespo needs vllm_importance_sampling_mode token_truncate or token_mask"),
+    # the docs' own example without its schedule, and text that is no mapping: TypeErrors after the weights loaded
+    ('lr_scheduler_kwargs={"min_lr": 1e-7}', "lr_scheduler_kwargs: min_lr is no option of lr_scheduler_type linear "
+                                             "(its options: none; min_lr needs lr_scheduler_type cosine_with_min_lr)"),
+    ('lr_scheduler_kwargs={"min_lr_ratio":0.1},lr_scheduler_type=cosine_with_min_lr',
+     "lr_scheduler_kwargs: min_lr_ratio is no option of lr_scheduler_type cosine_with_min_lr (its options: "
+     "num_cycles, min_lr, min_lr_rate)"),
+    ("lr_scheduler_kwargs=[1]", "lr_scheduler_kwargs must be a mapping"),
+    ("lr_scheduler_kwargs={bad", "lr_scheduler_kwargs: not valid JSON (Expecting property name"),
 ])
 def test_options_that_fail_late_go_unused_or_break_exactness_are_refused(sampled, tiny_model_dir, tmp_path,
                                                                          setting, message):

@@ -9,6 +9,8 @@ recorded data with a LoRA are refused up front: docs/train.md), and
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import math
 import numbers
 import os
@@ -173,6 +175,7 @@ class TrainConfig(GRPOConfig):
         if isinstance(self.report_to, list) and len(self.report_to) > 1 and {"none", "all"} & set(self.report_to):
             raise ValueError(f"report_to {','.join(self.report_to)}: none and all stand alone; name the "
                              "integrations, or none")
+        self._check_dict_options()
         batch_set_by_user = self.generation_batch_size is not None or self.steps_per_generation is not None
         try:
             super().__post_init__()
@@ -188,6 +191,47 @@ class TrainConfig(GRPOConfig):
         # after TRL's post-init: it copies the deprecated vllm_importance_sampling_cap into clip_max
         self._check_importance_bounds()
         self._check_reporting()
+        self._check_scheduler_kwargs()
+
+    def _check_dict_options(self) -> None:
+        """A dict option given as text (``--set 'lr_scheduler_kwargs={...}'``) is JSON of a mapping:
+        transformers parses only text that starts with ``{`` and says nothing of the option in its
+        JSON error; any other text stayed text and met ``**`` in the scheduler after the weights loaded."""
+        for name in getattr(self, "_VALID_DICT_FIELDS", ()):
+            value = getattr(self, name, None)
+            if not isinstance(value, str) or name not in ("lr_scheduler_kwargs",):
+                continue
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"{name}: not valid JSON ({exc})") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{name} must be a mapping ({{\"min_lr\": 1e-7}}), got {value!r}")
+
+    def _check_scheduler_kwargs(self) -> None:
+        """Each key of ``lr_scheduler_kwargs`` is a parameter of ``lr_scheduler_type``'s schedule:
+        ``{min_lr: 1e-7}`` with the default linear schedule was a TypeError after the weights loaded."""
+        kwargs = self.lr_scheduler_kwargs
+        if not kwargs or not isinstance(kwargs, dict):
+            return
+        from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+        from transformers.trainer_utils import SchedulerType
+
+        kind = SchedulerType(self.lr_scheduler_type)
+        function = TYPE_TO_SCHEDULER_FUNCTION.get(kind)
+        if function is None:
+            return
+        params = inspect.signature(function).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        # what get_scheduler passes itself; constant schedules are given no kwargs at all
+        own = {"optimizer", "num_warmup_steps", "num_training_steps", "last_epoch"}
+        takes = [] if kind in (SchedulerType.CONSTANT, SchedulerType.CONSTANT_WITH_WARMUP) else \
+            [n for n in params if n not in own]
+        if unknown := sorted(set(kwargs) - set(takes)):
+            hint = "; min_lr needs lr_scheduler_type cosine_with_min_lr" if "min_lr" in unknown else ""
+            raise ValueError(f"lr_scheduler_kwargs: {', '.join(unknown)} is no option of lr_scheduler_type "
+                             f"{kind.value} (its options: {', '.join(takes) or 'none'}{hint})")
 
     def _check_types(self) -> None:
         """Each option of a plain type (bool, int, float, str, list) holds one, converted where the
