@@ -660,7 +660,12 @@ def test_yaml_values_are_checked_against_the_option_types(sampled, tiny_model_di
                                                        r"string\), got 5"),
                           ("lora_target_modules: [1, 2]\n", "lora_target_modules: expected a list of strings"),
                           ("max_steps: true\n", "max_steps: expected an integer, got True"),
-                          ("bf16: 2\n", "bf16: expected true or false, got 2")):
+                          ("bf16: 2\n", "bf16: expected true or false, got 2"),
+                          # TRL sets os.environ[key] = str(value): an OSError traceback, an unnamed ValueError
+                          ('env: {"": x}\n', "env: '' is no environment variable name"),
+                          ('env: {"A=B": x}\n', "env: 'A=B' is no environment variable name"),
+                          ("env: {POLAR_PROBE: null}\n", "env: POLAR_PROBE: expected a value"),
+                          ("env: [1]\n", "env: expected a mapping of NAME: value, got list")):
         yaml_file.write_text(text)
         with pytest.raises(UserError, match=f"^{yaml_file}: {message}"):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))

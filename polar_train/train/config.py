@@ -641,6 +641,7 @@ def read_yaml(path: str | None) -> dict[str, Any]:
         # TRL hands YAML values to the dataclass unconverted: a null or a mapping reached torch's
         # optimizer (a TypeError mid-training) instead of being refused here
         if key == "env":
+            _check_env_block(p, value)
             continue
         if isinstance(value, dict):
             if "dict" in _FIELD_TYPES[key]:  # lr_scheduler_kwargs: {min_lr: 1.0e-7}, as --set takes JSON
@@ -657,6 +658,19 @@ def read_yaml(path: str | None) -> dict[str, Any]:
             except ValueError as exc:
                 raise UserError(f"{p}: {key}: {exc}") from None
     return data
+
+
+def _check_env_block(path: Path, env: Any) -> None:
+    """TRL sets each ``env:`` entry with ``os.environ[key] = str(value)``: an empty name was an
+    OSError traceback, a name with ``=`` a ValueError naming nothing, and ``null`` set the word None."""
+    if not isinstance(env, dict):
+        raise UserError(f"{path}: env: expected a mapping of NAME: value, got {type(env).__name__}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise UserError(f"{path}: env: {name!r} is no environment variable name")
+        if value is None or isinstance(value, (dict, list)) or "\0" in str(value):
+            raise UserError(f"{path}: env: {name}: expected a value (a string or a number), got "
+                            f"{'null' if value is None else type(value).__name__}")
 
 
 def load_config(config_path: str | None, sets: list[str], output_dir: str,
