@@ -623,6 +623,8 @@ def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train
     pq.read_table(edited / parts[1]).to_pandas().to_parquet(edited / parts[1])
     assert b"polar_train.table" not in (pq.read_schema(edited / parts[1]).metadata or {})
     assert read_table(edited, DataReport()).num_rows == 3  # was: "holds 2 of the 3 parts (no part-00001.parquet)"
+    pq.read_table(edited / parts[0]).to_pandas().to_parquet(edited / "part-00003.parquet")  # one of the user's own
+    assert read_table(edited, DataReport()).num_rows == 4  # beside the build: not judged (the review)
     older = tmp_path / "older"  # an earlier version's part (no build id) beside this build's: a mix
     shutil.copytree(tmp_path / "a", older)
     table = pq.read_table(older / parts[2])

@@ -380,6 +380,24 @@ def test_bad_request_bodies_equal(vllm_base_url, polar_base_url, path, body):
     assert a.json() == b.json()
 
 
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": None}],
+    [{"role": "system", "content": None}, {"role": "user", "content": "x"}],
+    [{"role": "system"}, {"role": "user", "content": "x"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": None}, {"role": "user", "content": "y"}],
+])
+def test_a_null_or_missing_content_is_taken_or_refused_alike(vllm_base_url, polar_base_url, messages):
+    """vLLM refuses an explicit null content but an assistant's, and takes a message without the key
+    (its custom message type; an empty turn): serve answered 200 to all of them (a probe)."""
+    body = {"model": "tiny", "messages": messages, "max_tokens": 2}
+    a, b = post(vllm_base_url, "/v1/chat/completions", body), post(polar_base_url, "/v1/chat/completions", body)
+    assert a.status_code == b.status_code, (a.text[:300], b.text[:300])
+    if a.status_code == 200:
+        assert a.json()["usage"]["prompt_tokens"] == b.json()["usage"]["prompt_tokens"]
+    else:
+        assert a.json()["error"]["type"] == b.json()["error"]["type"] == "Bad Request"
+
+
 @pytest.mark.parametrize("method, path", [("GET", "/v1/responses/resp_x"), ("POST", "/v1/responses/resp_x/cancel")])
 def test_a_stored_response_is_not_found_alike(vllm_base_url, polar_base_url, method, path):
     """Nothing is stored (vLLM without VLLM_ENABLE_RESPONSES_API_STORE): the SDK's responses.retrieve

@@ -101,19 +101,22 @@ def test_vllm_checks_in_vllms_words(polar_base_url, path, body, param):
         assert err["message"] == "tiny is not a multimodal model"
 
 
-@pytest.mark.parametrize("message", [{"role": "user", "content": None}, {"role": "system"},
+@pytest.mark.parametrize("message", [{"role": "user", "content": None}, {"role": "system", "content": None},
                                      {"role": "tool", "content": None, "tool_call_id": "a"}])
-def test_a_message_without_content_is_refused_as_vllm_refuses_it(polar_base_url, message):
+def test_a_null_content_is_refused_as_vllm_refuses_it(polar_base_url, message):
     """vLLM answers 400 (its union of message types, 18-19 entries); serve rendered an empty turn
-    and answered 200 (a probe). An assistant turn without content (its tool calls) stays allowed."""
+    and answered 200 (a probe). An assistant turn with a null content (its tool calls) and a
+    message without the key are taken, as vLLM takes them (its custom message type)."""
     r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x"}, message]})
     assert r.status_code == 400
     role = message["role"]
-    assert r.json()["error"] == {"message": f"messages[1].content is required for role {role!r} (a string or a list "
-                                            "of parts)", "type": "Bad Request", "param": "messages", "code": 400}
-    ok = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [
-        {"role": "user", "content": "x"}, {"role": "assistant", "content": None}, {"role": "user", "content": "y"}]})
-    assert ok.status_code == 200
+    assert r.json()["error"] == {"message": f"messages[1].content is null for role {role!r} (a string or a list "
+                                            "of parts, or no content key)", "type": "Bad Request", "param": "messages",
+                                 "code": 400}
+    for taken in ({"role": "assistant", "content": None}, {"role": "system"}):
+        ok = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [
+            {"role": "user", "content": "x"}, taken, {"role": "user", "content": "y"}]})
+        assert ok.status_code == 200
 
 
 def test_unknown_previous_response_is_vllms_404(polar_base_url):

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..wire.errors import BadRequest
 from . import constraints
-from .common import (check_model, check_top_logprobs, integer, keep_specials, refuse_images,
+from .common import (CHAT_MEDIA_PARTS, check_model, check_top_logprobs, integer, keep_specials, refuse_images,
                      require_list, sampling)
 from .completion import CompletionState
 from .engine import SamplingParams
@@ -36,15 +36,15 @@ MAX_N = 16384
 PARALLEL_CHOICES = 4
 
 
-def require_content(messages: list[Any]) -> None:
-    """A message other than the assistant's without ``content`` (or with ``null``) is refused, as
-    vLLM's union of message types refuses it (400; our wording, docs/server.md): it was rendered as
-    an empty turn and answered 200 (a probe)."""
+def refuse_null_content(messages: list[Any]) -> None:
+    """A message other than the assistant's with ``"content": null`` is refused, as vLLM's union of
+    message types refuses it (400; our wording, docs/server.md): it was rendered as an empty turn
+    and answered 200 (a probe). Without the key vLLM takes it (its custom message type): so do we."""
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
-        if isinstance(role, str) and role not in ("assistant", "function") and m.get("content") is None:
-            raise BadRequest(f"messages[{i}].content is required for role {m.get('role')!r} (a string or a list of "
-                             "parts)", param="messages")
+        if isinstance(role, str) and role not in ("assistant", "function") and "content" in m and m["content"] is None:
+            raise BadRequest(f"messages[{i}].content is null for role {role!r} (a string or a list of parts, or no "
+                             "content key)", param="messages")
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
@@ -69,12 +69,12 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if server.script is None:  # a script's answer is fixed; sampling would ignore a constraint
         constraints.check_chat(body)
     messages = require_list(body, "messages")
-    require_content(messages)
+    refuse_null_content(messages)
     check_tool_call_arguments(messages)
     tools_raw = list_of(body, "tools")
     check_tools(tools_raw or [])
     model = check_model(body, server.served_name)
-    refuse_images(messages, model)
+    refuse_images(messages, model, CHAT_MEDIA_PARTS)
     tools = [normalize_tool(t) for t in tools_raw or []]
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
     n = integer(body, "n", 1)

@@ -201,17 +201,19 @@ def check_penalties(body: dict) -> None:
             raise VllmError(f"{key} must be in [-2, 2], got {v}.")
 
 
-#: Parts vLLM hands its multimodal registry: an image (chat, Responses, Messages), audio or video (chat).
-IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url", "video_url"})
+#: Parts vLLM hands its multimodal registry: an image (chat, Responses, Messages) ...
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+#: ... and on the chat API audio and video too (an audio part was dropped from the prompt and
+#: answered 200, where vLLM answers 400: a probe).
+CHAT_MEDIA_PARTS = IMAGE_PARTS | {"input_audio", "audio_url", "video_url"}
 
 
-def refuse_images(items: Any, served_name: str) -> None:
-    """vLLM's answer to a media part for a text-only model (its multimodal registry's ValueError):
-    an audio part was dropped from the prompt and answered 200 where vLLM answers 400."""
+def refuse_images(items: Any, served_name: str, media: frozenset[str] = IMAGE_PARTS) -> None:
+    """vLLM's answer to a media part for a text-only model (its multimodal registry's ValueError)."""
     for m in items if isinstance(items, list) else []:
         content = m.get("content") if isinstance(m, dict) else None
         for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+            if isinstance(part, dict) and part.get("type") in media:
                 raise VllmError(f"{served_name} is not a multimodal model")
 
 

@@ -203,11 +203,12 @@ def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | Non
     expected = {f"part-{n:05d}.parquet" for n in range(int(count))}
     # a part of the build written back by another tool (pandas keeps no Parquet metadata of ours) is
     # still there: "no part-00001.parquet" named a file in the folder, and "build again" lost the edit
-    have = {path.name for path, _ in parts if PART_NAME.fullmatch(path.name)}
-    if missing := sorted(expected - have):
-        return (f"{len(have & expected)} of the {len(expected)} parts of its build (no {missing[0]}"
+    present = {path.name for path, _ in parts if PART_NAME.fullmatch(path.name)}
+    if missing := sorted(expected - present):
+        return (f"{len(present & expected)} of the {len(expected)} parts of its build (no {missing[0]}"
                 f"{' ...' if len(missing) > 1 else ''}): a build killed while it wrote its parts, or parts removed? "
                 "build again")
+    have = {p.name for p, _ in ours}  # (a part another tool wrote beside the build's is not judged)
     if extra := sorted(have - expected):
         return (f"{extra[0]}{' ...' if len(extra) > 1 else ''} beside the {len(expected)} parts of its build, not "
                 "one of them (a part copied under another number?): move it away, or build again")
