@@ -92,11 +92,13 @@ def redact_json(value: Any) -> Any:
 
 #: A string that may hold a JSON object or list (what :func:`redact_json` reads as JSON).
 _JSON_TEXT = re.compile(r"[ \t\n\r]*[\[{]")
-#: A ``\uXXXX`` escape in a string's text: a key inside it may spell a letter so (``"\u0070assword"``),
-#: which no scan of the text finds; only its parse shows the key.
-_U_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
-#: The same escape inside a JSON string of a JSON text (its backslash escaped: ``\\u0070``), at any depth.
-_NESTED_U_ESCAPE = re.compile(rb"\\\\u[0-9a-fA-F]{4}")
+#: A key whose text holds a ``\uXXXX`` escape, in a string's own text (a tool call's arguments):
+#: the escape may spell a letter (``"\\u0070assword":``), which no scan of the text finds; only the
+#: string's parse shows the key. An escape elsewhere (``"\\u00a0"`` in a tool's source file, in every
+#: later call of a session) is no key: it must not cost the walk (a review: 0.8 -> 1.7 ms per 114 KB).
+_U_ESCAPE = re.compile(r'\\u[0-9a-fA-F]{4}[^"\\]{0,128}\\*"(?:[ \t\n\r]|\\+[tnr])*:')
+#: The same inside a JSON string of a JSON text (its backslashes and quotes escaped once more), at any depth.
+_NESTED_U_ESCAPE = re.compile(rb'\\\\u[0-9a-fA-F]{4}[^"\\\\]{0,128}\\+"(?:[ \t\n\r]|\\+[tnr])*:')
 
 
 #: A UTF-16 surrogate code point: in a str only where JSON text escaped one alone (``"\\ud83d"``,
