@@ -445,3 +445,28 @@ def test_a_retry_after_the_worker_was_replaced_is_numbered_on(tmp_path: Path) ->
     rows = sorted((r for p in (tmp_path / "calls").glob("part-*.parquet") for r in pq.read_table(p).to_pylist()),
                   key=lambda r: r["finished_at"])
     assert [r["attempt"] for r in rows] == [1, 2] and rows[0]["request_hash"] == rows[1]["request_hash"]
+
+
+def test_a_worker_that_kept_no_count_has_its_parts_counted(tmp_path: Path) -> None:
+    """The review: the count file started at 0, so a worker that never took it (an older one)
+    read as "wrote nothing" and every call it had written counted as lost; and a part renamed into
+    place just before a SIGKILL, before the count, was lost too. -1 until the child says 0, and the
+    larger of the count and the parts found."""
+    import pyarrow as pa
+
+    from polar_train.capture import worker
+    from polar_train.schema import CALL_LOG_SCHEMA
+
+    progress = worker._progress_file()
+    assert worker._rows_written(progress) is None  # (never written by a child)
+    progress = worker._progress_file()
+    worker.report_rows_written(progress.fileno(), 7)
+    assert worker._rows_written(progress) == 7
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    row = {name: None for name in CALL_LOG_SCHEMA.names} | {"call_id": "c", "api": "openai.chat", "status": "ok"}
+    pq.write_table(pa.Table.from_pylist([row, {**row, "call_id": "d"}], schema=CALL_LOG_SCHEMA),
+                   calls / "part-20261207T000000000000Z-4242-000001.parquet")
+    assert worker._rows_accounted_for(tmp_path, 4242, 0.0, None) == 2
+    assert worker._rows_accounted_for(tmp_path, 4242, 0.0, 1) == 2  # the part after the count: not lost
+    assert worker._rows_accounted_for(tmp_path, 4242, 0.0, 5) == 5  # parts archived elsewhere: the count

@@ -431,7 +431,7 @@ def _progress_file() -> BinaryIO | None:
 
     try:
         f = tempfile.TemporaryFile(prefix="polar-capture-progress-")
-        f.write(struct.pack("<q", 0))
+        f.write(struct.pack("<q", -1))  # until the child says 0: one that never took the file (an older one)
         f.flush()
         return f
     except OSError:
@@ -444,7 +444,8 @@ def _rows_written(progress: BinaryIO | None) -> int | None:
         return None
     try:
         data = os.pread(progress.fileno(), 8, 0)
-        return struct.unpack("<q", data)[0] if len(data) == 8 else None
+        count = struct.unpack("<q", data)[0] if len(data) == 8 else -1
+        return count if count >= 0 else None
     except OSError:
         return None
     finally:
@@ -461,29 +462,31 @@ def report_rows_written(fd: int | None, rows: int) -> None:
 
 
 def _rows_accounted_for(out: Path, pid: int, since: float, written: int | None = None) -> int:
-    """Rows a row worker process wrote - ``written``, the count it kept itself, else its parts
-    (named with its pid, written since it started: not an earlier process's that had the same pid)
-    anywhere under ``out``, from the parts' footers (an archived ``calls/`` elsewhere is not found) -
-    plus the rows its own loss records say it could not write (counted there already)."""
+    """Rows a row worker process wrote - ``written``, the count it kept itself (its parts may have
+    been archived elsewhere), or its parts (named with its pid, written since it started: not an
+    earlier process's that had the same pid) found under ``out`` from their footers, whichever is
+    more (a part renamed into place just before a SIGKILL, not yet counted) - plus the rows its own
+    loss records say it could not write (counted there already)."""
     import json
 
     import pyarrow.parquet as pq
 
-    rows = written or 0
-    for part in _parts_of(out, pid) if written is None else ():
+    rows = 0
+    for part in _parts_of(out, pid):
         try:
             if part.stat().st_mtime >= since - 1:
                 rows += pq.read_metadata(part).num_rows
         except Exception:  # noqa: BLE001 - a part moved away or unreadable: not counted as written
             pass
+    lost = 0
     for record in out.rglob(LOSS_RECORD_GLOB):
         try:
             data = json.loads(record.read_text())
             if data.get("pid") == pid:
-                rows += sum(n for k in ("rows_lost", "rows_failed") if isinstance(n := data.get(k), int))
+                lost += sum(n for k in ("rows_lost", "rows_failed") if isinstance(n := data.get(k), int))
         except Exception:  # noqa: BLE001 - an unreadable record: nothing to subtract
             pass
-    return rows
+    return max(rows, written or 0) + lost
 
 
 def build_call_row(state: Any, renderer: Any, opts: CaptureOptions, attempts: Any) -> dict[str, Any]:
@@ -526,6 +529,7 @@ def main() -> int:
     opts, level, *rest = pickle.loads(first)
     earlier_writers = rest[0] if rest else []
     progress_fd = rest[1] if len(rest) > 1 else None
+    report_rows_written(progress_fd, 0)  # (the parent reads -1 as "no count kept": it counts the parts)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s.%(msecs)03d] %(message)s", datefmt="%H:%M:%S"))
     log.addHandler(handler)
