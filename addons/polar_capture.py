@@ -41,7 +41,16 @@ except ModuleNotFoundError:  # a checkout (or an installed copy) this interprete
             f"nor found above {_here.parent}: run the mitmdump of the environment polar-train is installed in, "
             "with the addon it ships (mitmdump -s \"$(polar-train addon)\")", name="polar_train") from None
 
-from polar_train.capture import handover, record
+from polar_train.capture import handover
+
+# before any name this file imports from the package: after a `git pull`, a new name (one the old
+# modules cached in this process lack) was an ImportError that hid this message
+_changed = handover.changed_modules()
+if _changed:  # a reload after the package changed on disk (git pull): it would run the old modules
+    raise ImportError(f"polar_train changed on disk since mitmdump started ({', '.join(_changed[:3])}"
+                      f"{', ...' if len(_changed) > 3 else ''}); restart mitmdump to use it")
+
+from polar_train.capture import record
 from polar_train.capture.blind_spots import WATCHED, blind_spots
 from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import CAPTURE_MARK, CAPTURE_TARGET, PROBE_HEADER, identity_headers
@@ -710,10 +719,6 @@ def _loaded_already() -> bool:
         return False
 
 
-_changed = handover.changed_modules()
-if _changed:  # a reload after the package changed on disk (git pull): it would run the old modules
-    raise ImportError(f"polar_train changed on disk since mitmdump started ({', '.join(_changed[:3])}"
-                      f"{', ...' if len(_changed) > 3 else ''}); restart mitmdump to use it")
 if _loaded_already():
     # a warning: an error logged at startup makes mitmdump exit, and the first copy records
     log.warning("polar_capture: the capture addon is loaded already (the script given twice under two paths?); "

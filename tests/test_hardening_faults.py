@@ -383,10 +383,14 @@ def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp
             os.utime(module, (time.time(), time.time() + 60))
             save(ADDON.read_text(), "Loading script")
             assert model_call().status_code == 200
-            # `git pull` under the running proxy: the reloaded file would run with the old modules
-            module.write_text(module.read_text() + "\n# changed\n")
-            save(ADDON.read_text(), "model calls are refused")
-            assert "polar_train changed on disk since mitmdump started (polar_train/capture/handover.py)" \
+            # `git pull` under the running proxy: the reloaded file would run with the old modules - and
+            # a name the new file imports that the old cached module lacks hid this message (the review)
+            identity = package / "capture" / "identity.py"
+            identity.write_text(identity.read_text() + "\nPULLED_NAME = 1\n")
+            save(ADDON.read_text().replace("from polar_train.capture.identity import ",
+                                           "from polar_train.capture.identity import PULLED_NAME, "),
+                 "model calls are refused")
+            assert "polar_train changed on disk since mitmdump started (polar_train/capture/identity.py)" \
                 in m.proc.log()
             assert model_call().status_code == 503
             # a second failed load: mitmproxy's stale "None" addon of the first one said "An addon
