@@ -160,16 +160,18 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
     return notes
 
 
-def joined_live_writers(*seen: list[tuple[Path, list[int]]]) -> list[tuple[Path, list[int]]]:
-    """:func:`live_writers` seen before and after a read, as one: a proxy that stopped while the
-    parts were read wrote the rows it held after the listing, unread, and was gone by the check
-    after the read (a probe's build read 20 of 25 rows and said nothing)."""
-    pids: dict[Path, list[int]] = {}
-    for live in seen:
-        for folder, holders in live:
-            pids.setdefault(folder, [])
-            pids[folder] += [p for p in holders if p not in pids[folder]]
-    return sorted(pids.items())
+def live_notes(before: list[tuple[Path, list[int]]], after: list[tuple[Path, list[int]]]) -> list[str]:
+    """The report's lines on :func:`live_writers` seen before and after a read: the proxies still
+    writing (:func:`live_writers_note`), and those that stopped meanwhile - their last rows were
+    written after the listing, unread (a probe's build read 20 of 25 rows and said nothing)."""
+    still = {pid for _, pids in after for pid in pids}
+    stopped = [(folder, gone) for folder, pids in before if (gone := [p for p in pids if p not in still])]
+    notes = [note] if (note := live_writers_note(after)) is not None else []
+    if stopped:
+        where = "; ".join(f"{folder} (process {', '.join(map(str, pids))})" for folder, pids in stopped)
+        notes.append(f"a capture proxy stopped while the parts were read: {where}; the rows it wrote as it stopped "
+                     "were not read: read again")
+    return notes
 
 
 def live_writers_note(live: list[tuple[Path, list[int]]]) -> str | None:

@@ -196,7 +196,7 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
-    from .calllog import joined_live_writers, live_writers, live_writers_note, loss_notes
+    from .calllog import live_notes, live_writers, loss_notes
     from .cli import UserError, print_out
 
     live_before = live_writers(args.dir, [])  # (a proxy that stops during the read: still said)
@@ -214,8 +214,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     shown = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
     lines = [printable(f"{args.dir}: {len(files)} part(s), {shown}{where}"),
              *(f"skipped: {printable(p)}" for p in skipped)]
-    if (live := live_writers_note(joined_live_writers(live_before, live_writers(args.dir, files)))) is not None:
-        lines.append(printable(f"note: {live}"))
+    lines += [printable(f"note: {live}") for live in live_notes(live_before, live_writers(args.dir, files))]
     lines += [printable(f"note: {loss}") for loss in loss_notes(args.dir, files)]
     if log.compact_rows:
         lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "

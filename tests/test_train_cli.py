@@ -921,7 +921,7 @@ def test_a_run_whose_policy_saturated_says_which_steps_learned_nothing(trajector
     assert rows[0]["grad_norm"] > 0 and all(r["grad_norm"] == 0 and r["frac_reward_zero_std"] < 1 for r in rows[1:])
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["stalled_steps"] == [2, 3]
-    assert ("polar-train train: warning: 2 steps (2..3) learned nothing: gradient norm 0 although rewards differed "
+    assert ("polar-train train: warning: 2 logged steps (2..3) learned nothing: gradient norm 0 although rewards differed "
             "within a group and no token was clipped - the policy saturated (learning_rate 1e+12 too high?)") in proc.stderr
     from polar_train.train.trainer import stall_warning, stalled_steps
 

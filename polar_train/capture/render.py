@@ -32,8 +32,7 @@ class UnencodableText(ValueError):
     call keeps no token ids; its row says why, without a traceback per call)."""
 
 
-#: A UTF-16 surrogate code point (in a str only where JSON escaped it: ``"\\ud83d"``).
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A UTF-16 surrogate that no other one pairs with (in a str only where JSON escaped it: ``"\\ud83d"``).
 _LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
 
 
@@ -41,8 +40,13 @@ def whole_code_points(text: str) -> str:
     """``text`` with each surrogate pair joined into its character. A server that cuts its stream
     by UTF-16 code unit (JavaScript's) sends an emoji as ``"A\\ud83d"`` then ``"\\ude00B"``: joined,
     the reply holds the pair, which the tokenizer refused (a TypeError, and the call lost its ids)."""
-    if text.isascii() or not _SURROGATE.search(text):
+    if text.isascii():
         return text
+    try:
+        text.encode("utf-8")  # (the common case, in C: a search for surrogates cost ~6 ms per 1.2 M characters)
+        return text
+    except UnicodeEncodeError:
+        pass
     try:
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
     except UnicodeDecodeError:

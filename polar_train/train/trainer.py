@@ -207,7 +207,8 @@ def stall_warning(stalled: list[int], learning_rate: float) -> str | None:
     """What to tell a user whose run stalled (:func:`stalled_steps`)."""
     if not stalled:
         return None
-    where = (f"step {stalled[0]}" if len(stalled) == 1 else f"{len(stalled)} steps ({stalled[0]}..{stalled[-1]})")
+    # (logged steps: with logging_steps > 1 each stands for its window, its grad_norm the last step's)
+    where = (f"step {stalled[0]}" if len(stalled) == 1 else f"{len(stalled)} logged steps ({stalled[0]}..{stalled[-1]})")
     return (f"polar-train train: warning: {where} learned nothing: gradient norm 0 although rewards differed within "
             f"a group and no token was clipped - the policy saturated (learning_rate {learning_rate:g} too high?) or "
             "no completion token was trainable; metrics.jsonl has each step's grad_norm and entropy")

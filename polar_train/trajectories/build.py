@@ -22,9 +22,8 @@ from ..calllog import (
     CallLogError,
     _list_values,
     first_rows,
-    joined_live_writers,
+    live_notes,
     live_writers,
-    live_writers_note,
     loss_notes,
     part_folder,
     read_call_log,
@@ -500,8 +499,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
 
         more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
         raise CallLogError(f"no readable call-log part in {folder}; skipped {printable(str(log.problems[0]))}{more}")
-    if (live := live_writers_note(joined_live_writers(live_before, live_writers(folder, log.parts)))) is not None:
-        report.notes.append(live)
+    report.notes.extend(live_notes(live_before, live_writers(folder, log.parts)))
     report.notes.extend(loss_notes(folder, log.parts))
     if tokenizer_note is not None:
         report.notes.append(tokenizer_note)
