@@ -767,6 +767,13 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
      "lr_scheduler_kwargs: min_lr_ratio is no option of lr_scheduler_type cosine_with_min_lr (its options: "
      "num_cycles, min_lr, min_lr_rate)"),
     ("lr_scheduler_kwargs=[1]", "lr_scheduler_kwargs must be a mapping"),
+    # an adapter of NaNs at step 1 said as a divergence ("lower learning_rate"); clipping off unsaid (a probe)
+    ("weight_decay=nan", "weight_decay must be a finite number >= 0, got nan"),
+    ("adam_epsilon=0", "adam_epsilon must be a finite number above 0"),
+    ("adam_beta2=1", "adam_beta2 must be in [0, 1), got 1.0"),
+    ("max_grad_norm=nan", "max_grad_norm must be a number >= 0 (0: no clipping), got nan"),
+    ("report_to=", "--set report_to: empty value"),
+    ("lora_target_modules= ", "--set lora_target_modules: empty value"),
     ("lr_scheduler_kwargs={bad", "lr_scheduler_kwargs: not valid JSON (Expecting property name"),
 ])
 def test_options_that_fail_late_go_unused_or_break_exactness_are_refused(sampled, tiny_model_dir, tmp_path,
@@ -792,6 +799,8 @@ def test_trls_documented_values_and_mappings_are_taken(sampled, tiny_model_dir, 
     config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", config=str(yaml_file)))
     assert config.scale_rewards == "none" and config.lr_scheduler_kwargs == {"min_lr": 1.0e-7}
     assert "warning: lora_dropout 0.1: its noise enters the importance weights" in capsys.readouterr().err
+    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "report_to=None"))  # "None: not installed"
+    assert config.report_to in ([], ["none"], "none")
     for empty in ("{}", "null"):  # sets nothing: not refused as unused
         assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"model_init_kwargs={empty}"))[0] is not None
     yaml_file.write_text("generation_kwargs: {top_k: 5}\n")  # a sampler's option stays refused as a mapping too

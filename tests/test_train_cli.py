@@ -207,6 +207,19 @@ def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path)
     assert proc.stderr.strip().splitlines()[-1] == (f"polar-train train: error: --output {project} is not empty "
                                                     "and holds no run of ours: give a new or empty folder")
     assert (project / "README.md").read_text() == "my project" and len(list(project.iterdir())) == 1
+    loop = tmp_path / "loop"  # pathlib's RuntimeError traceback (a probe)
+    loop.symlink_to(loop)
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"),
+                       "--set", f"init_adapter={loop}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"polar-train train: error: init_adapter {loop} is a broken "
+                                                    "symbolic link (or a loop of them)")
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(tmp_path / "r"),
+                       "--set", "lora_r=99999999999")  # torch's allocation traceback after the weights (a probe)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "polar-train train: error: lora_r 99999999999 is above the model's hidden size 64: a LoRA's rank is at most "
+        "its layers' width (8-64 is usual)")
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):

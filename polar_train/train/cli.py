@@ -63,6 +63,17 @@ def _model_vocab_size(model: str) -> int:
     return int(cfg.get_text_config().vocab_size)
 
 
+def _model_width(model: str) -> int | None:
+    """The model's hidden size (its text model's), or None where its config does not say."""
+    from transformers import AutoConfig
+
+    try:
+        width = getattr(AutoConfig.from_pretrained(model).get_text_config(), "hidden_size", None)
+    except Exception:  # noqa: BLE001 - read before (_model_vocab_size): its error was said there
+        return None
+    return width if isinstance(width, int) and width > 0 else None
+
+
 def _check_temperature(config, report) -> None:
     recorded = report.temperatures
     t = float(config.temperature)
@@ -248,8 +259,14 @@ def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) ->
 
 
 def _resolved(path: str | None) -> str | None:
-    """A path as recorded for a later run to compare with (absolute, ``~`` expanded), or None."""
-    return str(Path(path).expanduser().resolve()) if path else None
+    """A path as recorded for a later run to compare with (absolute, ``~`` expanded), or None. A
+    loop of symbolic links is one line (``init_adapter=`` one: pathlib's RuntimeError traceback)."""
+    if not path:
+        return None
+    try:
+        return str(Path(path).expanduser().resolve())
+    except (OSError, RuntimeError):
+        raise UserError(f"init_adapter {path} is a broken symbolic link (or a loop of them)") from None
 
 
 def _saved_marker(out: Path) -> dict[str, Any]:
@@ -540,6 +557,10 @@ def build_trainer(args: argparse.Namespace):
     if not config.init_adapter and config.lora_target_modules != ["all-linear"]:
         if problems := lora_target_problems(args.model, config.lora_target_modules):
             raise UserError(f"lora_target_modules on the model in {args.model}: {'; '.join(problems)}")
+    if not config.init_adapter and (width := _model_width(args.model)) and config.lora_r > width:
+        # a rank past a layer's width adds nothing; 99999999999 asked torch for 25 TB, a traceback after the weights
+        raise UserError(f"lora_r {config.lora_r} is above the model's hidden size {width}: a LoRA's rank is at "
+                        "most its layers' width (8-64 is usual)")
     if tok.pad_token_id is None and tok.eos_token_id is None:  # TRL pads batches with it: its traceback then
         raise UserError(f"--model {args.model}: its tokenizer has neither a pad_token nor an eos_token to pad "
                         "batches with: set pad_token in its tokenizer_config.json")

@@ -170,6 +170,8 @@ class TrainConfig(GRPOConfig):
                              "would mask every trajectory not ending in EOS and train nothing (trajectories "
                              "longer than max_completion_length are truncated and reported instead)")
         self._check_ranges()
+        if isinstance(self.report_to, str) and self.report_to.strip().lower() in ("none", "all"):
+            self.report_to = self.report_to.strip().lower()  # `None`: "None: not installed here" (a probe)
         if isinstance(self.report_to, str) and "," in self.report_to:  # --set report_to=tensorboard,wandb
             self.report_to = [v.strip() for v in self.report_to.split(",") if v.strip()]
         if isinstance(self.report_to, list) and len(self.report_to) > 1 and {"none", "all"} & set(self.report_to):
@@ -331,6 +333,17 @@ class TrainConfig(GRPOConfig):
         if self.max_steps == -1:
             need(0 < self.num_train_epochs < math.inf, "num_train_epochs must be a finite number above 0 "
                  "(or set max_steps)", self.num_train_epochs)
+        # optimizer numbers: NaN weight decay or a zero epsilon made the adapter NaN at step 1, said as a
+        # divergence ("lower learning_rate"); a NaN max_grad_norm turned clipping off without a word
+        need(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be a finite number "
+             ">= 0", self.weight_decay)
+        need(math.isfinite(self.adam_epsilon) and self.adam_epsilon > 0, "adam_epsilon must be a finite number "
+             "above 0 (it keeps Adam's division finite)", self.adam_epsilon)
+        for name in ("adam_beta1", "adam_beta2"):
+            need(0 <= getattr(self, name) < 1, f"{name} must be in [0, 1)", getattr(self, name))
+        if self.max_grad_norm is not None:
+            need(not math.isnan(self.max_grad_norm) and self.max_grad_norm >= 0, "max_grad_norm must be a number "
+                 ">= 0 (0: no clipping)", self.max_grad_norm)
         need(self.lora_r >= 1, "lora_r must be at least 1", self.lora_r)
         need(self.lora_alpha > 0, "lora_alpha must be above 0 (the LoRA scale is alpha / r)", self.lora_alpha)
         need(self.min_group_size >= 1, "min_group_size must be at least 1", self.min_group_size)
@@ -568,6 +581,9 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
             raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
         if key == "output_dir":
             raise UserError("--set output_dir: the run folder is --output")
+        if not value.strip():  # `--set report_to=` was "report_to : not installed", lora_target_modules= a model's blocks
+            raise UserError(f"--set {key}: empty value (leave the option out for its default, or give none where it "
+                            "takes none)")
         _refuse_generation_option("--set ", key, value)
         out[key] = value
     return out
