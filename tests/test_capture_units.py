@@ -520,6 +520,11 @@ def test_detect_api_paths():
     assert record.detect_api("GET", "/v1/responses") is None
     assert record.detect_api("POST", "/v1/messages/count_tokens") is None
     assert record.detect_api("POST", "/v1/embeddings") is None
+    # the server decodes a path and drops a fragment: these were answered as model calls, unrecorded (a probe)
+    assert record.detect_api("POST", "/v1/chat/%63ompletions") == "openai.chat"
+    assert record.detect_api("POST", "/v1/%63hat/completions?x=1") == "openai.chat"
+    assert record.detect_api("POST", "/v1/chat/completions#f") == "openai.chat"
+    assert record.detect_api("POST", "/v1/messages%2Fcount_tokens") is None
 
 
 def test_attempts_count_retries_per_rollout():
@@ -726,6 +731,24 @@ def test_build_row_bad_bodies(body, status, needle):
     import pyarrow as pa
 
     pa.Table.from_pylist([row], schema=CALL_LOG_SCHEMA)  # always a valid row
+
+
+@pytest.mark.parametrize("api,body,error", [
+    ("openai.responses", {"error": {"message": "Overloaded", "type": "overloaded_error"}},
+     "the server reported an error: Overloaded (overloaded_error)"),
+    ("openai.responses", {"detail": "upstream busy"}, "response has no output list (not a Responses object)"),
+    ("anthropic.messages", {"detail": "upstream busy"}, "response has no content list (not a Messages object)"),
+])
+def test_a_gateways_error_answered_with_200_is_no_ok_row(api, body, error):
+    """A gateway answering its error with HTTP 200: chat's row said so (no choices[0]), Responses'
+    and Messages' were ``ok`` with rendered prompt ids and an empty completion, and ``build`` made
+    trajectories of them (a probe)."""
+    request = {"model": "m", "max_tokens": 4, "input": "hi"} if api == "openai.responses" else \
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    row = record.build_row(_state(api, request=request, http_status=200, response_body=json.dumps(body).encode()),
+                           None)
+    assert row["status"] == "upstream_error" and row["error"] == error
+    assert row["prompt_token_ids"] is None and row["completion_token_ids"] is None
 
 
 def test_build_row_truncated_and_malformed_stream():

@@ -73,6 +73,8 @@ def parse_body(obj: dict[str, Any]) -> ParsedCall:
     parsed = ParsedCall(response=obj, model=obj.get("model") if isinstance(obj.get("model"), str) else None)
     if obj.get("type") == "error":  # an error object in a 2xx body
         parsed.server_error = f"the server reported an error: {error_text(obj.get('error'))}"
+    elif not isinstance(obj.get("content"), list):  # a gateway's own error with HTTP 200 ({"detail": ...}): it
+        parsed.error = "response has no content list (not a Messages object)"  # was an ok row, built (a probe)
     _usage(parsed, obj.get("usage"))
     content = obj.get("content") if isinstance(obj.get("content"), list) else []
     _finish(parsed, content, obj.get("stop_reason"))

@@ -587,7 +587,15 @@ def _tool_call(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_body(obj: dict[str, Any]) -> ParsedCall:
-    return parse_response(obj)
+    """A non-streamed response. A body without an ``output`` list is no response object (a gateway
+    answering its error with HTTP 200): it was an ``ok`` row with an empty completion, built into a
+    trajectory (a probe)."""
+    parsed = parse_response(obj)
+    if not isinstance(obj.get("output"), list):
+        if obj.get("error"):
+            parsed.server_error = f"the server reported an error: {error_text(obj['error'])}"
+        parsed.error = "response has no output list (not a Responses object)"
+    return parsed
 
 
 def parse_stream(events: list[tuple[str | None, Any]], done: bool) -> ParsedCall:
