@@ -390,7 +390,11 @@ class PolarCapture:
             _say_streamed_once()
             return
         (encoding,) = raw_headers.values(req.headers.fields, b"content-encoding")
-        body = (req.raw_content if encoding is None else req.get_content(strict=False)) or b""
+        as_labelled = encoding is not None
+        try:
+            body = (req.raw_content if encoding is None else req.get_content(strict=True)) or b""
+        except ValueError:  # not in its label's encoding (plain JSON labelled gzip: servers ignore the label)
+            body, as_labelled = req.raw_content or b"", False  # an injected body was compressed: a 400 (a probe)
         if len(body) > self.opts.max_body_mb << 20:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
             return
@@ -427,8 +431,8 @@ class PolarCapture:
             if new is None:
                 new = (await asyncio.to_thread(record.encode_injection, body, obj, inj.body) if big
                        else record.encode_injection(body, obj, inj.body))
-            if encoding is None:
-                req.raw_content = new
+            if not as_labelled:
+                req.raw_content = new  # as the client sent it: unencoded
                 req.headers.fields = raw_headers.with_body_length(req.headers.fields, len(new))
             else:
                 req.content = new  # re-encoded as the client sent it

@@ -134,6 +134,30 @@ def test_malformed_request_json_is_forwarded_unchanged(proxy, upstream):
     assert row["status"] == "upstream_error" and row["request_json"] is None
 
 
+@pytest.mark.parametrize("labelled_right", [True, False])
+def test_a_request_body_reaches_the_server_in_the_encoding_it_came_in(proxy, upstream, labelled_right):
+    """A gzip request body is injected and sent on gzipped; a plain JSON body labelled gzip (servers,
+    vLLM too, ignore a request's Content-Encoding) was injected and then compressed by the proxy, and
+    the server answered 400 to bytes the client never sent (a probe). It goes on plain."""
+    import gzip
+
+    _, received = upstream
+    r = rid()
+    plain = json.dumps({"model": "ok", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    resp = httpx.post(proxy.url + "/v1/chat/completions", content=gzip.compress(plain) if labelled_right else plain,
+                      timeout=30, headers={"x-polar-rollout": r, "content-type": "application/json",
+                                           "content-encoding": "gzip"})
+    (row,) = wait_rows(proxy.out_dir, r)
+    sent = [body for path, _, body in received if path.endswith("/chat/completions")][-1]
+    if labelled_right:  # (this fake server reads no gzip: its 400 is no matter here)
+        got = json.loads(gzip.decompress(sent))
+    else:
+        assert resp.status_code == 200 and row["status"] == "ok"
+        got = json.loads(sent)
+    assert got["messages"] == [{"role": "user", "content": "hi"}] and got["return_token_ids"] is True  # injected
+    assert row["injected"] is True
+
+
 @pytest.mark.parametrize("model,problem", [("fault-truncated-sse", "truncated"), ("fault-malformed-sse", "malformed")])
 def test_bad_streams_reach_the_client_unchanged(proxy, model, problem):
     r = rid()
