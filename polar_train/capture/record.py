@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import unquote
 
 from ..wire.errors import BadRequest
 from ..wire.lax import lax_true
@@ -45,7 +46,10 @@ def detect_api(method: str, path: str) -> str | None:
     """The wire format of a model call (POST to a known path, any prefix, any query), else None."""
     if method.upper() != "POST":
         return None
-    m = _PATHS.search(path.split("?", 1)[0])
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    if "%" in path:  # the server decodes it (Starlette, vLLM's): /v1/chat/%63ompletions was answered, unrecorded
+        path = unquote(path)
+    m = _PATHS.search(path)
     return _API_BY_TAIL[m.group(1)] if m else None
 
 
