@@ -94,7 +94,9 @@ def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> li
     for target in targets:
         kinds = {type(m).__name__: isinstance(m, adaptable)
                  for n, m in modules if n == target or n.endswith("." + target)}
-        if not kinds:
+        if target == "all-linear" and not kinds:  # peft reads it literally in a list: "names no module ...; or all-linear"
+            problems.append("all-linear stands alone (every linear layer), not in a list of names")
+        elif not kinds:
             problems.append(f"{target} names no module")
         elif not any(kinds.values()):
             problems.append(f"{target} names {', '.join(sorted(kinds))} blocks, which LoRA cannot adapt")

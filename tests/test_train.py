@@ -773,6 +773,10 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     ("adam_beta2=1", "adam_beta2 must be in [0, 1), got 1.0"),
     ("max_grad_norm=nan", "max_grad_norm must be a number >= 0 (0: no clipping), got nan"),
     ("report_to=", "--set report_to: empty value"),
+    # TRL's words after the weights loaded ("batch_size should be a positive integer"); -1 taken (a probe)
+    ("steps_per_generation=0", "steps_per_generation must be at least 1, got 0"),
+    ("steps_per_generation=-1", "steps_per_generation must be at least 1, got -1"),
+    ("logging_steps=-1", "logging_steps must be above 0"),
     ("lora_target_modules= ", "--set lora_target_modules: empty value"),
     ("lr_scheduler_kwargs={bad", "lr_scheduler_kwargs: not valid JSON (Expecting property name"),
 ])

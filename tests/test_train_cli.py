@@ -699,6 +699,7 @@ def test_a_refusal_before_the_weights_comes_before_the_trainer_imports(trajector
 @pytest.mark.parametrize(("targets", "problem"), [
     ("foo_proj,q_proj", "foo_proj names no module"),
     ("mlp", "mlp names Qwen3MLP blocks, which LoRA cannot adapt"),
+    ("all-linear,q_proj", "all-linear stands alone (every linear layer), not in a list of names"),  # "names no module"
 ])
 def test_lora_target_modules_the_model_lacks_are_named_before_the_weights_load(
         trajectories, tiny_model_dir, tmp_path, targets, problem) -> None:
@@ -941,7 +942,12 @@ def test_a_run_whose_policy_saturated_says_which_steps_learned_nothing(trajector
     healthy = [{"step": 1, "grad_norm": 0.3, "frac_reward_zero_std": 0.0},
                {"step": 2, "grad_norm": 0.0, "frac_reward_zero_std": 1.0},  # nothing to learn: no stall
                {"step": 3, "grad_norm": 0.0, "frac_reward_zero_std": 0.5, "clip_ratio/region_mean": 0.2},  # clipped
-               {"step": 4, "train_runtime": 1.0}]
+               {"step": 4, "train_runtime": 1.0},
+               # every token masked by the sampler correction, or weighed ~1e-42: another policy sampled the data
+               # (the mismatch warning's case), not a saturated one (a probe: "learning_rate 1e-06 too high?")
+               {"step": 5, "grad_norm": 0.0, "frac_reward_zero_std": 0.0,
+                "sampling/importance_sampling_ratio/clipped_frac": 1.0},
+               {"step": 6, "grad_norm": 0.0, "frac_reward_zero_std": 0.0, "sampling/importance_sampling_ratio/max": 1e-42}]
     assert stalled_steps(healthy) == [] and stall_warning([], 1e-5) is None
 
 

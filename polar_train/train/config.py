@@ -322,6 +322,12 @@ class TrainConfig(GRPOConfig):
              self.per_device_train_batch_size)
         need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1",
              self.gradient_accumulation_steps)
+        for name in ("steps_per_generation", "generation_batch_size"):  # TRL's words after the weights loaded
+            if getattr(self, name) is not None:
+                need(getattr(self, name) >= 1, f"{name} must be at least 1", getattr(self, name))
+        if str(getattr(self.logging_strategy, "value", self.logging_strategy)) == "steps":
+            need(self.logging_steps > 0, "logging_steps must be above 0 (a step count, or a fraction of the run "
+                 "below 1)", self.logging_steps)  # (-1 was taken: one averaged row at the end)
         need(math.isfinite(self.temperature) and self.temperature > 0, "temperature must be a number above 0 "
              "(the sampler's temperature)", self.temperature)
         need(math.isfinite(self.beta) and self.beta >= 0, "beta (the KL coefficient) must be a finite number "

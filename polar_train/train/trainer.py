@@ -194,11 +194,20 @@ def stalled_steps(log_history: list[dict[str, Any]]) -> list[int]:
     while some group's rewards differed and no token's ratio was clipped. A learning rate that
     saturates the policy (1e12: every distribution uniform after one step, every gradient 0 after)
     ran to its end and exited 0 with an adapter that no later step changed, unsaid."""
+    def number(row: dict[str, Any], key: str) -> float | None:
+        value = row.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
     stalled = []
     for row in log_history:
-        grad, spread, clipped = row.get("grad_norm"), row.get("frac_reward_zero_std"), row.get("clip_ratio/region_mean")
-        if isinstance(grad, (int, float)) and grad == 0 and isinstance(spread, (int, float)) and spread < 1 \
-                and not (isinstance(clipped, (int, float)) and clipped > 0) and "step" in row:
+        grad, spread, clipped = number(row, "grad_norm"), number(row, "frac_reward_zero_std"), \
+            number(row, "clip_ratio/region_mean")
+        # the sampler correction's weights masked (or all but zeroed) every token: another policy sampled the data
+        # (the first-step mismatch warning says so), not a saturated one (a probe: "learning_rate 1e-06 too high?")
+        masked, weight_max = number(row, "sampling/importance_sampling_ratio/clipped_frac"), \
+            number(row, "sampling/importance_sampling_ratio/max")
+        if grad == 0 and spread is not None and spread < 1 and not (clipped or 0) > 0 and "step" in row \
+                and not (masked is not None and masked >= 1) and not (weight_max is not None and weight_max < 1e-6):
             stalled.append(int(row["step"]))
     return stalled
 
