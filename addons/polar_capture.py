@@ -43,6 +43,8 @@ except ModuleNotFoundError:  # a checkout (or an installed copy) this interprete
 
 from polar_train.capture import handover
 
+handover.forget_failed_load()  # (mitmproxy's stale "None" addon of a load that failed before this one)
+
 # before any name this file imports from the package: after a `git pull`, a new name (one the old
 # modules cached in this process lack) was an ImportError that hid this message
 _changed = handover.changed_modules()
@@ -723,6 +725,8 @@ def _loaded_already() -> bool:
         return False
 
 
+handover.changed_modules()  # (the first load: every module imported above is seen from now on; the check
+#                              above saw only those loaded before it)
 if _loaded_already():
     # a warning: an error logged at startup makes mitmdump exit, and the first copy records
     log.warning("polar_capture: the capture addon is loaded already (the script given twice under two paths?); "

@@ -164,13 +164,14 @@ def live_notes(before: list[tuple[Path, list[int]]], after: list[tuple[Path, lis
     """The report's lines on :func:`live_writers` seen before and after a read: the proxies still
     writing (:func:`live_writers_note`), and those that stopped meanwhile - their last rows were
     written after the listing, unread (a probe's build read 20 of 25 rows and said nothing)."""
-    still = {pid for _, pids in after for pid in pids}
-    stopped = [(folder, gone) for folder, pids in before if (gone := [p for p in pids if p not in still])]
+    # by folder, not process: a row worker replaced during the read leaves its proxy writing
+    still = {folder for folder, _ in after}
+    stopped = [(folder, pids) for folder, pids in before if folder not in still]
     notes = [note] if (note := live_writers_note(after)) is not None else []
     if stopped:
         where = "; ".join(f"{folder} (process {', '.join(map(str, pids))})" for folder, pids in stopped)
-        notes.append(f"a capture proxy stopped while the parts were read: {where}; the rows it wrote as it stopped "
-                     "were not read: read again")
+        notes.append(f"a capture proxy stopped while the parts were read: {where}; rows it wrote as it stopped may "
+                     "not have been read: read again")
     return notes
 
 

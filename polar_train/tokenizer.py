@@ -152,7 +152,7 @@ def build_tokenizer():
         tok = _fast_tokenizer(path)
     except Exception:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a broken file
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)  # (another process may be making it again too: its os.replace is whole)
         except OSError as exc:
             raise PermissionError(f"the tokenizer cache {path} does not load and cannot be removed "
                                   f"({exc.strerror or exc}): delete it, or set POLAR_TRAIN_CACHE to another "

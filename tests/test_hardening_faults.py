@@ -402,6 +402,38 @@ def test_a_reload_that_fails_refuses_model_calls_until_the_addon_loads_again(tmp
         assert rows_of(m.out_dir, r) == []
 
 
+def test_a_package_changed_before_the_first_reload_is_said(tmp_path: Path, monkeypatch) -> None:
+    """The check for a package changed on disk, moved before the addon's imports, saw only the
+    modules loaded before it at the first load: a `git pull` before the first reload went unsaid
+    (the review). Start, pull (identity.py gains a name the new addon imports), reload."""
+    from tests.support.mitm import ADDON
+
+    script = tmp_path / "addon" / "polar_capture.py"
+    script.parent.mkdir()
+    shutil.copy(ADDON, script)
+    package = tmp_path / "pkg" / "polar_train"
+    shutil.copytree(ADDON.parents[1] / "polar_train", package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(package.parent))
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, scripts=[script], options={"polar_flush_seconds": "0.2"})
+        try:
+            identity = package / "capture" / "identity.py"
+            poll(lambda: "polar_capture: writing calls to" in m.proc.log(), 30, "the first load done")  # (it runs
+            # on after the port listens)
+            identity.write_text(identity.read_text() + "\nPULLED_NAME = 1\n")
+            script.write_text(ADDON.read_text().replace("from polar_train.capture.identity import ",
+                                                        "from polar_train.capture.identity import PULLED_NAME, "))
+            later = time.time() + 5
+            os.utime(script, (later, later))
+            poll(lambda: "model calls are refused" in m.proc.log(), 30, "the reload refused")
+            assert "polar_train changed on disk since mitmdump started (polar_train/capture/identity.py)" \
+                in m.proc.log()
+            with client(m, rid()) as c:
+                assert c.post(base + "/v1/chat/completions", json=chat(False)).status_code == 503
+        finally:
+            m.stop()
+
+
 def test_the_addon_given_under_two_paths_records_each_call_once(tmp_path: Path) -> None:
     """`-s addons/polar_capture.py -s copy/polar_capture.py`: mitmproxy refused the second with its
     traceback and exited. The second copy now stands aside with one line."""

@@ -92,3 +92,16 @@ def test_a_cache_file_cut_short_is_made_again(tmp_path, monkeypatch, fast):
     assert broken.read_bytes() == cached.read_bytes()
     text = "def f(x):\n    return x  # ünïcödé <think>"
     assert again.encode(text) == fast.encode(text)
+    # another process that found it broken too removed it first (the review: "cannot be removed (No such file)")
+    real = tokenizer._fast_tokenizer
+    tried: list[Path] = []
+
+    def removed_meanwhile(path: Path):
+        if not tried:
+            tried.append(path)
+            path.unlink()
+            raise Exception("EOF while parsing a string at line 48 column 15")
+        return real(path)
+
+    monkeypatch.setattr(tokenizer, "_fast_tokenizer", removed_meanwhile)
+    assert build_tokenizer().encode(text) == fast.encode(text) and tried == [broken]

@@ -779,6 +779,7 @@ def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_
     ("logging_steps=-1", "logging_steps must be above 0"),
     ("lora_target_modules= ", "--set lora_target_modules: empty value"),
     ("lr_scheduler_kwargs={bad", "lr_scheduler_kwargs: not valid JSON (Expecting property name"),
+    ('lr_scheduler_kwargs= {"min_lr": 1e-7}', "lr_scheduler_kwargs: min_lr is no option"),  # " {" stayed text (review)
 ])
 def test_options_that_fail_late_go_unused_or_break_exactness_are_refused(sampled, tiny_model_dir, tmp_path,
                                                                          setting, message):
@@ -805,6 +806,8 @@ def test_trls_documented_values_and_mappings_are_taken(sampled, tiny_model_dir, 
     assert "warning: lora_dropout 0.1: its noise enters the importance weights" in capsys.readouterr().err
     config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "report_to=None"))  # "None: not installed"
     assert config.report_to in ([], ["none"], "none")
+    for fresh in ("none", ""):  # clears a YAML's init_adapter: a fresh LoRA (not a folder named "none"; the review)
+        assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"init_adapter={fresh}"))[0].init_adapter is None
     for empty in ("{}", "null"):  # sets nothing: not refused as unused
         assert prepare(ns(sampled, tiny_model_dir, tmp_path / "r", f"model_init_kwargs={empty}"))[0] is not None
     yaml_file.write_text("generation_kwargs: {top_k: 5}\n")  # a sampler's option stays refused as a mapping too
@@ -829,7 +832,7 @@ def test_option_types_hold_after_a_scripts_own_parse_of_grpoconfig(tmp_path):
     fields are GRPOConfig's: a script that parsed GRPOConfig before importing polar_train had a YAML
     mapping for ``lr_scheduler_kwargs`` refused ("expected a value, got a mapping")."""
     yaml_file = tmp_path / "t.yaml"
-    yaml_file.write_text("lr_scheduler_kwargs: {min_lr: 1.0e-7}\n")
+    yaml_file.write_text("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-7}\n")
     script = ("import sys\n"
               "from transformers import HfArgumentParser\n"
               "from trl import GRPOConfig\n"

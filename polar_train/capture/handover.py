@@ -125,6 +125,7 @@ class CaptureDown:
     def requestheaders(self, flow: Any) -> None:
         from mitmproxy import http
 
+        forget_failed_load()  # (failed loads in a row: each left one, and the next said "already exists")
         if flow.response is not None or self._detect_api(flow.request.method, flow.request.path) is None:
             return
         body = {"error": {"message": DOWN_MESSAGE, "type": "polar_capture_unavailable", "param": None,
@@ -144,6 +145,17 @@ def _forget_failed_load(master: Any) -> None:
     lookup = getattr(master.addons, "lookup", None)
     if isinstance(lookup, dict) and "nonetype" in lookup and lookup["nonetype"] is None:
         del lookup["nonetype"]
+
+
+def forget_failed_load() -> None:
+    """:func:`_forget_failed_load` on the running mitmproxy, if there is one (a test imports the addon
+    without a master)."""
+    try:
+        from mitmproxy import ctx
+
+        _forget_failed_load(ctx.master)
+    except Exception:  # noqa: BLE001 - no master: nothing to forget
+        pass
 
 
 def stand_in(master: Any, detect_api: Callable[[str, str], str | None]) -> None:

@@ -258,7 +258,7 @@ def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) ->
                         "to go on from its weights)")
 
 
-def _resolved(path: str | None) -> str | None:
+def _resolved(path: str | None, what: str = "init_adapter") -> str | None:
     """A path as recorded for a later run to compare with (absolute, ``~`` expanded), or None. A
     loop of symbolic links is one line (``init_adapter=`` one: pathlib's RuntimeError traceback)."""
     if not path:
@@ -266,7 +266,7 @@ def _resolved(path: str | None) -> str | None:
     try:
         return str(Path(path).expanduser().resolve())
     except (OSError, RuntimeError):
-        raise UserError(f"init_adapter {path} is a broken symbolic link (or a loop of them)") from None
+        raise UserError(f"{what} {path} is a loop of symbolic links") from None
 
 
 def _saved_marker(out: Path) -> dict[str, Any]:
@@ -573,7 +573,7 @@ def build_trainer(args: argparse.Namespace):
         if (note := adapter_base_note(config.init_adapter, args.model)) is not None and _first_process():
             print(f"polar-train train: init_adapter: {note}", file=sys.stderr, flush=True)
         for adapter_config in model.peft_config.values():  # peft keeps the one it loaded: record this run's
-            adapter_config.base_model_name_or_path = _resolved(args.model)
+            adapter_config.base_model_name_or_path = _resolved(args.model, "--model")
     else:
         peft_config = config.lora_config()
     try:
@@ -641,7 +641,7 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
     if _first_process():
         try:
             # where the data is: notebooks/02 finds an unfinished run's build report by it
-            _write_marker(out, {**identity, "trajectories_folder": _resolved(args.data)})
+            _write_marker(out, {**identity, "trajectories_folder": _resolved(args.data, "DATA")})
         except OSError as exc:
             raise TrainFailure(f"cannot write {out / RUN_MARKER}: {exc.strerror or exc}") from None
     if checkpoint is not None and _first_process():  # the steps after it are logged again;

@@ -155,6 +155,8 @@ class TrainConfig(GRPOConfig):
                              f"{self.epsilon:g} and {self.epsilon_high}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
+        if isinstance(self.init_adapter, str) and self.init_adapter.strip().lower() in ("", "none", "null"):
+            self.init_adapter = None  # `--set init_adapter=none` over a YAML's: a fresh LoRA (not a folder "none")
         if isinstance(self.init_adapter, str):  # `--set init_adapter=~/runs/r1/adapter`: no shell expands it
             try:
                 self.init_adapter = expand_home(self.init_adapter)
@@ -209,6 +211,7 @@ class TrainConfig(GRPOConfig):
                 raise ValueError(f"{name}: not valid JSON ({exc})") from None
             if not isinstance(parsed, dict):
                 raise ValueError(f"{name} must be a mapping ({{\"min_lr\": 1e-7}}), got {value!r}")
+            setattr(self, name, parsed)  # (transformers parses only text that starts with "{": " {" stayed text)
 
     def _check_scheduler_kwargs(self) -> None:
         """Each key of ``lr_scheduler_kwargs`` is a parameter of ``lr_scheduler_type``'s schedule:
@@ -587,9 +590,10 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
             raise UserError(f"--set {key}: unknown option (see docs/train.md or data/train.yaml)")
         if key == "output_dir":
             raise UserError("--set output_dir: the run folder is --output")
-        if not value.strip():  # `--set report_to=` was "report_to : not installed", lora_target_modules= a model's blocks
-            raise UserError(f"--set {key}: empty value (leave the option out for its default, or give none where it "
-                            "takes none)")
+        # (an optional path or number may be cleared - `init_adapter=` over a YAML's -; a list is not)
+        clears = ("None" in _FIELD_TYPES[key] or "Optional" in _FIELD_TYPES[key]) and "list" not in _FIELD_TYPES[key]
+        if not value.strip() and not clears:  # `--set report_to=` was "report_to : not installed" (a probe)
+            raise UserError(f"--set {key}: empty value (leave the option out for its default)")
         _refuse_generation_option("--set ", key, value)
         out[key] = value
     return out
