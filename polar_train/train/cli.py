@@ -49,28 +49,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _model_vocab_size(model: str) -> int:
+def _text_config(model: str):
+    """The model's text config (its vocabulary's size, its width), or the user's one-line error
+    where ``model`` is no model folder."""
     from transformers import AutoConfig
 
     from ..model_load import first_line
 
     try:
-        cfg = AutoConfig.from_pretrained(model)
+        return AutoConfig.from_pretrained(model).get_text_config()
     except Exception as exc:  # noqa: BLE001 - e.g. a config.json of wrong types (huggingface_hub's own error)
         adapter = ("; it holds a peft adapter: give its base model as --model and this folder as --set init_adapter="
                    if (Path(model).expanduser() / "adapter_config.json").is_file() else "")
         raise UserError(f"--model {model}: not a model directory ({first_line(exc)}){adapter}") from None
-    return int(cfg.get_text_config().vocab_size)
+
+
+def _model_vocab_size(model: str) -> int:
+    return int(_text_config(model).vocab_size)
 
 
 def _model_width(model: str) -> int | None:
     """The model's hidden size (its text model's), or None where its config does not say."""
-    from transformers import AutoConfig
-
-    try:
-        width = getattr(AutoConfig.from_pretrained(model).get_text_config(), "hidden_size", None)
-    except Exception:  # noqa: BLE001 - read before (_model_vocab_size): its error was said there
-        return None
+    width = getattr(_text_config(model), "hidden_size", None)
     return width if isinstance(width, int) and width > 0 else None
 
 
@@ -284,7 +284,8 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
         # other trajectories went on unsaid (a copy made with `cp runs/r1/*` leaves the dot file out)
         raise UserError(f"--resume: {out} has no {RUN_MARKER} (a folder polar-train train did not write, a run "
                         "of a polar-train older than the marker (2026-12-04), or its marker was removed): the resume "
-                        "cannot check it continues the same model and data; start a new --output from a checkpoint's weights with --set init_adapter=CHECKPOINT")
+                        "cannot check it continues the same model and data; start a new --output from a checkpoint's "
+                        "weights with --set init_adapter=CHECKPOINT")
     saved = _saved_marker(out)
     if saved.get("model") not in (None, identity["model"]):
         raise UserError(f"--resume: the run in {out} trained on --model {saved['model']}, not {identity['model']}: "

@@ -198,20 +198,20 @@ class TrainConfig(GRPOConfig):
         self._check_scheduler_kwargs()
 
     def _check_dict_options(self) -> None:
-        """A dict option given as text (``--set 'lr_scheduler_kwargs={...}'``) is JSON of a mapping:
-        transformers parses only text that starts with ``{`` and says nothing of the option in its
-        JSON error; any other text stayed text and met ``**`` in the scheduler after the weights loaded."""
-        for name in getattr(self, "_VALID_DICT_FIELDS", ()):
-            value = getattr(self, name, None)
-            if not isinstance(value, str) or name not in ("lr_scheduler_kwargs",):
-                continue
-            try:
-                parsed = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"{name}: not valid JSON ({exc})") from None
-            if not isinstance(parsed, dict):
-                raise ValueError(f"{name} must be a mapping ({{\"min_lr\": 1e-7}}), got {value!r}")
-            setattr(self, name, parsed)  # (transformers parses only text that starts with "{": " {" stayed text)
+        """``lr_scheduler_kwargs`` given as text (``--set 'lr_scheduler_kwargs={...}'``) is JSON of a
+        mapping: transformers parses only text that starts with ``{`` and says nothing of the option
+        in its JSON error; any other text stayed text and met ``**`` in the scheduler after the
+        weights loaded."""
+        value = self.lr_scheduler_kwargs
+        if not isinstance(value, str):
+            return
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"lr_scheduler_kwargs: not valid JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"lr_scheduler_kwargs must be a mapping ({{\"min_lr\": 1e-7}}), got {value!r}")
+        self.lr_scheduler_kwargs = parsed  # (transformers parses only text that starts with "{": " {" stayed text)
 
     def _check_scheduler_kwargs(self) -> None:
         """Each key of ``lr_scheduler_kwargs`` is a parameter of ``lr_scheduler_type``'s schedule:

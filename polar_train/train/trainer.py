@@ -200,14 +200,13 @@ def stalled_steps(log_history: list[dict[str, Any]]) -> list[int]:
 
     stalled = []
     for row in log_history:
-        grad, spread, clipped = number(row, "grad_norm"), number(row, "frac_reward_zero_std"), \
-            number(row, "clip_ratio/region_mean")
+        spread, weight_max = number(row, "frac_reward_zero_std"), number(row, "sampling/importance_sampling_ratio/max")
         # the sampler correction's weights masked (or all but zeroed) every token: another policy sampled the data
         # (the first-step mismatch warning says so), not a saturated one (a probe: "learning_rate 1e-06 too high?")
-        masked, weight_max = number(row, "sampling/importance_sampling_ratio/clipped_frac"), \
-            number(row, "sampling/importance_sampling_ratio/max")
-        if grad == 0 and spread is not None and spread < 1 and not (clipped or 0) > 0 and "step" in row \
-                and not (masked is not None and masked >= 1) and not (weight_max is not None and weight_max < 1e-6):
+        corrected_away = (number(row, "sampling/importance_sampling_ratio/clipped_frac") or 0) >= 1 \
+            or (weight_max is not None and weight_max < 1e-6)
+        if number(row, "grad_norm") == 0 and spread is not None and spread < 1 and "step" in row \
+                and not (number(row, "clip_ratio/region_mean") or 0) > 0 and not corrected_away:
             stalled.append(int(row["step"]))
     return stalled
 
