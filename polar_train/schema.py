@@ -37,6 +37,9 @@ CALL_LOG_SCHEMA = pa.schema(
         pa.field("attempt", pa.int32()),
         pa.field("request_hash", pa.string()),
         pa.field("client_conn_id", pa.string()),
+        # the harness's own session id where it sends one (Codex's session-id header, Claude
+        # Code's x-claude-code-session-id): two sessions under one rollout id are told apart
+        pa.field("client_session_id", pa.string()),
         pa.field("started_at", _ts),
         pa.field("first_byte_at", _ts),
         pa.field("finished_at", _ts),
@@ -115,7 +118,8 @@ def delta_columns(column: str) -> tuple[str, str]:
 
 #: Call-log columns added after version 1: parts written before them lack them, and readers take
 #: them as null - what such a writer meant (it never stored a request compactly).
-CALL_LOG_ADDED_COLUMNS = frozenset(name for c in COMPACT_TEXT_COLUMNS for name in delta_columns(c))
+CALL_LOG_ADDED_COLUMNS = frozenset({*(name for c in COMPACT_TEXT_COLUMNS for name in delta_columns(c)),
+                                    "client_session_id"})
 
 #: How ``polar_prompt_delta`` stored a request text for fourteen minutes (2026-12-05 12:58-13:12,
 #: polar-train 343a87e..ec6066d): the call it shares text with, how many of that call's first and

@@ -378,6 +378,31 @@ def test_one_rollout_id_recorded_under_two_tasks_is_named(tmp_path):
     assert result.report.mixed_task_rollouts == {} and "several tasks" not in result.report.table()
 
 
+def test_one_rollout_id_over_two_harness_sessions_is_named(tmp_path):
+    """A rollout id reused for a second Codex or Claude Code session: its first prompt differs
+    (Codex's names the session's folder), so the second session forked as a `new_conversation` - what
+    a sub-agent is too - and shared the first one's reward and group, unsaid. The harness's own
+    session id (a sub-agent's is its parent's) tells them apart."""
+    a, b = Conversation(rollout_id="r1", name="a"), Conversation(rollout_id="r1", name="b")
+    a.user("task in /tmp/one")
+    b.user("task in /tmp/two")
+    rows = [a.assistant("one", client_session_id="s-1"), a.assistant("two", client_session_id="s-1"),
+            b.assistant("three", client_session_id="s-2")]
+    result = build(tmp_path, rows)
+    assert result.report.forks == {"new_conversation": 1}
+    assert result.report.mixed_session_rollouts == {"r1": 2}
+    assert ("rollouts of several sessions  1 (r1: 2 sessions): the harness named several sessions under one "
+            "rollout id; each session needs its own") in result.report.table()
+    sub, pi = Conversation(rollout_id="r1", name="sub"), Conversation(rollout_id="r2", name="pi")
+    sub.user("sub-agent task")  # a sub-agent of the session: its own conversation, its session's id
+    pi.user("a task")  # a harness that names no session
+    rows = [a.assistant("four", client_session_id="s-1"), sub.assistant("five", client_session_id="s-1"),
+            pi.assistant("six", client_session_id=None), pi.assistant("seven", client_session_id=None)]
+    result = build(tmp_path / "one", rows)
+    assert result.report.forks == {"new_conversation": 1}
+    assert result.report.mixed_session_rollouts == {} and "several sessions" not in result.report.table()
+
+
 def test_two_harnesses_under_one_rollout_id_are_named(tmp_path):
     """Pi (chat completions) and Claude Code (messages) run at once under one rollout id: two
     conversations of one rollout with one reward, and nothing said (a sub-agent looks the same)."""

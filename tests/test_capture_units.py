@@ -24,7 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from polar_train.capture import anthropic_messages, fields, openai_chat, openai_responses, record
-from polar_train.capture.identity import HeaderView, resolve_identity, rollout_from_proxy_auth
+from polar_train.capture.identity import HeaderView, Identity, resolve_identity, rollout_from_proxy_auth
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import parse_port_rollouts
 from polar_train.capture.redact import (REDACTED, SECRET_KEY_SUFFIXES, SECRET_KEYS, has_secret_key, header_secrets,
@@ -270,6 +270,17 @@ def test_identity_precedence():
     assert resolve_identity(_view({}), None, 8081, "x", "", {8081: "r4"}).source == "listen_port"
     assert resolve_identity(_view({}), None, 9999, "x", "", {8081: "r4"}).rollout_id is None
     assert resolve_identity(_view({}), "Basic !!!", None, "x", "", {}).source == "none"
+
+
+def test_the_harness_session_is_read_from_its_own_header():
+    """Codex names its session in ``session-id``, Claude Code in ``x-claude-code-session-id``: kept
+    beside the rollout id, whatever carried that; one that could be no id is left out."""
+    h = _view({"x-polar-rollout": "r1", "session-id": " 019a-codex "})
+    assert resolve_identity(h, None, None, "x-polar-rollout", "", {}) == Identity("r1", "header", None, "019a-codex")
+    h = _view({"X-Claude-Code-Session-Id": "c0de"})
+    assert resolve_identity(h, _basic("r2", "s"), None, "x", "", {}).client_session_id == "c0de"
+    assert resolve_identity(_view({"session-id": "a\x00b"}), None, None, "x", "", {}).client_session_id is None
+    assert resolve_identity(_view({}), None, None, "x", "", {}).client_session_id is None
 
 
 @pytest.mark.parametrize("sent,kept", [

@@ -183,6 +183,16 @@ def test_every_model_call_is_one_ok_row_in_order(proxied: Session) -> None:
         assert r["completion_logprobs"] is None or len(r["completion_logprobs"]) in (0, len(r["completion_token_ids"]))
 
 
+def test_rows_name_the_harness_session(proxied: Session) -> None:
+    """Codex and Claude Code name their session in a header on every call (what tells a rollout id
+    reused for a second session from a sub-agent in `build`); Pi names none."""
+    sessions = {r["client_session_id"] for r in proxied.rows}
+    if proxied.harness == "pi":
+        assert sessions == {None}
+    else:
+        assert len(sessions) == 1 and None not in sessions, sessions
+
+
 def test_rows_count_the_tool_calls(proxied: Session) -> None:
     assert [r["tool_call_count"] for r in proxied.rows] == [2, 1, 1, 1, 0]
 
@@ -286,6 +296,12 @@ def test_two_concurrent_sessions_land_on_two_rollouts(name: str, scripted_server
             assert str(repo) in row["request_json"] and other not in row["request_json"], row["call_id"]
         turns = [assistant_turns(row["api"], json.loads(row["request_json"])) for row in mine]
         assert turns == list(range(SCRIPTED_TURNS))
+    # each session names itself (Pi names none): one rollout id reused for both would be said by build
+    sessions = [{row["client_session_id"] for row in rows if row["rollout_id"] == r} for r in rollouts]
+    if name == "pi":
+        assert sessions == [{None}, {None}]
+    else:
+        assert all(len(s) == 1 and None not in s for s in sessions) and sessions[0] != sessions[1], sessions
 
 
 #: What the builder must make of each session: (trajectories, fork causes). Claude Code re-sends its

@@ -17,7 +17,7 @@ import base64
 import logging
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 API_KEY_PREFIX = "polar-"
@@ -30,6 +30,9 @@ CAPTURE_MARK = "x-polar-capture"
 #: Also on the check's answer: where the proxy sent the request (``http://127.0.0.1:8000``). A
 #: reverse-mode listener sends every request to its own target, whatever server the client named.
 CAPTURE_TARGET = "x-polar-capture-target"
+#: Headers in which a harness names its session: Codex's ``session-id`` (its sub-agents' threads
+#: have their own ``thread-id``), Claude Code's ``x-claude-code-session-id``. Pi sends none.
+CLIENT_SESSION_HEADERS = ("session-id", "x-claude-code-session-id")
 #: The longest rollout or task id kept (a longer one is refused, and said once in the log).
 MAX_ID_CHARS = 512
 
@@ -42,6 +45,10 @@ class Identity:
     rollout_id: str | None
     source: str  # proxy_auth | header | api_key | listen_port | none
     task_id: str | None = None
+    #: The harness's own id of its session (:data:`CLIENT_SESSION_HEADERS`): two sessions under one
+    #: rollout id show as two of these, where their conversations alone cannot tell them from a
+    #: sub-agent's (which shares its session's).
+    client_session_id: str | None = None
 
 
 def id_problem(value: str) -> str | None:
@@ -177,10 +184,27 @@ def identity_headers(rollout_header: str, task_header: str) -> frozenset[bytes]:
     return frozenset(n.encode("latin-1") for n in names if n)
 
 
+def client_session(headers: Any) -> str | None:
+    """The harness's own session id (:data:`CLIENT_SESSION_HEADERS`), or None: one that could be no
+    id is left out unsaid (it is the harness's, not the user's to fix)."""
+    for name in CLIENT_SESSION_HEADERS:
+        value = _first(headers, name)
+        if value is not None and not _control(value) and id_problem(value.strip()) is None:
+            return value.strip()
+    return None
+
+
 def resolve_identity(headers: Any, connect_auth: str | None, listen_port: int | None,
                      rollout_header: str, task_header: str, port_rollouts: dict[int, str]) -> Identity:
     """The identity of one request, from its headers as the client sent them and the proxy
     credentials of its tunnel's CONNECT (``connect_auth``), by the precedence above."""
+    identity = _rollout_identity(headers, connect_auth, listen_port, rollout_header, task_header, port_rollouts)
+    session = client_session(headers)
+    return identity if session is None else replace(identity, client_session_id=session)
+
+
+def _rollout_identity(headers: Any, connect_auth: str | None, listen_port: int | None,
+                      rollout_header: str, task_header: str, port_rollouts: dict[int, str]) -> Identity:
     task_id = valid_id(_first(headers, task_header), "task id") if task_header else None
     rollout = rollout_from_proxy_auth(_first(headers, "proxy-authorization"))
     if rollout is not None:

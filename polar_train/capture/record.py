@@ -515,6 +515,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
         "attempt": state.attempt,
         "request_hash": state.request_hash,
         "client_conn_id": state.client_conn_id,
+        "client_session_id": scrub(identity.client_session_id, forms),
         "started_at": state.started_at,
         "first_byte_at": state.first_byte_at,
         "finished_at": state.finished_at or utcnow(),
@@ -546,7 +547,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
 
 #: The row's short text columns that may hold what a client or a server sent (the JSON columns are
 #: written escaped already: :func:`~.redact.redacted_dumps`).
-_TEXT_COLUMNS = ("rollout_id", "task_id", "host", "path", "model", "error", "finish_reason")
+_TEXT_COLUMNS = ("rollout_id", "task_id", "client_session_id", "host", "path", "model", "error", "finish_reason")
 
 
 def fallback_row(state: CallState, exc: BaseException) -> dict[str, Any]:
@@ -561,7 +562,7 @@ def fallback_row(state: CallState, exc: BaseException) -> dict[str, Any]:
         "task_id": identity.task_id, "api": state.api, "method": state.method, "host": state.host,
         "path": scrub(state.path, state.secrets), "attempt": state.attempt,
         "request_hash": state.request_hash, "client_conn_id": state.client_conn_id,
-        "started_at": state.started_at, "first_byte_at": state.first_byte_at,
+        "client_session_id": scrub(identity.client_session_id, state.secrets), "started_at": state.started_at, "first_byte_at": state.first_byte_at,
         "finished_at": state.finished_at or utcnow(), "stream": state.stream, "http_status": state.http_status,
         "status": "proxy_error", "error": f"building the row failed: {exc!r}"[:ERROR_TEXT_LIMIT],
         "tool_call_count": 0, "injected": state.injected, **_WITHOUT_IDS,

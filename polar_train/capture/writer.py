@@ -37,8 +37,9 @@ Job = Callable[[], dict[str, Any] | None]
 
 #: What a row keeps when Arrow cannot store it as built: who, when, what was sent and answered.
 _KEPT_WHEN_UNSTORABLE = ("call_id", "rollout_id", "rollout_source", "task_id", "api", "method", "host", "path",
-                         "model", "request_hash", "client_conn_id", "started_at", "first_byte_at", "finished_at",
-                         "stream", "request_json", "response_json", "token_source", "finish_reason", "injected")
+                         "model", "request_hash", "client_conn_id", "client_session_id", "started_at",
+                         "first_byte_at", "finished_at", "stream", "request_json", "response_json", "token_source",
+                         "finish_reason", "injected")
 
 
 def rows_table(rows: list[dict[str, Any]]) -> pa.Table:

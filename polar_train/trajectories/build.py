@@ -551,6 +551,11 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         if r is not None and task is not None:
             tasks_of.setdefault(r, set()).add(task)
     report.mixed_task_rollouts = {r: sorted(t) for r, t in sorted(tasks_of.items()) if len(t) > 1}
+    sessions_of: dict[str, set[str]] = {}
+    for r, session in zip((rollout_ids[i] for i in rows), table.column("client_session_id").take(chosen).to_pylist()):
+        if r is not None and session is not None:
+            sessions_of.setdefault(r, set()).add(session)
+    report.mixed_session_rollouts = {r: len(s) for r, s in sorted(sessions_of.items()) if len(s) > 1}
     report.closed_at_cap = stitcher.stats.closed_at_cap
     report.realigned_calls = stitcher.stats.realigned_calls
     known = {r for r in rollout_ids if r is not None}

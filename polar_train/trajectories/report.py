@@ -73,6 +73,10 @@ class BuildReport:
     #: Rollouts whose last call failed (its status): a session killed mid-call or ended on an
     #: error, whose reward scores an unfinished run.
     cut_off_rollouts: dict[str, str] = field(default_factory=dict)
+    #: Rollouts whose calls name several harness sessions (``client_session_id``: Codex's and Claude
+    #: Code's own ids), by how many: a rollout id reused for another session, whose conversations
+    #: alone read as a sub-agent's (``new_conversation`` forks), under one reward and one group.
+    mixed_session_rollouts: dict[str, int] = field(default_factory=dict)
     #: Rollouts the rewards file scores that no trajectory has (every call failed or was skipped):
     #: a crashed session, often a low score, gone from its GRPO group's baseline.
     rewarded_without_calls: list[str] = field(default_factory=list)
@@ -143,6 +147,11 @@ class BuildReport:
                           sep="; ", escaped=True)
             rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}): a rollout id "
                                                        "reused in a later round? each session needs its own"))
+        if self.mixed_session_rollouts:
+            named = _some([f"{shown(r)}: {n} sessions" for r, n in self.mixed_session_rollouts.items()], escaped=True)
+            rows.append(("rollouts of several sessions", f"{len(self.mixed_session_rollouts)} ({named}): the "
+                                                         "harness named several sessions under one rollout id; "
+                                                         "each session needs its own"))
         if self.cut_off_rollouts:
             named = _some([f"{shown(r)}: {st}" for r, st in self.cut_off_rollouts.items()], escaped=True)
             rows.append(("rollouts ending in a failed call", f"{len(self.cut_off_rollouts)} ({named}): sessions cut "
