@@ -179,7 +179,7 @@ def test_a_rewarded_rollout_whose_calls_all_failed_is_named(tmp_path):
     rows = [ok.assistant("done"),
             make_row(call_id="cut", rollout_id="cut", prompt_ids=None, completion_ids=None, status="proxy_error")]
     write_parts(tmp_path / "cap", rows)
-    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "cut", "reward": 0.0}])
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": "cut", "reward": 0.0}, {"rollout_id": "ok", "reward": 1}])
     result = build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
     assert result.report.rewarded_without_calls == ["cut"]
     assert "rollout 'cut' has a reward but no usable call (each failed or was skipped): it is missing from its " \
@@ -187,6 +187,57 @@ def test_a_rewarded_rollout_whose_calls_all_failed_is_named(tmp_path):
     table = result.report.table()
     assert "1 rewarded without a usable call" in table and "build again with --rewards" not in table
     assert result.report.to_json()["rewarded_without_calls"] == ["cut"]
+    # a file whose every reward is of such a rollout rewards nothing: it exited 0 with nothing to train
+    path = write_jsonl(tmp_path / "cut.jsonl", [{"rollout_id": "cut", "reward": 0.0}])
+    with pytest.raises(RewardFileError, match=re.escape(
+            f"no reward in {path} lands on a trajectory: the rollouts it rewards ('cut') have no usable call "
+            "(each failed or was skipped)")):
+        build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
+
+
+def test_rewards_files_a_reader_cannot_take_whole_name_the_row_and_apply_the_rest(tmp_path, captures):
+    """A CSV field over the csv module's 128 KiB limit ended the build in a traceback; a JSON
+    integer of over 4,300 digits stopped it, naming no file or line, with Python's advice; a key
+    given twice took its last value, and an Arabic-Indic or full-width digit was read as a number,
+    unsaid."""
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_text(f'rollout_id,reward,note\nr1,1,x\nr2,0,"{"y" * 200_000}"\nr3,0.5,"two\nlines"\nr4,x,z\n')
+    result = build_trajectories(captures, BuildOptions(rewards=csv_path))
+    problems = result.report.problems
+    assert problems[0].startswith(f"{csv_path}: line 3: not readable CSV (field larger than field limit")
+    assert problems[1:] == [f"{csv_path}: line 6: non-numeric reward 'x' for rollout 'r4'"]
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": 0.5, "r4": None}
+    csv_path.write_text('rollout_id,reward,note\nr1,1,"two\nlines"\nr2,x,"a\nb\nc"\n')
+    problems = build_trajectories(captures, BuildOptions(rewards=csv_path)).report.problems
+    assert problems == [f"{csv_path}: lines 4-6: non-numeric reward 'x' for rollout 'r2'"]
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"rollout_id": "r1", "reward": 1}\n{"rollout_id": "r2", "reward": ' + "1" * 5000 + '}\n'
+                    '{"rollout_id": "r3", "reward": 1, "reward": 0}\n{"rollout_id": "r4", "reward": "\u0661"}\n'
+                    '{"rollout_id": "r4", "reward": "\uff17"}\n')
+    result = build_trajectories(captures, BuildOptions(rewards=path))
+    assert result.report.problems == [
+        f"{path}: line 2: not readable JSON (Exceeds the limit (4300 digits) for integer string conversion: value "
+        "has 5000 digits)",
+        f"{path}: line 3: not readable JSON (the key 'reward' is given twice)",
+        f"{path}: line 4: non-numeric reward '\u0661' for rollout 'r4'",
+        f"{path}: line 5: non-numeric reward '\uff17' for rollout 'r4'"]
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": None, "r4": None}
+
+
+def test_a_rewarded_rollout_without_a_task_is_said_under_the_groups(tmp_path, captures):
+    """r1-r3 carry no task id: rewarded, they joined no group, and the trainer took each of their
+    trajectories as a group of one and left it out, where the table had said nothing."""
+    path = write_jsonl(tmp_path / "r.jsonl", [{"rollout_id": r, "reward": 1} for r in ("r1", "r2", "r4")])
+    report = build_trajectories(captures, BuildOptions(rewards=path)).report
+    assert report.rewarded_without_task == ["r1", "r2"] and report.to_json()["rewarded_without_task"] == ["r1", "r2"]
+    lines = report.table().splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith("groups (tasks)"))
+    assert lines[at + 1:at + 3] == [
+        " " * 23 + " size-1 groups: t-log",
+        " " * 23 + " rewarded rollouts without a task: 2 (r1, r2): in no group, train takes each of their "
+        "trajectories as a group of one (--tasks FILE, or x-polar-task at capture)"]
+    everyone = build_trajectories(captures, BuildOptions(rewards=write_jsonl(tmp_path / "all.jsonl", REWARDS))).report
+    assert everyone.rewarded_without_task == [] and "without a task" not in everyone.table()
 
 
 def test_a_rollout_listed_twice_in_the_tasks_file_keeps_its_first_task(tmp_path, captures):

@@ -30,7 +30,7 @@ from ..calllog import (
     resolve_prompt_prefixes,
 )
 from .report import BuildReport
-from .rewards import REWARD_MODES, Labels, attach, load_labels
+from .rewards import REWARD_MODES, Labels, RewardFileError, attach, load_labels
 from .stitch import IM_START_ID, SPECIAL_START_ID, Stitcher, Trajectory, calls_from_table, common_prefix, text_tail_start
 from .tokenbytes import TokenBytes, default_token_bytes, ids_bytes, text_cover
 
@@ -567,6 +567,12 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.rollouts_without_usable_call = sorted(known - built)  # inspect counts them among its rollouts
     report.cut_off_rollouts = {r: status for r, status in _ending_in_failure(table, rollout_ids).items() if r in built}
     report.rewarded_without_calls = sorted(r for r in labels.rewards if r not in built)
+    if labels.rewards and trajectories and not labels.rewards.keys() & built:
+        # every reward fell on a rollout without a usable call: the build would train on nothing
+        some = ", ".join(repr(r) for r in report.rewarded_without_calls[:3])
+        more = " ..." if len(report.rewarded_without_calls) > 3 else ""
+        raise RewardFileError(f"no reward in {options.rewards} lands on a trajectory: the rollouts it rewards "
+                              f"({some}{more}) have no usable call (each failed or was skipped)")
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)
     report.groups = groups.groups
@@ -574,6 +580,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.equal_reward_groups = groups.equal_reward_groups
     report.unrewarded_groups = groups.unrewarded_groups
     report.rollouts_without_task = groups.rollouts_without_task
+    report.rewarded_without_task = groups.rewarded_without_task
     report.rollouts_without_reward = groups.rollouts_without_reward
     report.unrewarded_rollouts = groups.unrewarded_rollouts
     report.rollouts_with_reward = report.rollouts - groups.rollouts_without_reward

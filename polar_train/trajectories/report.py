@@ -45,6 +45,9 @@ class BuildReport:
     #: The rollouts counted in ``rollouts_without_reward`` (a rewards file was given or not).
     unrewarded_rollouts: list[str] = field(default_factory=list)
     rollouts_without_task: int = 0
+    #: Rewarded rollouts without a task id: in no group, so the trainer takes each of their
+    #: trajectories as a group of one (left out under ``min_group_size``).
+    rewarded_without_task: list[str] = field(default_factory=list)
     groups: int = 0
     singleton_groups: list[str] = field(default_factory=list)
     equal_reward_groups: list[str] = field(default_factory=list)
@@ -132,6 +135,17 @@ class BuildReport:
                                f"all-equal rewards: {len(self.equal_reward_groups)}"
                                + (f"; no reward: {len(self.unrewarded_groups)}" if self.unrewarded_groups else "")),
         ]
+        # the lists behind the groups row, right under it (after the rows below they read as theirs)
+        if self.singleton_groups:
+            rows.append(("", f"size-1 groups: {_some(self.singleton_groups, 10)}"))
+        if self.equal_reward_groups:
+            rows.append(("", f"all-equal groups: {_some(self.equal_reward_groups, 10)}"))
+        if self.unrewarded_groups:
+            rows.append(("", f"groups without a reward: {_some(self.unrewarded_groups, 10)}"))
+        if self.rewarded_without_task:
+            rows.append(("", f"rewarded rollouts without a task: {len(self.rewarded_without_task)} "
+                             f"({_some(self.rewarded_without_task)}): in no group, train takes each of their "
+                             "trajectories as a group of one (--tasks FILE, or x-polar-task at capture)"))
         if self.parts_skipped:
             rows.insert(0, ("parts", f"{self.parts_read} read, {self.parts_skipped} skipped"))
         if self.closed_at_cap:
@@ -169,12 +183,6 @@ class BuildReport:
                                                       "its trajectories join one task's group)"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
-        if self.singleton_groups:
-            lines.append(f"{'':<{width}}  size-1 groups: {_some(self.singleton_groups, 10)}")
-        if self.equal_reward_groups:
-            lines.append(f"{'':<{width}}  all-equal groups: {_some(self.equal_reward_groups, 10)}")
-        if self.unrewarded_groups:
-            lines.append(f"{'':<{width}}  groups without a reward: {_some(self.unrewarded_groups, 10)}")
         lines.extend(f"note: {shown(n, 600)}" for n in self.notes)
         if self.problems:
             lines.append(f"problems ({len(self.problems)}):")

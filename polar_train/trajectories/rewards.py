@@ -62,12 +62,15 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(line, object_pairs_hook=_object_without_repeats)
                 except json.JSONDecodeError as exc:
                     problems.append(f"{path}: line {n}: not valid JSON ({exc.msg}: column {exc.colno})")
                     continue
                 except RecursionError:
                     problems.append(f"{path}: line {n}: JSON nested too deeply to read")
+                    continue
+                except ValueError as exc:  # a key given twice; an integer of over 4,300 digits (Python's limit)
+                    problems.append(f"{path}: line {n}: not readable JSON ({str(exc).partition(';')[0]})")
                     continue
                 if not isinstance(rec, dict):
                     problems.append(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
@@ -83,14 +86,28 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 problems.append(f"{path}: line 1: the header has no rollout_id column (found {shown}); "
                                 "the file must be comma-separated with a header line")
                 return
-            for rec in reader:
+            failed = 0  # lines given up since the last record: the reader counts them only at the next one
+            while True:
+                before = reader.line_num + failed
+                try:
+                    rec = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:  # a field over the csv module's limit (128 KiB): that line is skipped
+                    failed += 1
+                    problems.append(f"{path}: line {before + 1}: not readable CSV ({exc})")
+                    if failed > 1000:  # (each error takes a line; a guard against a reader that never moves)
+                        break
+                    continue
+                failed = 0
+                where = f"{path}: {_lines(before, reader.line_num)}"
                 if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
                     # header's: a shifted row (a trailing comma, an empty field, is harmless)
-                    problems.append(f"{path}: line {reader.line_num}: {len(names) + len(rec[None])} fields where "
+                    problems.append(f"{where}: {len(names) + len(rec[None])} fields where "
                                     f"the header names {len(names)} (a comma inside a value? quote it)")
                     continue
                 rec = {k.strip(): v for k, v in rec.items() if isinstance(k, str)}
-                yield f"{path}: line {reader.line_num}", rec
+                yield where, rec
     else:
         import pyarrow.parquet as pq
 
@@ -101,6 +118,22 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
             return
         for n, rec in enumerate(rows, start=1):
             yield f"{path}: row {n}", rec
+
+
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: ``{"reward": 1, "reward": 0}`` took the last
+    value unsaid (which one a script meant cannot be known)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        again = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {again!r} is given twice")
+    return obj
+
+
+def _lines(before: int, after: int) -> str:
+    """Where a CSV record lies: ``line 4``, or ``lines 3-4`` for a quoted value over two lines."""
+    return f"line {after}" if after <= before + 1 else f"lines {before + 1}-{after}"
 
 
 def _reward_value(value: Any) -> float | None:
@@ -114,8 +147,8 @@ def _reward_value(value: Any) -> float | None:
         except OverflowError:  # an integer of hundreds of digits
             return math.inf
     if isinstance(value, str):
-        if "_" in value:  # Python's float() reads "1_000" as 1000; no reward script means that
-            return None
+        if "_" in value or not value.isascii():  # Python's float() reads "1_000" as 1000, and "١" (an
+            return None  # Arabic-Indic one) or a full-width "７" as digits: no reward script means that
         try:
             return float(value.strip())
         except ValueError:
@@ -251,6 +284,9 @@ class GroupSummary:
     equal_reward_groups: list[str] = field(default_factory=list)
     unrewarded_groups: list[str] = field(default_factory=list)
     rollouts_without_task: int = 0
+    #: Rewarded rollouts with no task id: in no group (the trainer takes each of their trajectories
+    #: as a group of one, which min_group_size leaves out).
+    rewarded_without_task: list[str] = field(default_factory=list)
     rollouts_without_reward: int = 0
     unrewarded_rollouts: list[str] = field(default_factory=list)
 
@@ -283,6 +319,8 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
                 summary.unrewarded_rollouts.append(rid)
         if task is None:
             summary.rollouts_without_task += 1
+            if reward is not None and rid is not None:
+                summary.rewarded_without_task.append(rid)
         for t in trajs:
             t.task_id = task
             t.group_id = task
@@ -294,6 +332,7 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
             groups[task][rid] = reward
     summary.groups = len(groups)
     summary.unrewarded_rollouts.sort()
+    summary.rewarded_without_task.sort()
     for task, members in sorted(groups.items()):
         rewarded = [v for v in members.values() if v is not None]
         if labels.rewards and not rewarded:  # counted among the groups, trained as none: said apart
