@@ -195,33 +195,43 @@ def test_a_rewarded_rollout_whose_calls_all_failed_is_named(tmp_path):
         build_trajectories(tmp_path / "cap", BuildOptions(rewards=path))
 
 
-def test_rewards_files_a_reader_cannot_take_whole_name_the_row_and_apply_the_rest(tmp_path, captures):
+def test_rewards_files_a_reader_cannot_take_whole_name_the_row_and_apply_the_rest(tmp_path, captures, monkeypatch):
     """A CSV field over the csv module's 128 KiB limit ended the build in a traceback; a JSON
     integer of over 4,300 digits stopped it, naming no file or line, with Python's advice; a key
     given twice took its last value, and an Arabic-Indic or full-width digit was read as a number,
     unsaid."""
+    from polar_train.trajectories import rewards
+
     csv_path = tmp_path / "r.csv"
-    csv_path.write_text(f'rollout_id,reward,note\nr1,1,x\nr2,0,"{"y" * 200_000}"\nr3,0.5,"two\nlines"\nr4,x,z\n')
+    csv_path.write_text(f'rollout_id,reward,note\nr1,1,x\nr2,0,"{"y" * 200_000}"\nr3,0.5,"two\nlines"\nr4,x,z\n'
+                        'r1,2,"a\nb\nc"\n')
     result = build_trajectories(captures, BuildOptions(rewards=csv_path))
-    problems = result.report.problems
-    assert problems[0].startswith(f"{csv_path}: line 3: not readable CSV (field larger than field limit")
-    assert problems[1:] == [f"{csv_path}: line 6: non-numeric reward 'x' for rollout 'r4'"]
-    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": 0.5, "r4": None}
-    csv_path.write_text('rollout_id,reward,note\nr1,1,"two\nlines"\nr2,x,"a\nb\nc"\n')
-    problems = build_trajectories(captures, BuildOptions(rewards=csv_path)).report.problems
-    assert problems == [f"{csv_path}: lines 4-6: non-numeric reward 'x' for rollout 'r2'"]
+    assert result.report.problems == [f"{csv_path}: line 6: non-numeric reward 'x' for rollout 'r4'",
+                                      f"{csv_path}: lines 7-9: rollout 'r1' listed again; the first reward is kept"]
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": 0.0, "r3": 0.5, "r4": None}
+    # past our own limit the parser would start again inside the value, any line of which may read as a
+    # row: the rest is named as unread (here "r3,1" is inside r2's note)
+    monkeypatch.setattr(rewards, "CSV_FIELD_LIMIT", 1000)
+    csv_path.write_text(f'rollout_id,reward,note\nr1,1,x\nr2,0,"{"y" * 2000}\nr3,1\n"\nr4,1,z\n')
+    result = build_trajectories(captures, BuildOptions(rewards=csv_path))
+    assert result.report.problems == [f"{csv_path}: line 3: not readable CSV (field larger than field limit (1000)); "
+                                      "the rest of the file is not read"]
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": None, "r4": None}
+    import csv
+    assert csv.field_size_limit() == 131072  # the process-wide limit is given back
     path = tmp_path / "r.jsonl"
-    path.write_text('{"rollout_id": "r1", "reward": 1}\n{"rollout_id": "r2", "reward": ' + "1" * 5000 + '}\n'
+    path.write_text('{"rollout_id": "r1", "reward": 1, "meta": {"k": 1, "k": 2}}\n'
+                    '{"rollout_id": "r2", "reward": ' + "1" * 5000 + '}\n'
                     '{"rollout_id": "r3", "reward": 1, "reward": 0}\n{"rollout_id": "r4", "reward": "\u0661"}\n'
-                    '{"rollout_id": "r4", "reward": "\uff17"}\n')
+                    '{"rollout_id": "r4", "reward": "\uff17"}\n{"rollout_id": "r4", "reward": "0.5\u00a0"}\n')
     result = build_trajectories(captures, BuildOptions(rewards=path))
     assert result.report.problems == [
         f"{path}: line 2: not readable JSON (Exceeds the limit (4300 digits) for integer string conversion: value "
         "has 5000 digits)",
-        f"{path}: line 3: not readable JSON (the key 'reward' is given twice)",
+        f"{path}: line 3: the key 'reward' is given twice (which value is meant?)",
         f"{path}: line 4: non-numeric reward '\u0661' for rollout 'r4'",
         f"{path}: line 5: non-numeric reward '\uff17' for rollout 'r4'"]
-    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": None, "r4": None}
+    assert {r: ts[0].reward for r, ts in by_rollout(result).items()} == {"r1": 1.0, "r2": None, "r3": None, "r4": 0.5}
 
 
 def test_a_rewarded_rollout_without_a_task_is_said_under_the_groups(tmp_path, captures):

@@ -62,52 +62,26 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line, object_pairs_hook=_object_without_repeats)
+                    rec = json.loads(line, object_pairs_hook=_object_noting_repeats)
                 except json.JSONDecodeError as exc:
                     problems.append(f"{path}: line {n}: not valid JSON ({exc.msg}: column {exc.colno})")
                     continue
                 except RecursionError:
                     problems.append(f"{path}: line {n}: JSON nested too deeply to read")
                     continue
-                except ValueError as exc:  # a key given twice; an integer of over 4,300 digits (Python's limit)
+                except ValueError as exc:  # an integer of over 4,300 digits (Python's limit)
                     problems.append(f"{path}: line {n}: not readable JSON ({str(exc).partition(';')[0]})")
                     continue
                 if not isinstance(rec, dict):
                     problems.append(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
                     continue
+                if isinstance(rec, _RepeatedKeys):  # (a nested object's repeats are not ours to judge)
+                    problems.append(f"{path}: line {n}: the key {rec.again!r} is given twice (which value "
+                                    "is meant?)")
+                    continue
                 yield f"{path}: line {n}", rec
     elif fmt == "csv":
-        # utf-8-sig: spreadsheets write a byte-order mark, which would become part of the first name
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-            reader = csv.DictReader(f)
-            names = reader.fieldnames or []
-            if names and "rollout_id" not in [n.strip() for n in names if n]:
-                shown = ", ".join(repr(n) for n in names[:5] if n is not None)
-                problems.append(f"{path}: line 1: the header has no rollout_id column (found {shown}); "
-                                "the file must be comma-separated with a header line")
-                return
-            failed = 0  # lines given up since the last record: the reader counts them only at the next one
-            while True:
-                before = reader.line_num + failed
-                try:
-                    rec = next(reader)
-                except StopIteration:
-                    break
-                except csv.Error as exc:  # a field over the csv module's limit (128 KiB): that line is skipped
-                    failed += 1
-                    problems.append(f"{path}: line {before + 1}: not readable CSV ({exc})")
-                    if failed > 1000:  # (each error takes a line; a guard against a reader that never moves)
-                        break
-                    continue
-                failed = 0
-                where = f"{path}: {_lines(before, reader.line_num)}"
-                if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
-                    # header's: a shifted row (a trailing comma, an empty field, is harmless)
-                    problems.append(f"{where}: {len(names) + len(rec[None])} fields where "
-                                    f"the header names {len(names)} (a comma inside a value? quote it)")
-                    continue
-                rec = {k.strip(): v for k, v in rec.items() if isinstance(k, str)}
-                yield where, rec
+        yield from _csv_records(path, problems)
     else:
         import pyarrow.parquet as pq
 
@@ -120,15 +94,62 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
             yield f"{path}: row {n}", rec
 
 
-def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are each given once: ``{"reward": 1, "reward": 0}`` took the last
-    value unsaid (which one a script meant cannot be known)."""
+#: The longest CSV field read (the csv module's own limit, 128 KiB, ended a build in a traceback
+#: on a long note column; past this one the file's rest is named as unread).
+CSV_FIELD_LIMIT = 2**31 - 1
+
+
+def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    limit = csv.field_size_limit(CSV_FIELD_LIMIT)  # (process-wide: given back when done)
+    try:
+        # utf-8-sig: spreadsheets write a byte-order mark, which would become part of the first name
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+            reader = csv.DictReader(f)
+            names = reader.fieldnames or []
+            if names and "rollout_id" not in [n.strip() for n in names if n]:
+                shown = ", ".join(repr(n) for n in names[:5] if n is not None)
+                problems.append(f"{path}: line 1: the header has no rollout_id column (found {shown}); "
+                                "the file must be comma-separated with a header line")
+                return
+            lines = reader.reader  # its count is right after an error too (DictReader's is not)
+            while True:
+                before = lines.line_num
+                try:
+                    rec = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as exc:  # past the limit: the parser starts again inside the value,
+                    # where any line of it could read as a row (a reward): nothing more is read
+                    problems.append(f"{path}: {_lines(before, lines.line_num)}: not readable CSV ({exc}); the "
+                                    "rest of the file is not read")
+                    break
+                where = f"{path}: {_lines(before, lines.line_num)}"
+                if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
+                    # header's: a shifted row (a trailing comma, an empty field, is harmless)
+                    problems.append(f"{where}: {len(names) + len(rec[None])} fields where "
+                                    f"the header names {len(names)} (a comma inside a value? quote it)")
+                    continue
+                rec = {k.strip(): v for k, v in rec.items() if isinstance(k, str)}
+                yield where, rec
+    finally:
+        csv.field_size_limit(limit)
+
+
+class _RepeatedKeys(dict):
+    """A JSON object that gave a key twice (``again``): ``{"reward": 1, "reward": 0}`` took the last
+    value unsaid, where which one a script meant cannot be known."""
+
+    again: str = ""
+
+
+def _object_noting_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set[str] = set()
-        again = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"the key {again!r} is given twice")
-    return obj
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    repeated = _RepeatedKeys(obj)
+    repeated.again = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return repeated
 
 
 def _lines(before: int, after: int) -> str:
@@ -147,10 +168,11 @@ def _reward_value(value: Any) -> float | None:
         except OverflowError:  # an integer of hundreds of digits
             return math.inf
     if isinstance(value, str):
+        value = value.strip()  # (a spreadsheet's no-break space too)
         if "_" in value or not value.isascii():  # Python's float() reads "1_000" as 1000, and "١" (an
             return None  # Arabic-Indic one) or a full-width "７" as digits: no reward script means that
         try:
-            return float(value.strip())
+            return float(value)
         except ValueError:
             return None
     return None
