@@ -626,6 +626,7 @@ def test_a_row_arrow_cannot_store_costs_no_other_row_of_its_part(tmp_path, caplo
     body["usage"]["input_tokens"] = 2**40
     body["input_messages"][0]["tokens"][0] = 2**33
     bad = record.build_row(_state("openai.responses", request={"model": "tiny", "input": "Hi"}, http_status=200,
+                                  identity=Identity("r", "header", None, "sess-1"),
                                   response_body=json.dumps(body).encode(), injected=True,
                                   asked=openai_responses.inject({"input": "Hi"}).asked), None)
     assert bad["status"] == "ok" and bad["prompt_token_ids"][0] == 2**33  # what the server said
@@ -641,7 +642,8 @@ def test_a_row_arrow_cannot_store_costs_no_other_row_of_its_part(tmp_path, caplo
     kept = rows[bad["call_id"]]
     assert kept["status"] == "proxy_error" and "could not be stored" in kept["error"] and "does not fit its column" in kept["error"]
     assert kept["prompt_token_ids"] is None and kept["usage_prompt_tokens"] is None
-    assert kept["rollout_id"] == "r" and kept["response_json"] == bad["response_json"]
+    assert kept["rollout_id"] == "r" and kept["client_session_id"] == "sess-1"
+    assert kept["response_json"] == bad["response_json"]
     assert kept["started_at"] is not None and kept["api"] == "openai.responses"
     assert "could not be stored" in caplog.text
 
@@ -728,6 +730,19 @@ def _state(api="openai.chat", **kw) -> record.CallState:
     for k, v in kw.items():
         setattr(s, k, v)
     return s
+
+
+def test_the_harness_session_id_is_kept_on_every_row_path_and_never_holds_a_secret():
+    """The row, the row of a call whose row could not be built, and (above) a row Arrow cannot store
+    all keep it; a session id that is the call's own API key (a misconfigured harness) is scrubbed."""
+    state = _state(identity=Identity("r", "header", None, "sess-1"), request={"model": "m", "messages": []},
+                   http_status=500, response_body=b'{"error": "x"}')
+    assert record.build_row(state, None)["client_session_id"] == "sess-1"
+    assert record.fallback_row(state, RuntimeError("ours"))["client_session_id"] == "sess-1"
+    state = _state(identity=Identity("r", "header", None, "key-s3cr3t-value"), secrets={"key-s3cr3t-value"},
+                   request={"model": "m", "messages": []}, http_status=500, response_body=b'{"error": "x"}')
+    assert record.build_row(state, None)["client_session_id"] == "[REDACTED]"
+    assert record.fallback_row(state, RuntimeError("ours"))["client_session_id"] == "[REDACTED]"
 
 
 @pytest.mark.parametrize("body,status,needle", [
