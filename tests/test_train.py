@@ -102,6 +102,46 @@ def test_training_step_is_exact_masked_and_group_relative(sampled, tiny_model_di
     assert (pred[nonzero_adv][mask[nonzero_adv]] > 0).all()
 
 
+def test_a_rollout_that_forked_counts_once_in_its_groups_baseline(sampled, tiny_model_dir, tmp_path):
+    """Two trajectories of one rollout (a fork: a history rewrite, a sub-agent) weighed twice in the
+    group's mean and std, and a padding copy once more: the losing rollout of a retokenization
+    fork stood three times against the winner's once. By default each rollout counts once and its
+    trajectories share its advantage; `advantage_baseline=trajectory` is TRL's own."""
+
+    def fork(cols):
+        first = [i for i, g in enumerate(cols["group_id"]) if g == cols["group_id"][0]]
+        for k, i in enumerate(first):  # rollouts: Y (1.0), Z (0.0), X forked into two (0.0 each)
+            cols["reward"][i] = 1.0 if k == 0 else 0.0
+            cols["rollout_id"][i] = {0: "Y", 1: "Z"}.get(k, "X")
+        return cols
+
+    data = rewrite(sampled, tmp_path / "forked", fork)
+    trainer, report, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run", "max_steps=1",
+                                          "per_device_train_batch_size=8"))
+    assert report.rows_with_forks == 1
+    assert ("data: 1 GRPO groups hold several trajectories of one rollout (its forks): each rollout counts once in "
+            "its group's mean and std, its trajectories share its advantage (advantage_baseline=rollout)"
+            in report.lines())
+    trainer.train()
+    batch = trainer.last_batch
+    rollouts = [trainer.data.trajectories[t].rollout for _, t in trainer._batch_members]
+    assert sorted(r for r in rollouts if len(r) == 1) == ["X", "X", "Y", "Z"]
+    adv = dict(zip(rollouts, batch["advantages"].tolist()))
+    std = (1 / 3) ** 0.5  # values 1, 0, 0 over three rollouts: mean 1/3, unbiased std sqrt(1/3)
+    assert adv["Y"] == pytest.approx((2 / 3) / (std + 1e-4), abs=1e-4)
+    assert adv["X"] == adv["Z"] == pytest.approx((-1 / 3) / (std + 1e-4), abs=1e-4)
+
+    trainer, report, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run-t", "max_steps=1",
+                                          "per_device_train_batch_size=8", "advantage_baseline=trajectory"))
+    assert ("data: 1 GRPO groups hold several trajectories of one rollout (its forks): each trajectory counts as a "
+            "rollout of its own in the baseline (advantage_baseline=trajectory)") in report.lines()
+    trainer.train()
+    rollouts = [trainer.data.trajectories[t].rollout for _, t in trainer._batch_members]
+    adv = dict(zip(rollouts, trainer.last_batch["advantages"].tolist()))
+    assert adv["Y"] == pytest.approx(0.75 / (0.5 + 1e-4), abs=1e-4)  # TRL: 1, 0, 0, 0 over four trajectories
+    assert adv["X"] == pytest.approx(-0.25 / (0.5 + 1e-4), abs=1e-4)
+
+
 def test_importance_ratio_uses_recorded_logprobs_and_truncates(sampled, tiny_model_dir, tmp_path):
     """Recorded logprobs shifted by -1 (alternately +1): weight exp(+1) is truncated at the cap 2."""
 
@@ -313,6 +353,10 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("save_steps=0", "save_steps must be above 0"),
                              ("scale_rewards=bogus",
                               "scale_rewards must be group, batch or none \\(or TRL's true, false\\), got bogus"),
+                             ("scale_rewards=batch", "advantage_baseline=rollout takes each group's own mean and std "
+                              r"\(scale_rewards group or none, .*set advantage_baseline=trajectory"),
+                             ("advantage_baseline=group", "advantage_baseline must be 'rollout' or 'trajectory', not "
+                              "'group'"),
                              ("importance_sampling_level=bogus", "importance_sampling_level must be token or sequence"),
                              ("top_p=0.5", "top_p: this trainer trains recorded trajectories only"),
                              ("per_device_train_batch_size=100000", "a step's generation batch is 100000 trajectories"),

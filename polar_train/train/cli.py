@@ -126,6 +126,7 @@ def prepare(args: argparse.Namespace):
         del defaults["per_device_train_batch_size"]
     config = load_config(args.config, args.sets, args.output,
                          {k: v for k, v in defaults.items() if k not in raw})
+    report.advantage_baseline = config.advantage_baseline
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
     _check_temperature(config, report)  # the temperatures of what is trained (not of dropped groups)
@@ -206,7 +207,7 @@ RESUME_FIXED = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "wa
                 # another cap of the sampler weight, which changes the loss as epsilon does, unsaid)
                 "importance_sampling_level", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
                 "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "delta", "sampler_logprobs",
-                "max_completion_length", "unequal_groups", "min_group_size", "lora_dropout")
+                "max_completion_length", "unequal_groups", "min_group_size", "advantage_baseline", "lora_dropout")
 
 
 def run_options(config) -> dict[str, Any]:

@@ -107,6 +107,13 @@ class TrainConfig(GRPOConfig):
     min_group_size: int = field(
         default=2, metadata={"help": "Smaller groups are dropped: one trajectory has no group baseline."}
     )
+    advantage_baseline: str = field(
+        default="rollout",
+        metadata={"help": "Whom a GRPO group's reward mean and std are taken over: `rollout` (each rollout "
+                  "once, however many trajectories it forked into - a history rewrite, a sub-agent - and "
+                  "each padding copy; its trajectories share its advantage) or `trajectory` (TRL's: every "
+                  "trajectory in the group, a copy too). `rollout` needs scale_rewards group or none."},
+    )
     init_adapter: str | None = field(
         default=None,
         metadata={"help": "Continue training this peft adapter (e.g. the one that served the capture) "
@@ -141,6 +148,8 @@ class TrainConfig(GRPOConfig):
             raise ValueError(f"sampler_logprobs must be 'raw' or 'processed', not {self.sampler_logprobs!r}")
         if self.unequal_groups not in ("pad", "drop"):
             raise ValueError(f"unequal_groups must be 'pad' or 'drop', not {self.unequal_groups!r}")
+        if self.advantage_baseline not in ("rollout", "trajectory"):
+            raise ValueError(f"advantage_baseline must be 'rollout' or 'trajectory', not {self.advantage_baseline!r}")
         if "lm_head" in (self.lora_target_modules or []):
             raise ValueError("lora_target_modules must not contain lm_head: TRL's fused loss ignores it")
         # values TRL itself only refuses mid-training (after the weights load) or never
@@ -366,6 +375,11 @@ class TrainConfig(GRPOConfig):
         scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
         need(scale in ("group", "batch", "none"), "scale_rewards must be group, batch or none (or TRL's true, "
              "false)", self.scale_rewards)
+        aggregation = getattr(self, "multi_objective_aggregation", "sum_then_normalize")
+        if self.advantage_baseline == "rollout" and (scale == "batch" or aggregation != "sum_then_normalize"):
+            raise ValueError("advantage_baseline=rollout takes each group's own mean and std (scale_rewards group or "
+                             f"none, multi_objective_aggregation sum_then_normalize); with scale_rewards={scale!r} and "
+                             f"multi_objective_aggregation={aggregation!r} set advantage_baseline=trajectory")
         need(self.importance_sampling_level in _IS_LEVELS, "importance_sampling_level must be "
              f"{' or '.join(_IS_LEVELS)}", self.importance_sampling_level)
         if self.use_liger_kernel:

@@ -28,7 +28,7 @@ from ..trajectories.writer import build_problem
 _LOGPROB_SLACK = 1e-3
 
 REQUIRED = ("trajectory_id", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward")
-_OPTIONAL = ("group_id", "task_id", "temperature", "truncated", "model")
+_OPTIONAL = ("group_id", "task_id", "rollout_id", "temperature", "truncated", "model")
 
 
 @dataclass
@@ -42,6 +42,9 @@ class Trajectory:
     reward: float
     temperature: float | None = None  # the sampler's, as recorded (None: not recorded)
     model: str | None = None  # the model name its calls asked for (None: not recorded)
+    #: The rollout (session) it is part of; a rollout that forked has several trajectories, which
+    #: share one place in their group's baseline (None: not recorded - it stands for itself).
+    rollout: str | None = None
 
 
 @dataclass
@@ -74,6 +77,9 @@ class DataReport:
     #: why groups were dropped -> their names (a group of one dropped unnamed sent users looking)
     dropped_groups: dict[str, list[str]] = field(default_factory=dict)
     zero_reward_std_rows: int = 0
+    #: GRPO groups holding several trajectories of one rollout (its forks), and how the baseline took them
+    rows_with_forks: int = 0
+    advantage_baseline: str = "rollout"
     #: trajectories trained (until ``make_groups``: kept), by the model name their calls asked for
     models: dict[str, int] = field(default_factory=dict)
 
@@ -94,6 +100,10 @@ class DataReport:
             (self.groups_padded, f"groups padded by resampling ({self.padding_trajectories} copies)"),
             (self.groups_dropped, f"groups dropped ({self.trajectories_dropped_in_groups} trajectories)"),
             (self.zero_reward_std_rows, "GRPO groups with equal rewards (no learning signal)"),
+            (self.rows_with_forks, "GRPO groups hold several trajectories of one rollout (its forks): "
+             + ("each rollout counts once in its group's mean and std, its trajectories share its advantage "
+                "(advantage_baseline=rollout)" if self.advantage_baseline == "rollout" else
+                "each trajectory counts as a rollout of its own in the baseline (advantage_baseline=trajectory)")),
             (self.trainable_tokens_without_logprob, "trainable tokens without a sampler logprob "
              "(importance weight 1)"),
         ]
@@ -202,6 +212,7 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
     tasks = cols.get("task_id") or [None] * n
     temps = cols.get("temperature") or [None] * n
     models = cols.get("model") or [None] * n
+    rollouts = cols.get("rollout_id") or [None] * n
     out: list[Trajectory] = []
     any_reward = False
     seen: set[str] = set()
@@ -260,7 +271,8 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
         group = groups[i] if groups[i] is not None else tasks[i]
         temperature = None if temps[i] is None else round(float(temps[i]), 4)
         out.append(Trajectory(tid, group if group is not None else f"<single {tid}>",
-                              list(prompt), list(comp), mask, lps, float(reward), temperature, models[i]))
+                              list(prompt), list(comp), mask, lps, float(reward), temperature, models[i],
+                              rollouts[i]))
     if not any_reward:
         raise UserError(f"no trajectory in {path} has a reward: attach rewards before training")
     if not out:
@@ -299,6 +311,26 @@ class GroupedData:
         from datasets import Dataset
 
         return Dataset.from_dict({"prompt": self.row_names, "row": list(range(len(self.rows)))})
+
+
+def rollout_of(t: Trajectory) -> str:
+    """Who a trajectory stands for in its group's baseline: its rollout, else itself."""
+    return t.rollout if t.rollout is not None else f"<trajectory {t.trajectory_id}>"
+
+
+def rollout_advantages(trajs: list[Trajectory], row: list[int], scale: bool) -> dict[int, float]:
+    """GRPO advantages of one group with each rollout counted once: a rollout's value is the mean
+    reward of its distinct trajectories in the group (under ``broadcast`` its reward); the group's
+    mean and (unbiased) std are taken over those values, and every trajectory of a rollout gets its
+    rollout's advantage. Over trajectories, a rollout that forked three times (a rewrite, a
+    sub-agent) weighed three times in the baseline, and a padding copy once more."""
+    values: dict[str, list[float]] = {}
+    for i in set(row):
+        values.setdefault(rollout_of(trajs[i]), []).append(trajs[i].reward)
+    value = {r: sum(v) / len(v) for r, v in values.items()}
+    mean = sum(value.values()) / len(value)
+    std = (sum((v - mean) ** 2 for v in value.values()) / (len(value) - 1)) ** 0.5 if len(value) > 1 else 0.0
+    return {i: (value[rollout_of(trajs[i])] - mean) / ((std + 1e-4) if scale else 1.0) for i in set(row)}
 
 
 def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, min_group_size: int,
@@ -344,6 +376,8 @@ def make_groups(trajs: list[Trajectory], *, num_generations: int, policy: str, m
             names.append(name if len(chunks) == 1 else f"{name} [{c + 1}/{len(chunks)}]")
             if len({trajs[i].reward for i in chunk}) == 1:
                 report.zero_reward_std_rows += 1
+            if len(set(chunk)) > len({rollout_of(trajs[i]) for i in chunk}):
+                report.rows_with_forks += 1
     report.rows_out = len(rows)
     # what is trained: the rows' trajectories, a padding copy once per copy (it is trained again);
     # what groups dropped is left out here and counted above

@@ -31,7 +31,7 @@ from trl import GRPOTrainer
 
 from ..model_load import non_finite_tensors
 from .cli import TrainFailure, complete_checkpoint, save_error
-from .data import GroupedData
+from .data import GroupedData, rollout_advantages
 
 
 def recorded_reward(prompts, completions, recorded_reward, **kwargs) -> list[float]:
@@ -91,8 +91,9 @@ class RecordedGRPOTrainer(GRPOTrainer):
         """
         g = self.num_generations if self.model.training else self.num_generations_eval
         offset = self.accelerator.process_index * len(prompts)
-        picked = [self.data.trajectories[self.data.rows[self._row_of[p]][(offset + i) % g]]
-                  for i, p in enumerate(prompts)]
+        members = [(self._row_of[p], self.data.rows[self._row_of[p]][(offset + i) % g]) for i, p in enumerate(prompts)]
+        self._batch_members = members  # (row, trajectory index) of each completion: its rollout advantage
+        picked = [self.data.trajectories[t] for _, t in members]
         return {
             "prompt_ids": [t.prompt_ids for t in picked],
             "completion_ids": [t.completion_ids for t in picked],
@@ -116,9 +117,24 @@ class RecordedGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         with self._recorded_sampler():
             out = super()._generate_and_score_completions(inputs)
+        if self.args.advantage_baseline == "rollout":
+            out["advantages"] = self._rollout_advantages(out["advantages"])
         self._log_truncation(out)
         self.last_batch = out
         return out
+
+    def _rollout_advantages(self, trl_advantages: torch.Tensor) -> torch.Tensor:
+        """The batch's advantages with each rollout counted once in its group (see
+        :func:`~.data.rollout_advantages`), in place of TRL's over trajectories. Each group's
+        members are known from the data, so no process needs another's rewards."""
+        scale = self.scale_rewards != "none"
+        by_row: dict[int, dict[int, float]] = {}
+        values = []
+        for row, t in self._batch_members:
+            if row not in by_row:
+                by_row[row] = rollout_advantages(self.data.trajectories, self.data.rows[row], scale)
+            values.append(by_row[row][t])
+        return torch.tensor(values, dtype=trl_advantages.dtype, device=trl_advantages.device)
 
     def _compute_loss(self, model, inputs):
         with self._recorded_sampler():
