@@ -579,6 +579,31 @@ def test_ids_and_names_from_the_capture_and_labels_reach_the_terminal_escaped(tm
     assert bad.returncode == 2 and "\x1b" not in bad.stderr and "missing\\x1b]0;PWNED" in bad.stderr
 
 
+def test_train_reads_a_part_whole_while_a_rebuild_replaces_it(tmp_path, capture, monkeypatch):
+    """The trainer opened each part twice, for its build id and part count and then for its rows: a
+    rebuild in between (3 parts for 1) gave the old build's count with the new build's first part -
+    one trajectory of three, taken as a whole build. One open reads the part as it was."""
+    import pyarrow.parquet as pq_module
+
+    from polar_train.train.data import DataReport, read_table
+
+    out = tmp_path / "traj"
+    assert main(["build", str(capture), "--out", str(out)]) == 0
+    assert len(list(out.glob("part-*.parquet"))) == 1
+    real_read = pq_module.ParquetFile.read
+    rebuilt = []
+
+    def read_after_a_rebuild(self, *args, **kwargs):
+        if not rebuilt:
+            rebuilt.append(None)  # (the build reads parts too)
+            rebuilt[0] = main(["build", str(capture), "--out", str(out), "--rows-per-part", "1"])
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq_module.ParquetFile, "read", read_after_a_rebuild)
+    assert read_table(out, DataReport()).num_rows == 3 and rebuilt == [0]
+    assert len(list(out.glob("part-*.parquet"))) == 3
+
+
 def test_a_folder_holding_parts_of_two_builds_or_part_of_one_is_refused_by_train(tmp_path, capture):
     """A build killed outright (SIGKILL, the OOM killer) while it swapped its parts for an earlier
     build's left some of each, or some new parts only; train took the mix without a word."""

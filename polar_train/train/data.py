@@ -143,8 +143,15 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
     by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] = {}
     judge_builds = Path(path).is_dir()  # (one part file given as the data is never judged: it stands alone)
     for f in parquet_files(path):
+        # one open per part for its metadata and its data: a build that replaced the folder between
+        # two opens gave the old build's part count with the new build's rows (1 trajectory of 46,
+        # taken as whole); an open file reads as it was, whatever is renamed over it meanwhile
         try:
-            schema = pq.read_schema(f)
+            part = pq.ParquetFile(f, page_checksum_verification=True)
+            schema = part.schema_arrow
+        except FileNotFoundError:
+            raise UserError(f"{f}: gone while the folder was read (a build replaced its parts meanwhile?): "
+                            "run again once the build has ended") from None
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
             raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
         if judge_builds:
@@ -160,9 +167,11 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
         cols = [c for c in wanted if c in schema.names
                 and (c != "model" or same_kind(schema.field(c).type, pa.string()))]  # only ever shown
         try:
-            table = pq.read_table(f, columns=cols, page_checksum_verification=True)
+            table = part.read(columns=cols, use_threads=False)
         except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
             raise UserError(f"{f}: unreadable data ({exc})") from None
+        finally:
+            part.close()
         tables.append(_cast_to_schema(f, table))
         report.files += 1
     for folder, parts in by_folder.items():
