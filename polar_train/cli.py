@@ -372,7 +372,10 @@ def _run_command(args: argparse.Namespace, keep_signal: bool = False) -> int:
             raise
         if not getattr(exc, "polar_said", False):  # stopped while importing, checking or loading:
             # a word, not a silent 130 (docs promise one line)
-            print(f"polar-train {args.command}: interrupted ({signal_name(status)})", file=sys.stderr, flush=True)
+            print(f"polar-train {args.command}: interrupted ({signal_name(status)})"
+                  + ("; its rounds so far are left unfinished: run the demo again to start over (the train "
+                     "line above, if any, is of one step inside it)" if args.command == "demo" else ""),
+                  file=sys.stderr, flush=True)
         if keep_signal:  # a caller in Python: its own Ctrl-C, after the command's clean-up and its line
             raise (KeyboardInterrupt() if status == 128 + signal.SIGINT else SystemExit(status)) from None
         return status

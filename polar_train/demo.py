@@ -222,14 +222,16 @@ def show_one_call(captures: Path) -> None:
 WORKDIR_MARKER = ".polar-demo"
 
 
-def remove_later_rounds(work: Path, rounds: int) -> None:
-    """Remove an earlier demo's ``round<N>/`` past this one's last: a rerun with fewer ``--rounds``
-    left them beside the new rounds, captured by an adapter that was replaced."""
+def remove_earlier_results(work: Path) -> None:
+    """Remove an earlier demo's ``round<N>/`` folders and summary before this one starts: a rerun
+    with fewer ``--rounds`` left the later rounds beside the new ones, captured by an adapter that
+    was replaced, and an interrupted rerun left the earlier summary and rounds beside its own."""
     import re
     import shutil
 
+    (work / "demo_summary.json").unlink(missing_ok=True)
     for stale in work.iterdir():
-        if stale.is_dir() and (m := re.fullmatch(r"round(\d+)", stale.name)) and int(m.group(1)) > rounds:
+        if stale.is_dir() and re.fullmatch(r"round(\d+)", stale.name):
             shutil.rmtree(stale)
 
 
@@ -246,15 +248,11 @@ def run_demo(cfg: DemoConfig) -> int:
         print(f"[model] building the tiny model in {model_dir} (final norm weight "
               f"{cfg.final_norm_weight:g})", flush=True)
         write_tiny_model(model_dir, spec)
-    remove_later_rounds(work, cfg.rounds)
+    remove_earlier_results(work)
     adapter: Path | None = None
     history = []
     for r in range(cfg.rounds + 1):
         out = work / f"round{r}"
-        if out.exists():
-            import shutil
-
-            shutil.rmtree(out)
         label = "baseline" if r == 0 else f"after training round {r}"
         print(f"[round {r}] capture {len(TASKS)} tasks x {cfg.group_size} sessions through the proxy "
               f"({label})", flush=True)

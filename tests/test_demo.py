@@ -215,11 +215,14 @@ def test_each_step_is_echoed_as_the_command_a_user_types(monkeypatch: pytest.Mon
     assert ran[0][:3] == [sys.executable, "-m", "polar_train.cli"]
 
 
-def test_a_rerun_with_fewer_rounds_removes_the_later_ones(tmp_path: Path) -> None:
-    """``--rounds 0`` after a run of two left round1/ and round2/, captured by adapters it replaced."""
-    from polar_train.demo import remove_later_rounds
+def test_a_rerun_starts_without_the_earlier_runs_results(tmp_path: Path) -> None:
+    """``--rounds 0`` after a run of two left round1/ and round2/, captured by adapters it replaced;
+    an interrupted rerun left the earlier run's summary and later rounds beside its own half round."""
+    from polar_train.demo import remove_earlier_results
 
     for name in ("round0", "round1", "round2", "round10", "tiny-model", "roundabout"):
         (tmp_path / name).mkdir()
-    remove_later_rounds(tmp_path, 0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["round0", "roundabout", "tiny-model"]
+    (tmp_path / "demo_summary.json").write_text("{}")
+    (tmp_path / ".polar-demo").touch()
+    remove_earlier_results(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".polar-demo", "roundabout", "tiny-model"]
