@@ -516,11 +516,24 @@ def _full_schema(table: pa.Table) -> pa.Table:
 def read_calls(folder: str | Path) -> pa.Table:
     """All calls of a capture folder as one table (``CALL_LOG_SCHEMA``), full prompts resolved.
 
-    Skipped parts are logged as warnings; use :func:`read_call_log` to get them as data.
+    Skipped parts are logged as warnings, and so is what ``inspect`` and ``build`` print as notes
+    (a capture proxy still writing into the folder, calls a proxy lost); use :func:`read_call_log`
+    to get the problems as data. Raises :class:`CallLogError` where no part could be read (a
+    trajectory folder, say), as the commands refuse it: an empty table read as "no calls".
     """
+    from .terminal import printable
+
+    before = live_writers(folder, [])
     result = read_call_log(folder)
     for problem in result.problems:
         log.warning("call log: %s", problem)
+    if not result.parts:
+        skipped = [p for p in result.problems if p.call_id is None]
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise CallLogError(f"no readable call-log part in {folder}"
+                           + (f"; skipped {printable(str(skipped[0]))}{more}" if skipped else ""))
+    for note in live_notes(before, live_writers(folder, result.parts)) + loss_notes(folder, result.parts):
+        log.warning("call log: %s", note)
     return result.table
 
 

@@ -158,6 +158,29 @@ def test_missing_and_empty_folders_are_clear_errors(tmp_path):
             read_calls(tmp_path / "team")
 
 
+def test_read_calls_says_what_inspect_and_build_say(tmp_path, session_rows, caplog):
+    """From Python, a capture still being written and calls a proxy lost read as the whole capture,
+    unsaid (only the commands printed them), and a trajectory folder read as an empty capture."""
+    from polar_train.capture.outdir import LIVE_LOCK, record_loss
+    from polar_train.folder_lock import hold_shared_lock
+
+    write_parts(tmp_path, session_rows, "part-a")
+    held = hold_shared_lock(tmp_path / "calls" / LIVE_LOCK)
+    assert held is not None
+    with held, caplog.at_level("WARNING", logger="polar_train.calllog"):
+        record_loss(tmp_path / "calls", calls_dropped=5)
+        assert read_calls(tmp_path).num_rows == 4
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("a capture proxy is writing into" in m and f"process {os.getpid()}" in m for m in warned), warned
+    assert any("lost 5 call(s) dropped" in m for m in warned), warned
+    trajectories = tmp_path / "traj"
+    trajectories.mkdir()
+    pq.write_table(pa.table({"trajectory_id": ["t"], "completion_ids": [[1]]}), trajectories / "part-00000.parquet")
+    with pytest.raises(CallLogError, match=re.escape(f"no readable call-log part in {trajectories}; skipped ")
+                       + ".*trajectories \\(what `polar-train build` writes\\), not a call log"):
+        read_calls(trajectories)
+
+
 def test_foreign_schema_and_corrupt_parts_are_named_and_skipped(tmp_path, session_rows):
     write_parts(tmp_path, session_rows, "part-good")
     calls = tmp_path / "calls"
