@@ -11,14 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .paths import cannot_write_folder, user_path
+from .paths import OLD_REPORT_NAME, REPORT_NAME, cannot_write_folder, user_path
 from .terminal import printable
-
-#: The leading underscore: Parquet dataset readers (pyarrow, pandas) skip it; as build_report.json,
-#: ``pd.read_parquet(out)`` failed on it ("Could not read schema from 'out/build_report.json'").
-REPORT_NAME = "_build_report.json"
-#: An earlier version's report name: still an earlier build's folder; a rebuild removes it.
-OLD_REPORT_NAME = "build_report.json"
 
 
 def _positive_int(text: str) -> int:

@@ -8,6 +8,13 @@ import argparse
 import os
 from pathlib import Path
 
+#: A build's report in its --out folder. The leading underscore: Parquet dataset readers (pyarrow,
+#: pandas) skip it; as build_report.json, ``pd.read_parquet(out)`` failed on it ("Could not read
+#: schema from 'out/build_report.json'").
+REPORT_NAME = "_build_report.json"
+#: An earlier version's report name: still an earlier build's folder; a rebuild removes it.
+OLD_REPORT_NAME = "build_report.json"
+
 
 def expand_home(value: str) -> str:
     """``value`` with ``~`` and ``~user`` expanded as the shell would have; ``ValueError`` for a

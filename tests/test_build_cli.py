@@ -704,7 +704,39 @@ def test_the_library_refuses_what_the_cli_refuses(tmp_path, capture, monkeypatch
         write_trajectories([], tmp_path / "traj")
     with pytest.raises(ValueError, match="empty path"):
         write_trajectories(built.trajectories, "")
+    # what a notebook passes by mistake: said what to pass (was: "object of type 'BuildResult' has no len()")
+    for wrong, message in ((built, r"pass the build's trajectories \(result.trajectories\), not the BuildResult"),
+                           ((t for t in built.trajectories), "a list of Trajectory .*not generator"),
+                           ([None], "a list of Trajectory .*one is a NoneType")):
+        with pytest.raises(TypeError, match=message):
+            write_trajectories(wrong, tmp_path / "traj")
+    with pytest.raises(TypeError, match="out: name a folder \\(str or os.PathLike\\), not NoneType"):
+        write_trajectories(built.trajectories, None)
     assert {p.name: p.read_bytes() for p in (tmp_path / "traj").iterdir()} == before and len(parts) == 1
+
+
+def test_written_from_python_over_a_build_its_report_goes_and_parts_are_private(tmp_path, capture):
+    """A build's report stayed beside the parts written over it from Python, describing another
+    build (the notebook printed its realign and counts); parts written into a folder made beforehand
+    under umask 022 were readable by every user, though they hold the captured prompts."""
+    import os
+    import stat
+
+    from polar_train.trajectories import build_trajectories
+    from polar_train.trajectories.writer import write_trajectories
+
+    out = tmp_path / "traj"
+    out.mkdir(mode=0o755)
+    old = os.umask(0o022)
+    try:
+        assert main(["build", str(capture), "--out", str(out)]) == 0
+        assert (out / "_build_report.json").is_file()
+        (out / "notes.txt").write_text("mine")
+        parts = write_trajectories(build_trajectories(capture).trajectories, out)
+    finally:
+        os.umask(old)
+    assert not (out / "_build_report.json").exists() and (out / "notes.txt").read_text() == "mine"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in parts)
 
 
 def test_an_out_folder_named_with_a_newline_is_printed_on_one_line(tmp_path, capture, capsys):

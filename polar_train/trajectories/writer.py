@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..durable import sync_file, sync_folder
-from ..paths import make_private_dir
+from ..paths import REPORT_NAME, make_private_dir
 from ..schema import TRAJECTORY_SCHEMA
 from .stitch import Trajectory
 
@@ -239,16 +239,22 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         raise ValueError(f"rows_per_part must be a positive whole number, not {rows_per_part!r}")
     if isinstance(out, (str, bytes, os.PathLike)) and not os.fspath(out):
         raise ValueError("empty path: name the folder to write the trajectories to (\".\" for the current one)")
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out: name a folder (str or os.PathLike), not {type(out).__name__}")
+    if hasattr(trajectories, "trajectories") and hasattr(trajectories, "report"):  # a BuildResult
+        raise TypeError("pass the build's trajectories (result.trajectories), not the BuildResult")
+    if isinstance(trajectories, (str, bytes)) or not isinstance(trajectories, Sequence):
+        raise TypeError(f"trajectories: a list of Trajectory (BuildResult.trajectories), not "
+                        f"{type(trajectories).__name__}")
     if not trajectories:
         raise ValueError(f"no trajectories to write to {out}: it keeps what it holds")
+    if not all(isinstance(t, Trajectory) for t in trajectories):
+        wrong = next(t for t in trajectories if not isinstance(t, Trajectory))
+        raise TypeError(f"trajectories: a list of Trajectory (BuildResult.trajectories); one is a {type(wrong).__name__}")
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"--out is a file, not a folder: {out_dir}")
+        raise NotADirectoryError(f"{out_dir} is a file, not a folder")
     finals = part_paths(out_dir, len(trajectories), rows_per_part)
-    for final in finals:
-        if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
-            raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
-                                  "or choose another folder")
     build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode()}
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
     make_private_dir(out_dir)  # the trajectories hold the captured prompts
@@ -256,6 +262,10 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     swapped = False
     try:
         with _only_writer(out_dir):
+            for final in finals:  # (under the lock: another build's swap made its own part read as foreign)
+                if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
+                    raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
+                                          "or choose another folder")
             remove_stale_temps(out_dir)
             for n, final in enumerate(finals):
                 start = n * rows_per_part
@@ -264,19 +274,24 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                 table = trajectories_table(trajectories[start:start + rows_per_part])
                 table = table.replace_schema_metadata({**(table.schema.metadata or {}), **build})
                 pq.write_table(table, tmp, write_page_checksum=True)  # the trainer verifies them: no silently other ids
-                sync_file(tmp)
+                os.chmod(tmp, 0o600)  # the captured prompts, as the capture's parts: an --out made beforehand
+                sync_file(tmp)  # under umask 022 held them readable by every user
             for name, data in (extra or {}).items():
                 final = out_dir / name
                 tmp = _temp_name(final)
                 written.append((tmp, final))
                 tmp.write_bytes(data)
+                os.chmod(tmp, 0o600)
                 sync_file(tmp)
             with _signals_held():
                 new = set(finals)
                 for old in out_dir.glob(PART_GLOB):
                     if old not in new and is_trajectory_part(old):
                         old.unlink()  # only our own earlier output: never a call-log part or a foreign file
-                for name in retire:
+                # an earlier build's report, where this write brings none (a call from Python): it
+                # described the parts replaced here (a notebook read its realign and counts)
+                stale = [*retire, *(() if extra and REPORT_NAME in extra else (REPORT_NAME,))]
+                for name in stale:
                     if (out_dir / name).is_file() and not (out_dir / name).is_symlink():
                         (out_dir / name).unlink()
                 for tmp, final in written:
