@@ -62,11 +62,12 @@ from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.redact import utf8
 from polar_train.capture.tap import StreamTap, decode_whole, decoder_for
 from polar_train.capture.worker import RowWorker
-from polar_train.terminal import escape_unencodable_output, printable
+from polar_train.terminal import escape_unencodable_output, one_line_records, printable
 from polar_train.tokenizer import holds_tokenizer
 from polar_train.wire.lax import lax_true
 
 log = logging.getLogger("polar_capture")
+one_line_records(log)
 
 #: Hosted APIs reject unknown request fields: never inject there (their calls are rendered instead).
 HOSTED_HOSTS = ("api.openai.com", "chatgpt.com", "api.anthropic.com", "openrouter.ai",

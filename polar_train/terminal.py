@@ -3,6 +3,25 @@ whatever a client or a file held, and a terminal acts on what it is sent."""
 
 from __future__ import annotations
 
+import logging
+
+
+class OneLineRecords(logging.Filter):
+    """Log records made printable (:func:`printable`): a capture folder named with a newline split
+    the proxy's "writing calls to" line in two, the second without its time stamp."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.isprintable():
+            record.msg, record.args = printable(message), None
+        return True
+
+
+def one_line_records(logger: logging.Logger) -> None:
+    """Give ``logger`` a :class:`OneLineRecords` filter once (a reloaded addon asks again)."""
+    if not any(type(f).__name__ == OneLineRecords.__name__ for f in logger.filters):
+        logger.addFilter(OneLineRecords())
+
 
 def printable(text: object) -> str:
     """``text`` with what a terminal would act on escaped: a newline in a rollout id would split a

@@ -2060,3 +2060,20 @@ def test_a_capture_that_lost_every_row_says_so_where_it_has_no_part(tmp_path):
                        + r".*: the capture process \d+ lost 12 row\(s\) whose part could not be written: No space "
                          r"left on device; its log has the details \(these calls are in no part\)$"):
         read_call_log(tmp_path)
+
+
+def test_the_proxys_log_lines_stay_one_line_each(caplog):
+    """A capture folder named with a newline split "writing calls to" in two, the second line without
+    its time stamp (inspect and build escape such names); a reloaded addon adds no second filter."""
+    import logging
+
+    from polar_train.terminal import one_line_records
+
+    logger = logging.getLogger("polar_capture.test-one-line")
+    one_line_records(logger)
+    one_line_records(logger)
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        logger.info("polar_capture: writing calls to %s", "/tmp/n\nl/calls")
+        logger.info("plain %d", 5)
+    assert [r.getMessage() for r in caplog.records] == ["polar_capture: writing calls to /tmp/n\\nl/calls", "plain 5"]

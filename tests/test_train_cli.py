@@ -1021,3 +1021,14 @@ def test_the_divergence_message_names_the_last_good_checkpoint_up_to_its_step(tm
     assert last_good_checkpoint(tmp_path, 5) == tmp_path / "checkpoint-2"
     assert last_good_checkpoint(tmp_path, 6) == tmp_path / "checkpoint-6"
     assert last_good_checkpoint(tmp_path, 1) is None
+
+
+def test_a_save_cut_short_says_why_not_torchs_zip_writer() -> None:
+    """A checkpoint save under a file-size limit (a full disk, a quota) ended in "[enforce fail at
+    inline_container.cc:672] . unexpected pos 199488 vs 199376": torch's zip writer drops the OSError."""
+    from polar_train.train.cli import save_error
+
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 199488 vs 199376")
+    assert save_error(torch_says) == ("the file was cut short while written (a full disk, a quota or a file-size "
+                                      "limit?)")
+    assert save_error(OSError(28, "No space left on device", "x.pt")) == "No space left on device: x.pt"

@@ -533,6 +533,9 @@ def main() -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s.%(msecs)03d] %(message)s", datefmt="%H:%M:%S"))
     log.addHandler(handler)
+    from ..terminal import one_line_records
+
+    one_line_records(log)
     log.setLevel(level)
     log.propagate = False
 

@@ -810,7 +810,10 @@ def save_error(exc: BaseException) -> str:
     """The first line of a save's error: ``No space left on device`` rather than a traceback."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror + (f": {exc.filename}" if exc.filename else "")
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if "unexpected pos" in first:  # torch's zip writer, whatever stopped the write (it drops the OSError)
+        return "the file was cut short while written (a full disk, a quota or a file-size limit?)"
+    return first
 
 
 def _finite_or_null(value: Any) -> Any:
