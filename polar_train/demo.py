@@ -83,6 +83,11 @@ def post_json(url: str, body: dict, headers: dict[str, str] | None = None, timeo
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         raise UserError(f"POST {url} answered {exc.code}: {exc.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # (http.client's RemoteDisconnected is an
+        # OSError: a proxy or server that died or restarted mid-call ended the demo in a traceback)
+        reason = getattr(exc, "reason", None) or exc
+        raise UserError(f"POST {url} failed: {reason} (see the server and proxy logs under the round's "
+                        "logs/ folder)") from None
 
 
 @contextlib.contextmanager

@@ -226,3 +226,26 @@ def test_a_rerun_starts_without_the_earlier_runs_results(tmp_path: Path) -> None
     (tmp_path / ".polar-demo").touch()
     remove_earlier_results(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".polar-demo", "roundabout", "tiny-model"]
+
+
+def test_a_server_that_drops_the_call_is_one_line_not_a_traceback() -> None:
+    """A proxy restarting mid-call (its addon reloaded) closed the connection without an answer:
+    the demo ended in http.client's RemoteDisconnected traceback."""
+    import socket
+    import threading
+
+    from polar_train.cli import UserError
+    from polar_train.demo import post_json
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def drop_one() -> None:
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.close()
+
+        threading.Thread(target=drop_one, daemon=True).start()
+        with pytest.raises(UserError, match=rf"^POST http://127.0.0.1:{port}/v1/chat/completions failed: Remote end "
+                                            r"closed connection without response \(see the server and proxy logs"):
+            post_json(f"http://127.0.0.1:{port}/v1/chat/completions", {"x": 1}, timeout=10)
