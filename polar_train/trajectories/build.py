@@ -475,8 +475,9 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     Every unusable input is a ``ValueError``, each with one line to show: ``CallLogError`` for the
     folder (missing, empty path, no readable part), ``RewardFileError`` for ``rewards``/``tasks``
     files, ``BuildOptionsError`` for an option of the wrong type or value and a ``tokenizer`` folder
-    that does not load. Options, the folder's existence, the label files and the tokenizer are
-    checked before the call log is read.
+    that does not load. Options, the folder's existence, the label files' existence and type and
+    the tokenizer are checked before the call log is read; the label files' rows after it (they are
+    judged against the rollouts it holds).
     """
     options = _checked(folder, options)
     part_folder(folder)  # a missing or empty-named folder fails before a tokenizer folder loads (seconds)
