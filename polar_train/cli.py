@@ -198,15 +198,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``polar-train ARGS`` from Python: the command's exit status. A Ctrl-C (or SIGTERM) that
     stops the command, once it has cleaned up and said so, reaches the caller as its
     ``KeyboardInterrupt`` (``SystemExit``): a notebook's loop over captures stops, where a returned
-    130 let it run on."""
+    130 let it run on. A usage error (an unknown option, a missing argument) is said on stderr and
+    returned as 2 (argparse's ``SystemExit`` escaped a caller that read the status); paths may be
+    ``Path`` objects."""
+    if isinstance(argv, (str, bytes)):  # iterated, "build" was the commands b, u, i, ...
+        raise TypeError(f"argv: a list of arguments, e.g. ['inspect', 'captures'], not one string: {argv!r}")
+    if argv is not None:
+        argv = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in argv]
     return _main(argv, keep_signal=True)
 
 
 def _main(argv: Sequence[str] | None, keep_signal: bool) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # said by the command's parser (argparse's top-level one said "polar-train: error")
-        _command_parser(parser, args.command).error(_unrecognized(args.command, extra))
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's parser (argparse's top-level one said "polar-train: error")
+            _command_parser(parser, args.command).error(_unrecognized(args.command, extra))
+    except SystemExit as exc:  # argparse's: a usage error said (2), or --help printed (0)
+        if not keep_signal:
+            raise
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     with _sigterm_unwinds(f"polar-train {args.command}"):  # (a second signal's note names the command)
         return _run_command(args, keep_signal)
 

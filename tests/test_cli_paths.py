@@ -37,9 +37,7 @@ def test_an_unknown_users_home_is_one_line(capsys):
     """``~nouser/x`` was a RuntimeError traceback (pathlib's expanduser) in inspect, build, tiny-model."""
     for argv in (["inspect", "~no-such-user-here/x"], ["build", "c", "--out", "~no-such-user-here/o"],
                  ["tiny-model", "~no-such-user-here/t"]):
-        with pytest.raises(SystemExit) as stop:
-            main(argv)
-        assert stop.value.code == 2
+        assert main(argv) == 2
         err = capsys.readouterr().err
         assert "cannot expand ~no-such-user-here (no home folder of user 'no-such-user-here')" in err
         assert "Traceback" not in err
@@ -71,3 +69,16 @@ def test_init_adapter_in_set_or_yaml_expands_the_home_folder(tmp_path, monkeypat
     assert load_config(str(yaml_file), [], str(tmp_path / "r")).init_adapter == str(tmp_path / "runs/r2/adapter")
     with pytest.raises(UserError, match="init_adapter ~no-such-user-here/a: cannot expand ~no-such-user-here"):
         load_config(None, ["init_adapter=~no-such-user-here/a"], str(tmp_path / "r"))
+
+
+def test_main_from_python_returns_a_usage_errors_status_and_takes_paths(tmp_path, capsys):
+    """README: `main([...])` returns the exit status - but argparse's usage errors escaped as
+    SystemExit, a Path in the list failed inside argparse (not subscriptable), and one string was
+    taken letter by letter (`invalid choice: 'b'`)."""
+    assert main(["build", str(tmp_path)]) == 2  # no --out
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    assert main(["inspect", "--help"]) == 0
+    assert main(["inspect", tmp_path / "nope"]) == 2
+    assert "nope not found" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="argv: a list of arguments, e.g. \\['inspect', 'captures'\\], not one string"):
+        main("inspect captures")
