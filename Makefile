@@ -5,7 +5,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.polar-installed
 
-.PHONY: setup test demo vllm harnesses clean
+.PHONY: help setup test demo vllm harnesses clean
+
+help:  # the default: what each target does
+	@echo "make demo       set up .venv and run the demo (capture -> build -> train -> capture again, on CPU)"
+	@echo "make test       set up everything (.venv, the vLLM CPU venv, the harness CLIs) and run the tests"
+	@echo "make setup      only the set-up of make test"
+	@echo "make vllm       the vLLM CPU build in .venv-vllm (its command: .venv-vllm/bin/vllm)"
+	@echo "make harnesses  the Codex, Claude Code and Pi CLIs under .harnesses"
+	@echo "make clean      remove what the set-up made"
+	@echo "The commands (polar-train, mitmdump) are in .venv/bin: source .venv/bin/activate"
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || "$$(scripts/find-python 3.12)" -m venv $(VENV)
