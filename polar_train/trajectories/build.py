@@ -59,6 +59,10 @@ class BuildOptions:
 
 @dataclass
 class BuildResult:
+    """What :func:`build_trajectories` made: the trajectories (write them with
+    :func:`~polar_train.trajectories.writer.write_trajectories`), the report (``report.table()``
+    prints what ``polar-train build`` prints) and the rewards and tasks read."""
+
     trajectories: list[Trajectory]
     report: BuildReport
     labels: Labels = field(default_factory=Labels)

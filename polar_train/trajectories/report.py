@@ -15,6 +15,9 @@ from ..terminal import shown
 
 @dataclass
 class BuildReport:
+    """What a build read, made and found: :meth:`table` is the printed summary and :meth:`to_json`
+    the ``_build_report.json`` (its fields: docs/build.md, "What it prints")."""
+
     source: str = ""
     out: str | None = None
     parts_read: int = 0
