@@ -138,7 +138,7 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     try:
         parts = write_trajectories(result.trajectories, out, rows_per_part=args.rows_per_part,
                                    extra={REPORT_NAME: report_bytes[0]}, retire=(OLD_REPORT_NAME,),
-                                   build_id=report.build_id)
+                                   build_id=report.build_id, reward_mode=report.reward_mode)
     except FileExistsError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

@@ -734,6 +734,16 @@ def test_written_from_python_over_a_build_its_report_goes_and_parts_are_private(
         os.umask(old)
     assert not (out / "_build_report.json").exists() and (out / "notes.txt").read_text() == "mine"
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in parts)
+    assert pq.read_schema(parts[0]).metadata.get(b"polar_train.reward_mode") is None  # (not said: not recorded)
+    assert main(["build", str(capture), "--out", str(tmp_path / "split"), "--reward-mode", "split"]) == 0
+    assert pq.read_schema(tmp_path / "split" / "part-00000.parquet").metadata[b"polar_train.reward_mode"] == b"split"
+    # a user's folder with a file in the way is refused, and keeps no lock file of ours
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "part-00000.parquet").write_bytes(b"a user's own file")
+    with pytest.raises(FileExistsError, match="exists and was not written by polar-train build"):
+        write_trajectories(build_trajectories(capture).trajectories, mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["part-00000.parquet"]
 
 
 def test_an_out_folder_named_with_a_newline_is_printed_on_one_line(tmp_path, capture, capsys):

@@ -105,8 +105,8 @@ def test_training_step_is_exact_masked_and_group_relative(sampled, tiny_model_di
 def test_a_rollout_that_forked_counts_once_in_its_groups_baseline(sampled, tiny_model_dir, tmp_path):
     """Two trajectories of one rollout (a fork: a history rewrite, a sub-agent) weighed twice in the
     group's mean and std, and a padding copy once more: the losing rollout of a retokenization
-    fork stood three times against the winner's once. By default each rollout counts once and its
-    trajectories share its advantage; `advantage_baseline=trajectory` is TRL's own."""
+    fork stood three times against the winner's once. With `advantage_baseline=rollout` each rollout
+    counts once and its trajectories share its advantage; the default, `trajectory`, is TRL's own."""
 
     def fork(cols):
         first = [i for i, g in enumerate(cols["group_id"]) if g == cols["group_id"][0]]
@@ -117,7 +117,7 @@ def test_a_rollout_that_forked_counts_once_in_its_groups_baseline(sampled, tiny_
 
     data = rewrite(sampled, tmp_path / "forked", fork)
     trainer, report, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run", "max_steps=1",
-                                          "per_device_train_batch_size=8"))
+                                          "per_device_train_batch_size=8", "advantage_baseline=rollout"))
     assert report.rows_with_forks == 1
     assert ("data: 1 GRPO groups hold several trajectories of one rollout (its forks): each rollout counts once in "
             "its group's mean and std, its trajectories share its advantage (advantage_baseline=rollout)"
@@ -132,7 +132,7 @@ def test_a_rollout_that_forked_counts_once_in_its_groups_baseline(sampled, tiny_
     assert adv["X"] == adv["Z"] == pytest.approx((-1 / 3) / (std + 1e-4), abs=1e-4)
 
     trainer, report, _ = build_trainer(ns(data, tiny_model_dir, tmp_path / "run-t", "max_steps=1",
-                                          "per_device_train_batch_size=8", "advantage_baseline=trajectory"))
+                                          "per_device_train_batch_size=8"))  # the default: TRL's
     assert ("data: 1 GRPO groups hold several trajectories of one rollout (its forks): each trajectory counts as a "
             "rollout of its own in the baseline (advantage_baseline=trajectory)") in report.lines()
     trainer.train()
@@ -140,6 +140,36 @@ def test_a_rollout_that_forked_counts_once_in_its_groups_baseline(sampled, tiny_
     adv = dict(zip(rollouts, trainer.last_batch["advantages"].tolist()))
     assert adv["Y"] == pytest.approx(0.75 / (0.5 + 1e-4), abs=1e-4)  # TRL: 1, 0, 0, 0 over four trajectories
     assert adv["X"] == pytest.approx(-0.25 / (0.5 + 1e-4), abs=1e-4)
+
+
+def test_split_rewards_and_foreign_rollout_ids_leave_each_trajectory_its_own_place(sampled, tiny_model_dir, tmp_path):
+    """Under `build --reward-mode split` a forked rollout's trajectories each hold a share of its
+    reward: their mean is no rollout's value (a reward-1 rollout forked in three stood at 1/3 against
+    an unforked 1). A part another tool wrote with integer rollout ids loaded before the baseline
+    read them, and must still."""
+    from polar_train.train.data import load_trajectories, read_table
+
+    def fork(cols):
+        for i in range(len(cols["rollout_id"])):
+            cols["rollout_id"][i] = "same"
+        return cols
+
+    data = rewrite(sampled, tmp_path / "split", fork)
+    part = next(data.glob("*.parquet"))
+    table = pq.read_table(part)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"polar_train.reward_mode": b"split"}),
+                   part)
+    report = DataReport(advantage_baseline="rollout")
+    trajs = load_trajectories(data, vocab_size=300_000, max_completion_length=None, report=report)
+    assert report.split_rewards and {t.rollout for t in trajs} == {None}
+    assert any("rewards split among each rollout's trajectories (build --reward-mode split)" in line
+               for line in report.lines())
+    table = pq.read_table(next(sampled.glob("*.parquet")))
+    ints = tmp_path / "ints"
+    ints.mkdir()
+    pq.write_table(table.set_column(table.schema.get_field_index("rollout_id"), "rollout_id",
+                                    pa.array(range(table.num_rows), pa.int64())), ints / "part-0.parquet")
+    assert read_table(ints, DataReport()).num_rows == table.num_rows
 
 
 def test_importance_ratio_uses_recorded_logprobs_and_truncates(sampled, tiny_model_dir, tmp_path):
@@ -353,8 +383,6 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
                              ("save_steps=0", "save_steps must be above 0"),
                              ("scale_rewards=bogus",
                               "scale_rewards must be group, batch or none \\(or TRL's true, false\\), got bogus"),
-                             ("scale_rewards=batch", "advantage_baseline=rollout takes each group's own mean and std "
-                              r"\(scale_rewards group or none, .*set advantage_baseline=trajectory"),
                              ("advantage_baseline=group", "advantage_baseline must be 'rollout' or 'trajectory', not "
                               "'group'"),
                              ("importance_sampling_level=bogus", "importance_sampling_level must be token or sequence"),
@@ -380,6 +408,9 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
         m.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real_find_spec(name, *a))
         with pytest.raises(UserError, match="use_liger_kernel needs the liger-kernel package"):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "use_liger_kernel=true"))
+    with pytest.raises(UserError, match="advantage_baseline=rollout takes each group's own mean and std "
+                                        r"\(scale_rewards group or none, .*set advantage_baseline=trajectory"):
+        prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "advantage_baseline=rollout", "scale_rewards=batch"))
     # a sampling option at its default sets nothing (a TRL config copied as it is), and save_steps
     # is only read when the run saves by steps
     config = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "top_p=1.0", "top_k=0", "save_strategy=no",

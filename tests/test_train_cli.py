@@ -1032,3 +1032,25 @@ def test_a_save_cut_short_says_why_not_torchs_zip_writer() -> None:
     assert save_error(torch_says) == ("the file was cut short while written (a full disk, a quota or a file-size "
                                       "limit?)")
     assert save_error(OSError(28, "No space left on device", "x.pt")) == "No space left on device: x.pt"
+
+
+def test_a_run_started_before_the_rollout_baseline_is_not_resumed_under_it(tmp_path) -> None:
+    """A run begun before `advantage_baseline` existed trained with TRL's per-trajectory baseline;
+    resumed under the new default its remaining steps switched baseline, said only as "not checked"."""
+    from types import SimpleNamespace
+
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def options(baseline):
+        return train_cli.run_options(SimpleNamespace(**{**{key: None for key in train_cli.RESUME_FIXED},
+                                                        "advantage_baseline": baseline}))
+
+    older = {k: v for k, v in options("trajectory").items() if k != "advantage_baseline"}
+    (out / train_cli.RUN_MARKER).write_text(json.dumps({"options": older}))
+    with pytest.raises(UserError, match=r"^--resume: advantage_baseline=rollout \(the run: trajectory, before the "
+                                        r"option existed\)"):
+        train_cli._check_same_options(out, options("rollout"))
+    train_cli._check_same_options(out, options("trajectory"))
+    (out / train_cli.RUN_MARKER).write_text(json.dumps({"options": options("rollout")}))
+    train_cli._check_same_options(out, options("rollout"))

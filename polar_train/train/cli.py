@@ -248,8 +248,11 @@ def _check_same_options(out: Path, options: dict[str, Any], say: bool = True) ->
         return
     changed = [f"{key}={options[key]} (the run: {saved[key]})" for key in RESUME_FIXED
                if key in saved and key in options and not _same_option(saved[key], options[key])]
+    if "advantage_baseline" not in saved and options.get("advantage_baseline") == "rollout":
+        # a run started before the option: its groups' baseline was TRL's, per trajectory
+        changed.append("advantage_baseline=rollout (the run: trajectory, before the option existed)")
     # (lora_dropout is compared with the checkpoint's adapter_config.json)
-    unknown = [key for key in RESUME_FIXED if key not in saved and key != "lora_dropout"]
+    unknown = [key for key in RESUME_FIXED if key not in saved and key not in ("lora_dropout", "advantage_baseline")]
     if unknown and not changed and say:  # a run an earlier version started: these went unrecorded
         print(f"resume: the run's marker (an earlier version's) records no {', '.join(unknown)}: give the values "
               "the run started with (not checked)", flush=True)

@@ -108,11 +108,11 @@ class TrainConfig(GRPOConfig):
         default=2, metadata={"help": "Smaller groups are dropped: one trajectory has no group baseline."}
     )
     advantage_baseline: str = field(
-        default="rollout",
-        metadata={"help": "Whom a GRPO group's reward mean and std are taken over: `rollout` (each rollout "
-                  "once, however many trajectories it forked into - a history rewrite, a sub-agent - and "
-                  "each padding copy; its trajectories share its advantage) or `trajectory` (TRL's: every "
-                  "trajectory in the group, a copy too). `rollout` needs scale_rewards group or none."},
+        default="trajectory",
+        metadata={"help": "Whom a GRPO group's reward mean and std are taken over: `trajectory` (TRL's: every "
+                  "trajectory in the group, a fork of a rollout or a padding copy too) or `rollout` (each "
+                  "rollout once, however many trajectories it forked into - a history rewrite, a sub-agent - "
+                  "its trajectories sharing its advantage). `rollout` needs scale_rewards group or none."},
     )
     init_adapter: str | None = field(
         default=None,

@@ -9,6 +9,7 @@ or dropped, and every such decision is counted in the ``DataReport`` - never sil
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections import Counter
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 from ..cli import UserError
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns, same_kind
 from ..trajectories.rewards import MAX_ABS_REWARD
-from ..trajectories.writer import build_problem
+from ..trajectories.writer import REWARD_MODE_KEY, build_problem
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
 #: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
@@ -79,7 +80,10 @@ class DataReport:
     zero_reward_std_rows: int = 0
     #: GRPO groups holding several trajectories of one rollout (its forks), and how the baseline took them
     rows_with_forks: int = 0
-    advantage_baseline: str = "rollout"
+    advantage_baseline: str = "trajectory"
+    #: a part says its build split each rollout's reward among its trajectories (--reward-mode split):
+    #: each trajectory then stands for itself in the baseline (a share is no rollout's value)
+    split_rewards: bool = False
     #: trajectories trained (until ``make_groups``: kept), by the model name their calls asked for
     models: dict[str, int] = field(default_factory=dict)
 
@@ -108,6 +112,9 @@ class DataReport:
              "(importance weight 1)"),
         ]
         out += [f"data: {n} {what}" for n, what in notes if n]
+        if self.split_rewards and self.advantage_baseline == "rollout":
+            out.append("data: rewards split among each rollout's trajectories (build --reward-mode split): each "
+                       "trajectory stands for itself in its group's baseline, as with advantage_baseline=trajectory")
         for why, names in self.dropped_groups.items():
             shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             out.append(f"data: dropped {why}: {shown}")
@@ -139,7 +146,6 @@ def parquet_files(path: str | Path) -> list[Path]:
 
 def read_table(path: str | Path, report: DataReport) -> pa.Table:
     tables = []
-    wanted = [c for c in REQUIRED + _OPTIONAL]
     by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] = {}
     judge_builds = Path(path).is_dir()  # (one part file given as the data is never judged: it stands alone)
     for f in parquet_files(path):
@@ -148,36 +154,46 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
         # taken as whole); an open file reads as it was, whatever is renamed over it meanwhile
         try:
             part = pq.ParquetFile(f, page_checksum_verification=True)
-            schema = part.schema_arrow
         except FileNotFoundError:
             raise UserError(f"{f}: gone while the folder was read (a build replaced its parts meanwhile?): "
                             "run again once the build has ended") from None
         except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
             raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
-        if judge_builds:
-            by_folder.setdefault(f.parent, []).append((f, dict(schema.metadata or {})))
-        expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
-        problems = missing_columns(schema, expected)
-        if problems:
-            if {"call_id", "api"} <= set(schema.names):  # the capture's call log, one step early
-                raise UserError(f"{f}: a capture's call log, not trajectories: run `polar-train build` on the "
-                                "capture folder first and train on its --out folder")
-            raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
-        _check_version(f, schema)
-        cols = [c for c in wanted if c in schema.names
-                and (c != "model" or same_kind(schema.field(c).type, pa.string()))]  # only ever shown
-        try:
-            table = part.read(columns=cols, use_threads=False)
-        except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
-            raise UserError(f"{f}: unreadable data ({exc})") from None
-        finally:
-            part.close()
-        tables.append(_cast_to_schema(f, table))
+        with contextlib.closing(part):  # (closed on a refusal too, not when the traceback goes)
+            tables.append(_read_part(f, part, report, by_folder if judge_builds else None))
         report.files += 1
     for folder, parts in by_folder.items():
         if (problem := build_problem(parts)) is not None:
             raise UserError(f"{folder} holds {problem}")
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _read_part(f: Path, part: pq.ParquetFile, report: DataReport,
+               by_folder: dict[Path, list[tuple[Path, dict[bytes, bytes]]]] | None) -> pa.Table:
+    """One checked part's trajectory columns, from the file opened once (see :func:`read_table`)."""
+    try:
+        schema = part.schema_arrow
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is a user error
+        raise UserError(f"{f}: not a readable Parquet file ({exc})") from None
+    if by_folder is not None:
+        by_folder.setdefault(f.parent, []).append((f, dict(schema.metadata or {})))
+    expected = pa.schema([TRAJECTORY_SCHEMA.field(c) for c in REQUIRED])
+    problems = missing_columns(schema, expected)
+    if problems:
+        if {"call_id", "api"} <= set(schema.names):  # the capture's call log, one step early
+            raise UserError(f"{f}: a capture's call log, not trajectories: run `polar-train build` on the "
+                            "capture folder first and train on its --out folder")
+        raise UserError(f"{f}: not a trajectory table: {', '.join(problems)}")
+    _check_version(f, schema)
+    cols = [c for c in REQUIRED + _OPTIONAL if c in schema.names  # model: only ever shown; rollout_id: a
+            and (c not in ("model", "rollout_id") or same_kind(schema.field(c).type, pa.string()))]  # baseline key
+    if (schema.metadata or {}).get(REWARD_MODE_KEY) == b"split":
+        report.split_rewards = True
+    try:
+        table = part.read(columns=cols, use_threads=False)
+    except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
+        raise UserError(f"{f}: unreadable data ({exc})") from None
+    return _cast_to_schema(f, table)
 
 
 def _check_version(f: Path, schema: pa.Schema) -> None:
@@ -221,7 +237,7 @@ def load_trajectories(path: str | Path, *, vocab_size: int, max_completion_lengt
     tasks = cols.get("task_id") or [None] * n
     temps = cols.get("temperature") or [None] * n
     models = cols.get("model") or [None] * n
-    rollouts = cols.get("rollout_id") or [None] * n
+    rollouts = cols.get("rollout_id") if cols.get("rollout_id") and not report.split_rewards else [None] * n
     out: list[Trajectory] = []
     any_reward = False
     seen: set[str] = set()

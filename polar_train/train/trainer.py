@@ -127,6 +127,10 @@ class RecordedGRPOTrainer(GRPOTrainer):
         """The batch's advantages with each rollout counted once in its group (see
         :func:`~.data.rollout_advantages`), in place of TRL's over trajectories. Each group's
         members are known from the data, so no process needs another's rewards."""
+        if len(self._batch_members) != len(trl_advantages):  # a TRL that slices otherwise: never mix the two
+            raise RuntimeError(f"advantage_baseline=rollout: {len(self._batch_members)} recorded completions for "
+                               f"{len(trl_advantages)} advantages (a TRL version this trainer does not know?); "
+                               "set advantage_baseline=trajectory")
         scale = self.scale_rewards != "none"
         by_row: dict[int, dict[int, float]] = {}
         values = []

@@ -38,6 +38,9 @@ PART_GLOB = "part-*.parquet"
 #: new ones; the trainer took the mix without a word. It now compares these (:func:`build_problem`).
 BUILD_ID_KEY = b"polar_train.build_id"
 BUILD_PARTS_KEY = b"polar_train.build_parts"
+#: How the build gave a rollout's reward to its trajectories (``broadcast`` / ``split``): the trainer's
+#: per-rollout baseline reads a split share as the rollout's value only where it knows.
+REWARD_MODE_KEY = b"polar_train.reward_mode"
 #: The lock a build holds on its --out folder while it writes (a dot-file: readers skip it).
 LOCK_NAME = ".polar-build.lock"
 
@@ -217,10 +220,14 @@ def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | Non
 
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                        rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None,
-                       retire: Sequence[str] = (), build_id: str | None = None) -> list[Path]:
+                       retire: Sequence[str] = (), build_id: str | None = None,
+                       reward_mode: str | None = None) -> list[Path]:
     """Write ``part-NNNNN.parquet`` files (and ``extra``: file name -> bytes, e.g. the build
     report) under ``out``; returns the parts' paths. ``retire``: names of files an earlier
-    build wrote that this one replaces under other names (an older report name), removed in the swap.
+    build wrote that this one replaces under other names (an older report name), removed in the swap;
+    an earlier build's report that ``extra`` does not replace is removed too (it described other
+    parts). ``reward_mode``: the build's (``result.report.reward_mode``), recorded in each part for
+    the trainer (under ``split`` a trajectory's reward is a share, no rollout's value).
 
     Everything is written under temporary names first; then, with SIGINT/SIGTERM held back, parts
     from an earlier build that the new set does not replace are removed and the new files renamed
@@ -255,8 +262,10 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a folder")
     finals = part_paths(out_dir, len(trajectories), rows_per_part)
-    build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode()}
+    build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode(),
+             **({REWARD_MODE_KEY: reward_mode.encode()} if reward_mode else {})}
     created = [p for p in (out_dir, *out_dir.parents) if not p.exists()]
+    lock_existed = (out_dir / LOCK_NAME).exists()  # (a refusal leaves no lock of ours in a user's folder)
     make_private_dir(out_dir)  # the trajectories hold the captured prompts
     written: list[tuple[Path, Path]] = []
     swapped = False
@@ -264,6 +273,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         with _only_writer(out_dir):
             for final in finals:  # (under the lock: another build's swap made its own part read as foreign)
                 if (final.exists() or final.is_symlink()) and (final.is_symlink() or not is_trajectory_part(final)):
+                    if not lock_existed:  # a user's folder, refused: no lock file of ours is left in it
+                        (out_dir / LOCK_NAME).unlink(missing_ok=True)
                     raise FileExistsError(f"{final} exists and was not written by polar-train build; move it away "
                                           "or choose another folder")
             remove_stale_temps(out_dir)
