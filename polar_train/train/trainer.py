@@ -91,7 +91,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
         """
         g = self.num_generations if self.model.training else self.num_generations_eval
         offset = self.accelerator.process_index * len(prompts)
-        members = [(self._row_of[p], self.data.rows[self._row_of[p]][(offset + i) % g]) for i, p in enumerate(prompts)]
+        members = [(self._row_of[p], self.data.rows[self._row_of[p]][(offset + i) % g])
+                   for i, p in enumerate(prompts)]
         self._batch_members = members  # (row, trajectory index) of each completion: its rollout advantage
         picked = [self.data.trajectories[t] for _, t in members]
         return {

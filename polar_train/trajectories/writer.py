@@ -257,7 +257,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         raise ValueError(f"no trajectories to write to {out}: it keeps what it holds")
     if not all(isinstance(t, Trajectory) for t in trajectories):
         wrong = next(t for t in trajectories if not isinstance(t, Trajectory))
-        raise TypeError(f"trajectories: a list of Trajectory (BuildResult.trajectories); one is a {type(wrong).__name__}")
+        raise TypeError("trajectories: a list of Trajectory (BuildResult.trajectories); one is a "
+                        f"{type(wrong).__name__}")
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a folder")
