@@ -744,6 +744,15 @@ def test_written_from_python_over_a_build_its_report_goes_and_parts_are_private(
     with pytest.raises(FileExistsError, match="exists and was not written by polar-train build"):
         write_trajectories(build_trajectories(capture).trajectories, mine)
     assert sorted(p.name for p in mine.iterdir()) == ["part-00000.parquet"]
+    import shutil
+
+    calls = tmp_path / "cap" / "calls"  # a capture's own folder (the command refuses it as inside the capture)
+    shutil.copytree(capture / "calls", calls)
+    (calls / ".polar-capture.lock").touch()  # what every proxy leaves there
+    before = sorted(p.name for p in calls.iterdir())
+    with pytest.raises(FileExistsError, match="is a capture's call-log folder: write the trajectories elsewhere"):
+        write_trajectories(build_trajectories(capture).trajectories, calls)
+    assert sorted(p.name for p in calls.iterdir()) == before
 
 
 def test_an_out_folder_named_with_a_newline_is_printed_on_one_line(tmp_path, capture, capsys):

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..capture.outdir import LIVE_LOCK
 from ..durable import sync_file, sync_folder
 from ..paths import REPORT_NAME, make_private_dir
 from ..schema import TRAJECTORY_SCHEMA
@@ -262,6 +263,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a folder")
+    if (out_dir / LIVE_LOCK).exists():  # (the command refuses any folder inside a capture; from Python,
+        # parts written into its calls/ read as "trajectories, not a call log" in every later read)
+        raise FileExistsError(f"{out_dir} is a capture's call-log folder: write the trajectories elsewhere")
     finals = part_paths(out_dir, len(trajectories), rows_per_part)
     build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode(),
              **({REWARD_MODE_KEY: reward_mode.encode()} if reward_mode else {})}
