@@ -750,9 +750,13 @@ def test_written_from_python_over_a_build_its_report_goes_and_parts_are_private(
     shutil.copytree(capture / "calls", calls)
     (calls / ".polar-capture.lock").touch()  # what every proxy leaves there
     before = sorted(p.name for p in calls.iterdir())
-    with pytest.raises(FileExistsError, match="is a capture's call-log folder: write the trajectories elsewhere"):
+    for out in (calls, calls.parent):
+        with pytest.raises(FileExistsError, match="holds a capture's call log: write the trajectories elsewhere"):
+            write_trajectories(build_trajectories(capture).trajectories, out)
+    (calls / ".polar-capture.lock").unlink()  # copied without its dot-files: its parts say what it is
+    with pytest.raises(FileExistsError, match="holds a capture's call log"):
         write_trajectories(build_trajectories(capture).trajectories, calls)
-    assert sorted(p.name for p in calls.iterdir()) == before
+    assert sorted(p.name for p in calls.iterdir()) == [n for n in before if n != ".polar-capture.lock"]
 
 
 def test_an_out_folder_named_with_a_newline_is_printed_on_one_line(tmp_path, capture, capsys):

@@ -164,6 +164,8 @@ def test_split_rewards_and_foreign_rollout_ids_leave_each_trajectory_its_own_pla
     assert report.split_rewards and {t.rollout for t in trajs} == {None}
     assert any("rewards split among each rollout's trajectories (build --reward-mode split)" in line
                for line in report.lines())
+    config = prepare(ns(data, tiny_model_dir, tmp_path / "run", "advantage_baseline=rollout"))[0]
+    assert config.advantage_baseline == "trajectory"  # what is trained, as the run's summary records it
     table = pq.read_table(next(sampled.glob("*.parquet")))
     ints = tmp_path / "ints"
     ints.mkdir()

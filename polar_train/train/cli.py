@@ -127,6 +127,8 @@ def prepare(args: argparse.Namespace):
     config = load_config(args.config, args.sets, args.output,
                          {k: v for k, v in defaults.items() if k not in raw})
     report.advantage_baseline = config.advantage_baseline
+    if report.split_rewards and config.advantage_baseline == "rollout":  # what is trained, as the run records it
+        config.advantage_baseline = "trajectory"  # (a split share is no rollout's value: data line says so)
     grouped = make_groups(trajs, num_generations=config.num_generations, policy=config.unequal_groups,
                           min_group_size=config.min_group_size, seed=config.seed, report=report)
     _check_temperature(config, report)  # the temperatures of what is trained (not of dropped groups)

@@ -219,6 +219,23 @@ def build_problem(parts: Sequence[tuple[Path, dict[bytes, bytes]]]) -> str | Non
     return None
 
 
+def _holds_a_call_log(folder: Path) -> bool:
+    """Whether ``folder`` is a capture or its ``calls/`` folder: a proxy's lock file there, or a
+    Parquet file whose metadata says it is a call-log part (a capture copied without its dot-files,
+    the repository's sample)."""
+    for calls in (folder, folder / "calls"):
+        if (calls / LIVE_LOCK).exists():
+            return True
+        for path in sorted(calls.glob("*.parquet")) if calls.is_dir() else ():
+            try:
+                if (pq.read_schema(path).metadata or {}).get(b"polar_train.table") == b"calls":
+                    return True
+            except Exception:  # noqa: BLE001 - an unreadable file is no call log we know
+                continue
+            break  # one readable part says what the folder holds
+    return False
+
+
 def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
                        rows_per_part: int = ROWS_PER_PART, extra: dict[str, bytes] | None = None,
                        retire: Sequence[str] = (), build_id: str | None = None,
@@ -263,9 +280,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a folder")
-    if (out_dir / LIVE_LOCK).exists():  # (the command refuses any folder inside a capture; from Python,
-        # parts written into its calls/ read as "trajectories, not a call log" in every later read)
-        raise FileExistsError(f"{out_dir} is a capture's call-log folder: write the trajectories elsewhere")
+    if _holds_a_call_log(out_dir):  # (the command refuses any folder inside a capture; from Python,
+        # parts written into it read as "trajectories, not a call log" in every later read)
+        raise FileExistsError(f"{out_dir} holds a capture's call log: write the trajectories elsewhere")
     finals = part_paths(out_dir, len(trajectories), rows_per_part)
     build = {BUILD_ID_KEY: (build_id or new_build_id()).encode(), BUILD_PARTS_KEY: str(len(finals)).encode(),
              **({REWARD_MODE_KEY: reward_mode.encode()} if reward_mode else {})}
