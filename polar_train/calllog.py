@@ -71,6 +71,8 @@ class CallLog:
     compact_rows: int = 0
     #: every row's full prompt length (None: no prompt), where the prompts were checked, not rebuilt
     prompt_lengths: list[int | None] | None = None
+    #: rows of each part read, in the order of ``parts`` (the table's rows follow that order)
+    part_rows: list[int] = field(default_factory=list)
 
 
 def _folder_path(folder: str | Path) -> Path:
@@ -158,6 +160,28 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
                 notes.append(f"{record}: the capture process {data.get('pid')} lost {', '.join(lost)}{why}; its log "
                              "has the details (these calls are in no part)")
     return notes
+
+
+def shared_rollout_notes(log: CallLog) -> list[str]:
+    """One line naming the rollout ids found in several capture folders (each part's folder): runs on
+    two machines or days that number their rollouts alike (``polar-train demo`` always names them
+    ``r0-greet-0``, ...), merged under one parent. Their calls count as one rollout's - its second
+    run's first calls as retries of the first's. A call stored twice (a capture copied) counts once."""
+    if len(log.part_rows) != len(log.parts) or len({p.parent for p in log.parts}) < 2:
+        return []
+    folder_of_row = [p.parent for p, n in zip(log.parts, log.part_rows) for _ in range(n)]
+    rollouts = log.table.column("rollout_id").to_pylist()
+    folders: dict[str, set[Path]] = {}
+    for row in first_rows(log.table.column("call_id").to_pylist()).values():
+        if rollouts[row] is not None and row < len(folder_of_row):
+            folders.setdefault(rollouts[row], set()).add(folder_of_row[row])
+    shared = sorted(r for r, f in folders.items() if len(f) > 1)
+    if not shared:
+        return []
+    named = ", ".join(repr(r) for r in shared[:5]) + (" ..." if len(shared) > 5 else "")
+    return [f"{len(shared)} rollout id(s) hold calls of several capture folders ({named}): machines or days "
+            "numbering their rollouts alike? each is counted as one rollout (its later calls as retries or "
+            "branches of the first, one reward); give every session its own id, or read the folders apart"]
 
 
 def live_notes(before: list[tuple[Path, list[int]]], after: list[tuple[Path, list[int]]]) -> list[str]:
@@ -397,6 +421,7 @@ def read_call_log(folder: str | Path, *, resolve_prompts: bool = True, skip: Col
         pending.append(part)
         rows_read += part.num_rows
         result.parts.append(path)
+        result.part_rows.append(part.num_rows)
         if len(pending) >= 256:
             tables.append(pa.concat_tables(pending).combine_chunks())
             pending = []

@@ -141,7 +141,7 @@ def summarize(table, top: int = 20) -> str:
     for api, c in sorted(by_api.items()):
         calls = c["calls"]
         api_rows.append([api, calls, *[c[s] for s in statuses], c["prompt"], c["completion"],
-                         *[f"{100 * c['src:' + s] / c['ok']:.0f}%" if c["ok"] else "-" for s in sources],
+                         *[_share(c['src:' + s], c["ok"]) if c["ok"] else "-" for s in sources],
                          c["usage_mismatch"]])
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
                                     *sources, "usage_mismatch"], api_rows))  # sources: shares of the ok calls
@@ -177,16 +177,28 @@ def summarize(table, top: int = 20) -> str:
                      for i in range(n) if col["status"][i] != "ok")
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
-                          [[s, k, _clip(e)] for (s, e), k in errors.most_common(top)]))
+                          [[s, k, _clip(e)] for (s, e), k in errors.most_common(top)])
+                   + (f"\n({len(errors) - top} more errors)" if len(errors) > top else ""))
     # an ok call may still say why something is missing: no token ids (a prompt the template
     # refuses, a credential in the prompt), a check that could not run
     notes = Counter(col["error"][i] for i in range(n) if col["status"][i] == "ok" and col["error"][i])
     if notes and top:
         out.append(_table(f"\nnotes on ok calls ({notes.total()})", ["count", "note"],
-                          [[k, _clip(e)] for e, k in notes.most_common(top)]))
+                          [[k, _clip(e)] for e, k in notes.most_common(top)])
+                   + (f"\n({len(notes) - top} more notes)" if len(notes) > top else ""))
     elif notes:
         out.append(f"\n{notes.total()} ok calls carry a note")
     return "\n".join(out)
+
+
+def _share(part: int, whole: int) -> str:
+    """A percentage that never rounds a share to its neighbouring whole: one call of 224 without ids
+    read as 0%, and its 223 others as 100%."""
+    if 0 < part < whole and 100 * part / whole < 0.5:
+        return "<1%"
+    if 0 < part < whole and 100 * part / whole > 99.5:
+        return ">99%"
+    return f"{100 * part / whole:.0f}%"
 
 
 #: Problems of calls shown by name; the rest are counted (a lost part can leave thousands).
@@ -196,7 +208,7 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
-    from .calllog import live_notes, live_writers, loss_notes
+    from .calllog import live_notes, live_writers, loss_notes, shared_rollout_notes
     from .cli import UserError, print_out
 
     live_before = live_writers(args.dir, [])  # (a proxy that stops during the read: still said)
@@ -216,6 +228,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
              *(f"skipped: {printable(p)}" for p in skipped)]
     lines += [printable(f"note: {live}") for live in live_notes(live_before, live_writers(args.dir, files))]
     lines += [printable(f"note: {loss}") for loss in loss_notes(args.dir, files)]
+    lines += [printable(f"note: {shared}") for shared in shared_rollout_notes(log)]
     if log.compact_rows:
         lines.append(f"compact storage: {log.compact_rows} of {table.num_rows} rows store their prompt or texts as "
                      "a delta of an earlier call (checked here; `read_calls` rebuilds them)")

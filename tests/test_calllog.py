@@ -305,6 +305,21 @@ def test_inspect_counts_a_retry_another_proxy_numbered_afresh_and_shares_sources
     api = next(line.split() for line in out.splitlines() if line.startswith("openai.chat "))
     assert api[-4:-1] == ["100%", "0%", "0%"]  # server, rendered, none: of the 3 ok calls
 
+
+def test_inspect_never_rounds_a_share_to_none_or_all_and_says_what_a_cut_table_leaves_out(session_rows):
+    """One ok call of 224 without ids showed as 0% (and the others as 100%); the errors and notes
+    tables stopped at --top without a word, where the rollouts table said how many more there were."""
+    from polar_train.inspect import summarize
+
+    ok = [dict(session_rows[k % 4], call_id=f"c{k}", request_hash=f"h{k}") for k in range(223)]
+    ok.append(dict(session_rows[0], call_id="bare", token_source="none", request_hash="bare"))
+    failed = [dict(session_rows[0], call_id=f"f{k}", status="upstream_error", error=f"error kind {k % 4}",
+                   request_hash=f"f{k}") for k in range(11)]
+    out = summarize(pa.Table.from_pylist(ok + failed, schema=CALL_LOG_SCHEMA), top=3)
+    api = next(line.split() for line in out.splitlines() if line.startswith("openai.chat "))
+    assert api[-4:-1] == [">99%", "0%", "<1%"]
+    assert "(1 more errors)" in out
+
 def test_inspect_names_a_run_folder_and_a_missing_path(tmp_path, capsys):
     """Two common slips: a training run's folder given for a capture, and a mistyped path (it said
     "is not a folder")."""
@@ -333,6 +348,34 @@ def test_inspect_of_a_parent_folder_names_the_captures_it_merged(tmp_path, sessi
                      f"{tmp_path / 'tuesday' / 'calls'}")
     assert main(["inspect", str(tmp_path / "monday")]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(f"{tmp_path / 'monday'}: 1 part(s), ")
+
+
+def test_one_rollout_id_in_two_capture_folders_is_named_by_inspect_and_build(tmp_path, capsys):
+    """Two days of `polar-train demo` (it names its rollouts r0-greet-0, ...) merged under one
+    folder: inspect counted each id's calls as one rollout's, the second day's as retries, and
+    build joined them under one reward - unsaid. A capture copied twice (its calls stored twice) is
+    no such case."""
+    import shutil
+
+    from polar_train.cli import main
+    from polar_train.trajectories import build_trajectories
+
+    for day, task in (("monday", "greet"), ("tuesday", "greet, once more")):
+        conv = Conversation(rollout_id="r0-greet-0", name=day)
+        conv.user(task)
+        write_parts(tmp_path / "days" / day, [conv.assistant("hello")])
+    note = ("note: 1 rollout id(s) hold calls of several capture folders ('r0-greet-0'): machines or days numbering "
+            "their rollouts alike? each is counted as one rollout")
+    assert main(["inspect", str(tmp_path / "days")]) == 0
+    assert any(line.startswith(note) for line in capsys.readouterr().out.splitlines())
+    assert any(n.startswith(note.removeprefix("note: "))
+               for n in build_trajectories(tmp_path / "days").report.notes)
+    shutil.copytree(tmp_path / "days" / "monday", tmp_path / "copied" / "a")
+    shutil.copytree(tmp_path / "days" / "monday", tmp_path / "copied" / "b")
+    assert main(["inspect", str(tmp_path / "copied")]) == 0
+    assert "several capture folders" not in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "days" / "monday")]) == 0
+    assert "several capture folders" not in capsys.readouterr().out
 
 
 def test_a_capture_folder_copied_in_beside_calls_is_read_too(tmp_path, session_rows, capsys):

@@ -28,6 +28,7 @@ from ..calllog import (
     part_folder,
     read_call_log,
     resolve_prompt_prefixes,
+    shared_rollout_notes,
 )
 from .report import BuildReport
 from .rewards import REWARD_MODES, Labels, RewardFileError, attach, load_labels
@@ -506,6 +507,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
         raise CallLogError(f"no readable call-log part in {folder}; skipped {printable(str(log.problems[0]))}{more}")
     report.notes.extend(live_notes(live_before, live_writers(folder, log.parts)))
     report.notes.extend(loss_notes(folder, log.parts))
+    report.notes.extend(shared_rollout_notes(log))
     if tokenizer_note is not None:
         report.notes.append(tokenizer_note)
     report.problems.extend(str(p) for p in log.problems)
