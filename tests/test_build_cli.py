@@ -737,6 +737,12 @@ def test_written_from_python_over_a_build_its_report_goes_and_parts_are_private(
     assert pq.read_schema(parts[0]).metadata.get(b"polar_train.reward_mode") is None  # (not said: not recorded)
     assert main(["build", str(capture), "--out", str(tmp_path / "split"), "--reward-mode", "split"]) == 0
     assert pq.read_schema(tmp_path / "split" / "part-00000.parquet").metadata[b"polar_train.reward_mode"] == b"split"
+    from polar_train.trajectories import BuildOptions  # a script of the earlier docs: no reward_mode given
+
+    (tmp_path / "r.jsonl").write_text('{"rollout_id": "r1", "reward": 1}\n{"rollout_id": "r2", "reward": 0}\n')
+    split = build_trajectories(capture, BuildOptions(rewards=tmp_path / "r.jsonl", reward_mode="split"))
+    (written,) = write_trajectories(split.trajectories, tmp_path / "split-py")
+    assert pq.read_schema(written).metadata[b"polar_train.reward_mode"] == b"split"
     # a user's folder with a file in the way is refused, and keeps no lock file of ours
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -166,6 +166,16 @@ def test_split_rewards_and_foreign_rollout_ids_leave_each_trajectory_its_own_pla
                for line in report.lines())
     config = prepare(ns(data, tiny_model_dir, tmp_path / "run", "advantage_baseline=rollout"))[0]
     assert config.advantage_baseline == "trajectory"  # what is trained, as the run's summary records it
+    # a split build of an earlier version says so in its report only
+    pq.write_table(table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items()
+                                                  if k != b"polar_train.reward_mode"}), part)
+    report = DataReport()
+    read_table(data, report)
+    assert not report.split_rewards
+    (data / "_build_report.json").write_text('{"reward_mode": "split"}')
+    report = DataReport()
+    read_table(data, report)
+    assert report.split_rewards
     table = pq.read_table(next(sampled.glob("*.parquet")))
     ints = tmp_path / "ints"
     ints.mkdir()

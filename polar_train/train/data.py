@@ -10,6 +10,7 @@ or dropped, and every such decision is counted in the ``DataReport`` - never sil
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 from collections import Counter
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cli import UserError
+from ..paths import REPORT_NAME
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns, same_kind
 from ..trajectories.rewards import MAX_ABS_REWARD
 from ..trajectories.writer import REWARD_MODE_KEY, build_problem
@@ -165,7 +167,19 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
     for folder, parts in by_folder.items():
         if (problem := build_problem(parts)) is not None:
             raise UserError(f"{folder} holds {problem}")
+        if not any(REWARD_MODE_KEY in meta for _, meta in parts) and _report_says_split(folder):
+            report.split_rewards = True  # a build of an earlier version records its mode in its report only
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _report_says_split(folder: Path) -> bool:
+    """Whether ``folder``'s build report says its rewards were split among each rollout's
+    trajectories (builds before 2026-12-07 recorded the mode there only)."""
+    try:
+        data = json.loads((folder / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("reward_mode") == "split"
 
 
 def _read_part(f: Path, part: pq.ParquetFile, report: DataReport,

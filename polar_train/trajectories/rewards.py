@@ -350,6 +350,7 @@ def attach(trajectories: list, labels: Labels, mode: str = "broadcast") -> Group
                 t.reward = None
             else:
                 t.reward = reward / len(trajs) if mode == "split" else reward
+                t.reward_mode = mode
         if task is not None and rid is not None:
             groups[task][rid] = reward
     summary.groups = len(groups)

@@ -133,6 +133,9 @@ class Trajectory:
     forked_at: int = 0
     group_id: str | None = None
     reward: float | None = None
+    #: How ``reward`` was given (``attach``'s mode): under ``split`` it is a share of the rollout's,
+    #: which the writer records for the trainer's baseline.
+    reward_mode: str | None = None
 
     def match(self) -> np.ndarray:
         return self.buf[:self.match_len]

@@ -244,8 +244,9 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
     report) under ``out``; returns the parts' paths. ``retire``: names of files an earlier
     build wrote that this one replaces under other names (an older report name), removed in the swap;
     an earlier build's report that ``extra`` does not replace is removed too (it described other
-    parts). ``reward_mode``: the build's (``result.report.reward_mode``), recorded in each part for
-    the trainer (under ``split`` a trajectory's reward is a share, no rollout's value).
+    parts). ``reward_mode``: the build's, recorded in each part for
+    the trainer (under ``split`` a trajectory's reward is a share, no rollout's value); by default
+    the trajectories' own (set where their rewards were attached).
 
     Everything is written under temporary names first; then, with SIGINT/SIGTERM held back, parts
     from an earlier build that the new set does not replace are removed and the new files renamed
@@ -277,6 +278,8 @@ def write_trajectories(trajectories: Sequence[Trajectory], out: str | Path,
         wrong = next(t for t in trajectories if not isinstance(t, Trajectory))
         raise TypeError("trajectories: a list of Trajectory (BuildResult.trajectories); one is a "
                         f"{type(wrong).__name__}")
+    if reward_mode is None:  # a caller of the earlier signature: the trajectories know how they were rewarded
+        reward_mode = next((t.reward_mode for t in trajectories if t.reward_mode), None)
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file, not a folder")
