@@ -538,6 +538,17 @@ def _full_schema(table: pa.Table) -> pa.Table:
                      for f in CALL_LOG_SCHEMA], schema=CALL_LOG_SCHEMA)
 
 
+def nothing_readable(folder: str | Path, problems: list[PartProblem]) -> str:
+    """The line for a folder whose every part was skipped (a trajectory folder, foreign parts): an
+    empty table would read as "no calls yet"."""
+    from .terminal import printable
+
+    skipped = [p for p in problems if p.call_id is None]
+    more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+    return f"no readable call-log part in {folder}" + (f"; skipped {printable(str(skipped[0]))}{more}" if skipped
+                                                       else "")
+
+
 def read_calls(folder: str | Path) -> pa.Table:
     """All calls of a capture folder as one table (``CALL_LOG_SCHEMA``), full prompts resolved.
 
@@ -546,17 +557,12 @@ def read_calls(folder: str | Path) -> pa.Table:
     to get the problems as data. Raises :class:`CallLogError` where no part could be read (a
     trajectory folder, say), as the commands refuse it: an empty table read as "no calls".
     """
-    from .terminal import printable
-
     before = live_writers(folder, [])
     result = read_call_log(folder)
     for problem in result.problems:
         log.warning("call log: %s", problem)
     if not result.parts:
-        skipped = [p for p in result.problems if p.call_id is None]
-        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-        raise CallLogError(f"no readable call-log part in {folder}"
-                           + (f"; skipped {printable(str(skipped[0]))}{more}" if skipped else ""))
+        raise CallLogError(nothing_readable(folder, result.problems))
     for note in live_notes(before, live_writers(folder, result.parts)) + loss_notes(folder, result.parts):
         log.warning("call log: %s", note)
     return result.table

@@ -208,7 +208,7 @@ _SHOWN_CALL_PROBLEMS = 5
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
-    from .calllog import live_notes, live_writers, loss_notes, shared_rollout_notes
+    from .calllog import live_notes, live_writers, loss_notes, nothing_readable, shared_rollout_notes
     from .cli import UserError, print_out
 
     live_before = live_writers(args.dir, [])  # (a proxy that stops during the read: still said)
@@ -218,8 +218,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         table = table.append_column("prompt_length", pa.array(log.prompt_lengths, pa.int64()))
     skipped = [p for p in problems if p.call_id is None]
     if not files:  # every part was skipped: an empty summary would read as "no calls yet"
-        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
-        raise UserError(f"no readable call-log part in {args.dir}; skipped {printable(skipped[0])}{more}")
+        raise UserError(nothing_readable(args.dir, problems))
     folders = sorted({str(Path(f).parent) for f in files})
     where = f" from {len(folders)} folders: {', '.join(folders)}" if len(folders) > 1 else ""
     size = sum(_size(f) for f in files)

@@ -91,8 +91,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
         """
         g = self.num_generations if self.model.training else self.num_generations_eval
         offset = self.accelerator.process_index * len(prompts)
-        members = [(self._row_of[p], self.data.rows[self._row_of[p]][(offset + i) % g])
-                   for i, p in enumerate(prompts)]
+        rows = [self._row_of[p] for p in prompts]
+        members = [(row, self.data.rows[row][(offset + i) % g]) for i, row in enumerate(rows)]
         self._batch_members = members  # (row, trajectory index) of each completion: its rollout advantage
         picked = [self.data.trajectories[t] for _, t in members]
         return {

@@ -25,6 +25,7 @@ from ..calllog import (
     live_notes,
     live_writers,
     loss_notes,
+    nothing_readable,
     part_folder,
     read_call_log,
     resolve_prompt_prefixes,
@@ -501,10 +502,7 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
                          parts_read=len(log.parts), calls_read=table.num_rows)
     report.parts_skipped = sum(1 for p in log.problems if p.call_id is None)
     if not log.parts:  # every part skipped: unusable, as an empty folder is (a table of zeros hid it)
-        from ..terminal import printable
-
-        more = f" (and {report.parts_skipped - 1} more)" if report.parts_skipped > 1 else ""
-        raise CallLogError(f"no readable call-log part in {folder}; skipped {printable(str(log.problems[0]))}{more}")
+        raise CallLogError(nothing_readable(folder, log.problems))
     report.notes.extend(live_notes(live_before, live_writers(folder, log.parts)))
     report.notes.extend(loss_notes(folder, log.parts))
     report.notes.extend(shared_rollout_notes(log))
