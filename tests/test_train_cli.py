@@ -921,6 +921,23 @@ def test_a_run_that_diverges_stops_at_that_step_and_saves_no_nan_checkpoint(traj
     assert rows[-1]["step"] == step and rows[-1]["error"].startswith(f"training diverged at step {step}: ")
 
 
+def test_the_last_steps_after_the_last_logging_step_are_logged(trajectories, tiny_model_dir, tmp_path):
+    """With logging_steps=2 and 3 steps, step 3's loss and gradient norm were in no row of
+    metrics.jsonl (TRL folded its other metrics into the totals row): the run's end was seen only
+    as the average train_loss (a session's own check). Real training, three tiny steps."""
+    out = tmp_path / "run"
+    proc = polar_train("train", str(trajectories), "--model", str(tiny_model_dir), "--output", str(out),
+                       "--set", "max_steps=3", "--set", "logging_steps=2", "--set", "per_device_train_batch_size=4",
+                       "--set", "gradient_accumulation_steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [2, 3]
+    assert [r["step"] for r in rows if "grad_norm" in r] == [2, 3]
+    last = next(r for r in rows if r["step"] == 3 and "loss" in r)
+    assert "reward" in last and "sampling/sampling_logp_difference/mean" in last
+    assert [r["step"] for r in rows if "train_runtime" in r] == [3]
+
+
 def test_a_run_whose_policy_saturated_says_which_steps_learned_nothing(trajectories, tiny_model_dir, tmp_path):
     """A learning rate of 1e12 made every distribution uniform after step 1; every later gradient
     was 0 though rewards differed, and the run exited 0 with an adapter no later step changed,

@@ -633,6 +633,7 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
     """The marker written and the trainer made, under the run's lock."""
     from .trainer import (
         DivergenceCallback,
+        LastStepLogCallback,
         MetricsFileCallback,
         MismatchCheckpointCallback,
         RecordedGRPOTrainer,
@@ -662,6 +663,7 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
                                   data=grouped, callbacks=[MetricsFileCallback(out / "metrics.jsonl")])
     trainer.add_callback(MismatchCheckpointCallback(trainer))
     trainer.add_callback(DivergenceCallback(trainer, out / "metrics.jsonl"))
+    trainer.add_callback(LastStepLogCallback())
     return trainer
 
 

@@ -333,6 +333,17 @@ class DivergenceCallback(TrainerCallback):
         raise TrainFailure(f"{problem}; {earlier}lower learning_rate or check the options that scale the loss")
 
 
+class LastStepLogCallback(TrainerCallback):
+    """Log the run's last step too: with ``logging_steps`` above 1 the steps after the last logging
+    step had their loss and gradient norm in no row (TRL folded their other metrics into the totals
+    row), so a user saw the end of a run only as the average ``train_loss``."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps and args.logging_strategy == "steps":
+            control.should_log = True
+        return control
+
+
 class MetricsFileCallback(TrainerCallback):
     """Append every logged metrics dict to ``metrics.jsonl`` (one JSON object per log)."""
 
