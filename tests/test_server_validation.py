@@ -146,8 +146,12 @@ def test_malformed_fields_are_400_not_500(polar_base_url, path, body):
     data = r.json()
     err = data["error"]
     assert err["type"] in ("BadRequestError", "Bad Request") and "Traceback" not in err["message"]
-    if path.startswith("/v1/messages"):
+    if path == "/v1/messages/count_tokens":
         assert data["type"] == "error"
+    elif path == "/v1/messages":  # a block field of the wrong type: vLLM's pydantic model refuses it,
+        # in the OpenAI shape on this API too (its validation handler is app-wide)
+        assert "type" not in data and err["type"] == "Bad Request" and "validation errors:" in err["message"]
+        assert "'type': 'string_type'" in err["message"] and err["message"].count("'loc': 'body.") == 2
 
 
 def test_deeply_nested_body_is_fastapis_parse_error(polar_base_url):
@@ -510,3 +514,82 @@ def test_an_error_once_a_stream_began_is_said_to_the_client_and_logged(tiny_toke
         assert last == ('event: error\ndata: {"type":"error","error":{"type":"internal_error",'
                         '"message":"the engine broke"}}'), msg.text[-500:]
     assert caplog.text.count("error in a streamed answer") == 2 and "RuntimeError: the engine broke" in caplog.text
+
+
+def _prompt_ids(base: str, messages: list) -> list[int]:
+    r = post(base, "/v1/chat/completions", {**CHAT, "max_tokens": 1, "return_token_ids": True, "messages": messages})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt_token_ids"]
+
+
+def test_chat_content_parts_are_refused_and_rendered_as_vllm_does(polar_base_url):
+    """A part of an unknown type (`file`, `weird`) or of none was dropped from the prompt and
+    answered 200, a `refusal` or `thinking` part's text was dropped too (a probe; vLLM 0.32's
+    answers, taken from it: its chat parser refuses the first, renders the second as text)."""
+    for part, kind in (({"type": "file", "file": {"file_data": "abc"}}, "file"), ({"type": "weird", "text": "x"}, "weird")):
+        r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [part]}]})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+        assert r.json()["error"]["message"] == (
+            f"Unsupported chat content part type: '{kind}'. Supported types: audio_embeds, audio_url, image_embeds, "
+            "image_pil, image_url, input_audio, input_image, input_text, output_text, prompt_embeds, refusal, text, "
+            f"thinking, tool_reference, video_embeds, video_url. (parameter=type, value={kind})")
+    untyped = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"text": "x"}]}]})
+    assert untyped.json()["error"]["message"] == "Missing 'type' field in multimodal part. (parameter=type)"
+    for part in ({"type": "input_text", "text": "A"}, {"type": 5, "text": "A"}, {"image_url": {"url": "http://x"}}):
+        r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [part]}]})
+        assert r.status_code == 400 and "is no chat completions content part" in r.json()["error"]["message"]
+    embeds = post(polar_base_url, "/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": [{"type": "image_embeds", "image_embeds": "abc"}]}]})
+    assert embeds.json()["error"]["message"] == "The model is not multimodal."
+    # (vLLM's: [248045, 846, 198, 9419, ...] is "<|im_start|>user\nHello"; "R" is 49, "no" 2083 in its vocabulary)
+    assert _prompt_ids(polar_base_url, [{"role": "system", "content": [{"type": "refusal", "refusal": "R"}]}, *USER])[:5] \
+        == [248045, 8678, 198, 49, 248046]
+    said = _prompt_ids(polar_base_url, [{"role": "user", "content": [{"type": "refusal", "refusal": "no"},
+                                                                      {"type": "text", "text": "Hello"}]}])
+    assert said[:5] == [248045, 846, 198, 2083, 9419]
+    thought = _prompt_ids(polar_base_url, [*USER, {"role": "assistant", "content": [{"type": "thinking", "thinking": "x"}]},
+                                           {"role": "user", "content": [{"type": "thinking"}, {"type": "text", "text": "Hello"}]}])
+    assert thought[6:11] == [248045, 74455, 198, 87, 248046]  # the assistant turn holds "x"
+    assert _prompt_ids(polar_base_url, [{"role": "user", "content": [{"type": "text"}, {"type": "text", "text": "Hello"}]}]) \
+        == [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198]
+
+
+def test_responses_and_messages_refuse_the_parts_vllm_refuses(polar_base_url):
+    """Responses `input_file` (vLLM's chat parser has none) and a part of another API, Messages
+    `document`/`search_result` blocks and block fields of the wrong type: dropped and answered 200
+    (a probe). vLLM 0.32's messages, taken from it."""
+    def responses(part: dict) -> httpx.Response:
+        return post(polar_base_url, "/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": [
+            {"type": "message", "role": "user", "content": [part, {"type": "input_text", "text": "Hi"}]}]})
+
+    r = responses({"type": "input_file", "file_data": "abc", "filename": "a.txt"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        "Unsupported chat content part type: 'input_file'. Supported types: audio_embeds, ")
+    for kind in ("text", "weird", "output_text"):
+        r = responses({"type": kind, "text": "x"})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            f"input[0].content[0]: a part of type '{kind}' is no content part of a 'user' message (one of input_text, "
+            "input_image, input_file)")
+    assistant = post(polar_base_url, "/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Yo"}]},
+        {"type": "message", "role": "user", "content": "again"}]})
+    assert assistant.status_code == 200, assistant.text
+
+    expected = ("'text', 'image', 'tool_use', 'tool_result', 'tool_reference', 'thinking', 'redacted_thinking', "
+                "'tool_addition' or 'tool_removal'")
+    doc = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "data": "d"}}, {"type": "text", "text": "Hello"}]}]})
+    assert doc.status_code == 400 and doc.json()["error"]["message"] == (
+        "2 validation errors:\n  {'type': 'string_type', 'loc': 'body.messages.0.content', 'msg': 'Input should be a "
+        "valid string', 'input': '<list of 2 items>'}\n  {'type': 'literal_error', 'loc': 'body.messages.0.content.0.type', "
+        f"'msg': \"Input should be {expected}\", 'input': 'document', 'ctx': {{'expected': \"{expected}\"}}}}")
+    bad_input = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
+                                                                              "input": "s"}]}]})
+    assert bad_input.json()["error"]["message"].endswith(
+        "{'type': 'dict_type', 'loc': 'body.messages.1.content.0.input', 'msg': 'Input should be a valid dictionary', "
+        "'input': 's'}")
+    change = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "tool_addition", "name": "x"}]}]})
+    assert "'msg': 'Value error, tool is required for tool_addition blocks'" in change.json()["error"]["message"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..wire.errors import BadRequest
 from . import constraints
-from .common import (CHAT_MEDIA_PARTS, check_model, check_top_logprobs, integer, keep_specials, refuse_images,
+from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, check_top_logprobs, integer, keep_specials,
                      require_list, sampling)
 from .completion import CompletionState
 from .engine import SamplingParams
@@ -47,6 +47,38 @@ def refuse_null_content(messages: list[Any]) -> None:
                              "content key)", param="messages")
 
 
+_EMBEDS = ("image_embeds", "audio_embeds", "video_embeds")
+
+
+def check_content_parts(messages: list[Any], model: str) -> None:
+    """Content parts as vLLM's chat parser refuses them, the first failing part first: media for a
+    text-only model; a part of an unknown type (``file``, ``weird``) or of none, which was dropped
+    from the prompt and answered 200 (a probe: vLLM 400s); ``input_text``/``output_text`` (Responses
+    parts) and an untyped media part, which its chat request model refuses."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind in CHAT_MEDIA_PARTS or kind == "image_pil":
+                raise VllmError(f"{model} is not a multimodal model")
+            if kind in _EMBEDS:
+                raise VllmError("The model is not multimodal.")
+            if kind == "prompt_embeds":
+                raise VllmError("You must set `--enable-prompt-embeds` to input `prompt_embeds`",
+                                param="prompt_embeds")
+            if (kind is None and any(key in part for key in CHAT_MEDIA_PARTS)) or (
+                    kind is not None and not isinstance(kind, str)) or kind in ("input_text", "output_text"):
+                raise VllmError(f"messages[{i}].content[{j}]: a part of type {kind!r} is no chat completions "
+                                "content part (vLLM's validation of the parts refuses it)")
+            if kind is None and "tool_reference" not in part:
+                raise VllmError("Missing 'type' field in multimodal part.", param="type")
+            if kind is not None and kind not in KNOWN_PART_TYPES:
+                raise VllmError(f"Unsupported chat content part type: {kind!r}. Supported types: "
+                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value=kind)
+
+
 def prepare(server, body: dict) -> dict[str, Any]:
     """Validate the request and render its prompt; everything a chat call needs. The checks follow
     vLLM's order where it shows: its model validators on the raw values first (stream options,
@@ -74,7 +106,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     tools_raw = list_of(body, "tools")
     check_tools(tools_raw or [])
     model = check_model(body, server.served_name)
-    refuse_images(messages, model, CHAT_MEDIA_PARTS)
+    check_content_parts(messages, model)
     tools = [normalize_tool(t) for t in tools_raw or []]
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
     n = integer(body, "n", 1)

@@ -208,6 +208,12 @@ IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 CHAT_MEDIA_PARTS = IMAGE_PARTS | {"input_audio", "audio_url", "video_url"}
 
 
+#: The part types vLLM 0.32's chat parser knows (``MM_PARSER_MAP``), named in its refusal.
+KNOWN_PART_TYPES = ("audio_embeds", "audio_url", "image_embeds", "image_pil", "image_url", "input_audio", "input_image",
+                    "input_text", "output_text", "prompt_embeds", "refusal", "text", "thinking", "tool_reference",
+                    "video_embeds", "video_url")
+
+
 def refuse_images(items: Any, served_name: str, media: frozenset[str] = IMAGE_PARTS) -> None:
     """vLLM's answer to a media part for a text-only model (its multimodal registry's ValueError)."""
     for m in items if isinstance(items, list) else []:

@@ -33,14 +33,45 @@ def _union_str_list(loc: str, value: Any) -> list[dict]:
             field_error("list_type", loc, "Input should be a valid list", value)]
 
 
+#: ``AnthropicContentBlock.type`` in vLLM 0.32: a block of any other type (``document``,
+#: ``search_result``, ...) is its 400 (it was dropped from the prompt and answered 200: a probe).
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "tool_reference", "thinking", "redacted_thinking",
+               "tool_addition", "tool_removal")
+_BLOCK_TYPES_EXPECTED = ", ".join(f"'{t}'" for t in BLOCK_TYPES[:-1]) + f" or '{BLOCK_TYPES[-1]}'"
+#: The block's fields typed ``str | None`` (a number there was rendered as its text).
+_BLOCK_STRINGS = ("text", "id", "tool_use_id", "name", "tool_name", "thinking", "signature", "data")
+
+
+def _block_errors(loc: str, block: dict) -> list[dict]:
+    """One ``AnthropicContentBlock`` as its pydantic model refuses it, field by field."""
+    errors = []
+    if "type" not in block:
+        errors.append(missing(f"{loc}.type", block))
+    elif block["type"] not in BLOCK_TYPES:
+        errors.append(field_error("literal_error", f"{loc}.type", f"Input should be {_BLOCK_TYPES_EXPECTED}",
+                                  block["type"], {"expected": _BLOCK_TYPES_EXPECTED}))
+    for key in _BLOCK_STRINGS:
+        if block.get(key) is not None and not isinstance(block[key], str):
+            errors.append(field_error("string_type", f"{loc}.{key}", "Input should be a valid string", block[key]))
+    for key in ("source", "input"):
+        if block.get(key) is not None and not isinstance(block[key], dict):
+            errors.append(field_error("dict_type", f"{loc}.{key}", "Input should be a valid dictionary", block[key]))
+    if not errors and block["type"] in ("tool_addition", "tool_removal") and block.get("tool") is None:
+        text = f"tool is required for {block['type']} blocks"  # (its model validator, after the fields)
+        errors.append(field_error("value_error", loc, f"Value error, {text}", block, {"error": ValueError(text)}))
+    return errors
+
+
 def _blocks(loc: str, value: Any) -> list[dict]:
     """``str | list[AnthropicContentBlock]`` (a message's ``content``, ``system``)."""
     if isinstance(value, str):
         return []
     if not isinstance(value, list):
         return _union_str_list(loc, value)
-    bad = [field_error("model_attributes_type", f"{loc}.{j}", _OBJECT, b)
-           for j, b in enumerate(value) if not isinstance(b, dict)]
+    bad = []
+    for j, b in enumerate(value):
+        bad += _block_errors(f"{loc}.{j}", b) if isinstance(b, dict) else [
+            field_error("model_attributes_type", f"{loc}.{j}", _OBJECT, b)]
     return [field_error("string_type", loc, "Input should be a valid string", value)] + bad if bad else []
 
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import (check_model, integer, keep_specials, max_logprobs, number, refuse_images,
+from .common import (KNOWN_PART_TYPES, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
                      sampling)
 from .completion import CompletionState
 from .errors import ResponseNotFound, ResponsesInvalidRequest, VllmError
@@ -25,6 +25,7 @@ from .parse import random_id
 from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
+from ..wire.errors import BadRequest
 from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -91,6 +92,31 @@ def before_validators(body: dict) -> dict:
     return body
 
 
+#: The content parts of a Responses message item, by role (the OpenAI types vLLM validates against:
+#: input parts in any role, the assistant's output parts too); any other was dropped from the
+#: prompt and answered 200 (a probe: vLLM's 400).
+_INPUT_PARTS = ("input_text", "input_image", "input_file")
+_ASSISTANT_PARTS = (*_INPUT_PARTS, "output_text", "refusal")
+
+
+def check_content_parts(items: Any) -> None:
+    """Refuse a message item's part that vLLM refuses: ``input_file`` (its chat parser has none),
+    a part of another API (``text``, ``input_audio``) or of no known type (its request model)."""
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            continue
+        content = item.get("content")
+        allowed = _ASSISTANT_PARTS if item.get("role") == "assistant" else _INPUT_PARTS
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "input_file":
+                raise VllmError(f"Unsupported chat content part type: {kind!r}. Supported types: "
+                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value=kind)
+            if isinstance(part, dict) and kind not in allowed:
+                raise BadRequest(f"input[{i}].content[{j}]: a part of type {kind!r} is no content part of a "
+                                 f"{item.get('role')!r} message (one of {', '.join(allowed)})", param="body.input")
+
+
 def prepare(server, body: dict) -> dict[str, Any]:
     str_or_list(required(before_validators(body), "input"), "body.input")
     if server.script is None:  # a script's answer is fixed
@@ -115,6 +141,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
             raise VllmError("Encrypted content is not supported.", param="input")
     ctools = chat_tools(tools)
     refuse_images(body.get("input"), model)
+    check_content_parts(body["input"])
     messages = input_messages(body)
     tool_choice = body.get("tool_choice", "auto")
     top = integer(body, "top_logprobs", None)

@@ -37,6 +37,19 @@ def function_tool(name: str, description: str | None, parameters: Any) -> dict[s
                                               "parameters": parameters}}
 
 
+#: Content parts vLLM's chat parser hands the template as text parts, by the key holding the text:
+#: a ``refusal`` or ``thinking`` part's text was dropped from the prompt (a probe).
+TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+                  "thinking": "thinking"}
+
+
+def _as_text_part(part: Any) -> Any:
+    """A text-like part as the ``{"type": "text", "text": ...}`` the template reads."""
+    if isinstance(part, dict) and (key := TEXT_PART_KEYS.get(part.get("type"))) and key != "text":
+        return {**{k: v for k, v in part.items() if k not in ("type", key)}, "type": "text", "text": part.get(key)}
+    return part
+
+
 def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = copy.deepcopy(messages)
     for i, m in enumerate(out):
@@ -46,6 +59,8 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts",
                              param="messages")
+        if isinstance(content, list):
+            m["content"] = [_as_text_part(part) for part in content]
         if m["role"] == "assistant" and "tool_calls" in m:
             calls = m.get("tool_calls")
             if not calls:
