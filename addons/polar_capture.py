@@ -147,7 +147,7 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
     """The non-streamed body without injected fields (None: leave it as it is)."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not module.strip(obj, asked):
         return None
@@ -418,7 +418,7 @@ class PolarCapture:
         else:
             try:
                 obj = await asyncio.to_thread(json.loads, body) if big else json.loads(body)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # (nested past Python's limit: the server's 400)
                 obj = None
                 state.request_error = record.not_json(exc)
         if not isinstance(obj, dict):

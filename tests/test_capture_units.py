@@ -804,6 +804,56 @@ def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
     assert row["usage_match"] is True
 
 
+IMAGE_BLOCK = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}
+
+
+@pytest.mark.parametrize("api,request_", [
+    ("anthropic.messages", {"model": "tiny", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [IMAGE_BLOCK, {"type": "text", "text": "What is in this image?"}]}]}),
+    ("anthropic.messages", {"model": "tiny", "max_tokens": 4, "messages": [  # Claude Code's Read of a PNG
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [IMAGE_BLOCK]}]}]}),
+    ("openai.chat", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}}, {"type": "text", "text": "What?"}]}]}),
+    ("openai.responses", {"model": "tiny", "max_output_tokens": 4, "input": [  # Codex's view_image
+        {"type": "message", "role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"}]}]}),
+])
+def test_a_rendered_call_whose_prompt_holds_an_image_keeps_no_token_ids(tiny_model_dir, api, request_, caplog):
+    """A multimodal server that returns no ids (a hosted API, a VL model's Messages endpoint): the
+    image was dropped before the template, and the row was `ok` with the ids of a prompt the model
+    never saw, which build trained on (a probe). The row says why it keeps none, the log once."""
+    from polar_train.capture.render import Renderer
+
+    if api == "anthropic.messages":
+        body = {"id": "m", "type": "message", "role": "assistant", "model": "tiny", "stop_reason": "end_turn",
+                "content": [{"type": "text", "text": "A cat"}], "usage": {"input_tokens": 1200, "output_tokens": 3}}
+    elif api == "openai.chat":
+        body = {"id": "c", "object": "chat.completion", "model": "tiny", "usage": {"prompt_tokens": 1200,
+                "completion_tokens": 3}, "choices": [{"index": 0, "message": {"role": "assistant", "content": "A cat"},
+                                                       "finish_reason": "stop", "logprobs": None}]}
+    else:
+        body = {"id": "r", "object": "response", "status": "completed", "model": "tiny", "output": [
+            {"type": "message", "id": "m", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "A cat", "annotations": []}]}],
+            "usage": {"input_tokens": 1200, "output_tokens": 3}}
+    record._LOGGED.clear()
+    with caplog.at_level("WARNING", logger="polar_capture"):
+        rows = [record.build_row(_state(api, request=request_, http_status=200, response_body=json.dumps(body).encode()),
+                                 Renderer(str(tiny_model_dir))) for _ in range(2)]
+    for row in rows:
+        assert row["status"] == "ok" and row["token_source"] == "none" and row["prompt_token_ids"] is None
+        assert row["completion_token_ids"] is None
+        assert re.fullmatch(r"token ids unavailable: the prompt holds a media part \(message \d \((user|tool)\): "
+                            r"(image_url|input_image)\), whose tokens a multimodal model's processor makes, not its "
+                            r"chat template", row["error"]), row["error"]
+    assert not any(r.exc_info for r in caplog.records)
+    assert sum("image, audio or file part" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_a_stream_that_splits_an_emoji_by_utf16_code_unit_keeps_its_token_ids(tiny_model_dir, caplog):
     """A server that cuts its stream by UTF-16 code unit (JavaScript's) sends an emoji's surrogate
     pair in two deltas: the joined reply held the pair, the tokenizer refused it with a TypeError,
@@ -997,6 +1047,37 @@ def test_hooks_connect_identity_injection_and_stream(tmp_path):
     assert row["rollout_id"] == "roll-7" and row["rollout_source"] == "proxy_auth"
     assert row["token_source"] == "server" and row["status"] == "ok" and row["stream"] is True
     assert row["prompt_token_ids"] == json.loads(WIRE["chat_inj"])["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_a_request_nested_deeper_than_python_parses_keeps_the_servers_answer(tmp_path, caplog, path):
+    """JSON nested 5,000 deep in `metadata`: the request hook raised RecursionError (a traceback
+    per call in the proxy's log) and the row was a proxy_error ("a bug of ours") without the
+    server's 400 (a probe). The request goes on unchanged; its row is the server's error."""
+    from mitmproxy.http import Headers, Response
+    from mitmproxy.test import taddons
+
+    mod = _load_addon()
+    addon = mod.PolarCapture()
+    raw = ('{"model": "tiny", "max_tokens": 1, "metadata": {"x": %s}, "messages": [{"role": "user", "content": '
+           '"%s"}]}' % ("[" * 5000 + "]" * 5000, "hi " * 2000)).encode()  # (past the member walk's minimum size)
+    answer = b'{"detail":"There was an error parsing the body"}'
+    with caplog.at_level("WARNING"), taddons.context(addon) as tctx:
+        tctx.configure(addon, polar_out=str(tmp_path), polar_flush_seconds="0.1")
+        f = _chat_flow({}, path=path)
+        f.request.content = raw
+        addon.requestheaders(f)
+        asyncio.run(addon.request(f))
+        assert f.request.raw_content == raw
+        f.response = Response.make(400, answer, Headers(content_type="application/json"))
+        addon.responseheaders(f)
+        asyncio.run(addon.response(f))
+        addon.done()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    (part,) = (tmp_path / "calls").glob("part-*.parquet")
+    (row,) = pq.read_table(part).to_pylist()
+    assert row["status"] == "upstream_error" and row["http_status"] == 400
+    assert row["error"] == f"HTTP 400: {answer.decode()}"
 
 
 def test_responses_request_changed_members_spliced_rest_as_sent(tmp_path):

@@ -593,3 +593,60 @@ def test_responses_and_messages_refuse_the_parts_vllm_refuses(polar_base_url):
     change = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": [
         {"role": "user", "content": [{"type": "tool_addition", "name": "x"}]}]})
     assert "'msg': 'Value error, tool is required for tool_addition blocks'" in change.json()["error"]["message"]
+
+
+IMAGE_BLOCK = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}
+_READ = [{"name": "Read", "input_schema": {"type": "object"}}]
+_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]}
+
+
+@pytest.mark.parametrize("name, messages, input_tokens", [
+    # an assistant turn vLLM keeps though nothing of it is rendered: it was left out (a probe)
+    ("only redacted thinking", [*USER, {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "E=="}]},
+                                {"role": "user", "content": "b"}], 139),
+    ("no blocks", [*USER, {"role": "assistant", "content": []}, {"role": "user", "content": "b"}], 139),
+    ("an empty text", [*USER, {"role": "assistant", "content": [{"type": "text", "text": ""}]},
+                       {"role": "user", "content": "b"}], 139),
+    ("a tool_result without content", [*USER, _USE, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "is_error": True}]}], 156),
+    # a tool_result's tool_reference blocks: a second tool message
+    ("a tool_reference", [*USER, _USE, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text", "text": "x"}, {"type": "tool_reference", "tool_name": "Read"}]}]}], 162),
+])
+def test_messages_are_converted_as_vllm_converts_them(polar_base_url, name, messages, input_tokens):
+    """vLLM 0.32's `usage.input_tokens` for the same requests on the same tokenizer (taken from it;
+    the capture's rendered ids come from the same conversion)."""
+    r = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": messages, "tools": _READ})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] == input_tokens, name
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"model": "tiny", "max_tokens": 1, "tools": _READ, "messages": [
+        *USER, _USE, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [IMAGE_BLOCK]}]}]}),
+    ("/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": [
+        {"type": "message", "role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBOR"}]}]}),
+])
+def test_an_image_inside_a_tool_result_is_refused_as_vllm_refuses_it(polar_base_url, path, body):
+    """Claude Code's Read of a PNG, Codex's view_image: the image was dropped and the call answered
+    200, a trajectory in which the agent saw an image the model never saw (a probe; vLLM's 400)."""
+    r = post(polar_base_url, path, body)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "tiny is not a multimodal model"
+
+
+def test_chat_tool_messages_and_system_lines_are_rendered_as_vllm_renders_them(polar_base_url):
+    """A tool message of text parts is one string, its parts joined by newlines; a system message's
+    Claude Code attribution line is dropped, as vLLM's chat parser does (prompt ids taken from it)."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    parts = _prompt_ids(polar_base_url, [*USER, call, {"role": "tool", "tool_call_id": "c1", "content": [
+        {"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}])
+    joined = _prompt_ids(polar_base_url, [*USER, call, {"role": "tool", "tool_call_id": "c1", "content": "x\ny"}])
+    assert parts == joined
+    header = "x-anthropic-billing-header: cc_version=2.1; cch=abc;"
+    for content in (header + "\nYou are X", [{"type": "text", "text": header}, {"type": "text", "text": "You are X"}]):
+        assert _prompt_ids(polar_base_url, [{"role": "system", "content": content}, *USER]) == \
+            _prompt_ids(polar_base_url, [{"role": "system", "content": "You are X"}, *USER])

@@ -28,7 +28,7 @@ from .json_members import compact
 from .parsed import ParsedCall
 from .redact import (escape_surrogates, header_secrets, query_secrets, redacted_dumps, scrub, scrub_json,
                      secret_forms, utf8, value_secrets)
-from .render import Renderer, TokenizerUnavailable, UnencodableText, server_tokenize
+from .render import Renderer, TokenizerUnavailable, UnencodableText, UnrenderableMedia, server_tokenize
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
 from .sse import event_json, parse_event, split_all
@@ -128,7 +128,9 @@ def encode_injection(raw: bytes, original: dict[str, Any], injected: dict[str, A
 NOT_AN_OBJECT = "request body is not a JSON object"
 
 
-def not_json(exc: ValueError) -> str:
+def not_json(exc: ValueError | RecursionError) -> str:
+    if isinstance(exc, RecursionError):  # (a server answers its 400: the row keeps the server's message first)
+        return "request body is JSON nested deeper than Python parses"
     return f"request body is not JSON: {exc}"[:500]
 
 
@@ -204,7 +206,7 @@ class CallState:
         walked = walk_request(self.request_body)  # None where only json.loads can say
         try:
             obj = walked.obj if walked is not None else json.loads(self.request_body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             if unread:
                 self.request_error = not_json(exc)
             return None
@@ -400,7 +402,7 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             body_text = state.response_body.decode("utf-8", errors="replace")
             try:
                 obj = json.loads(state.response_body)
-            except ValueError:
+            except (ValueError, RecursionError):
                 obj = None
             if isinstance(obj, dict):
                 parsed = module.parse_body(obj)
@@ -461,6 +463,10 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             error = f"token ids unavailable: {exc}"
             _log_once("a call's text holds an unpaired UTF-16 surrogate, which no tokenizer encodes; such calls "
                       "keep no token ids (their rows say where)")
+        except UnrenderableMedia as exc:  # an image of a multimodal model's call: its tokens are not text
+            error = f"token ids unavailable: {exc}"
+            _log_once("calls whose prompt holds an image, audio or file part keep no token ids (their rows say "
+                      "where)")
         except BadRequest as exc:  # a prompt the template refuses (vLLM would have answered 400)
             error = f"token ids unavailable: {exc}"
             _log_once(f"a prompt could not be rendered ({exc}); such calls keep no token ids")

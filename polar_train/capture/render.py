@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..wire.render import render
+from ..wire.render import media_part, render
 
 log = logging.getLogger("polar_capture")
 
@@ -30,6 +30,12 @@ class TokenizerUnavailable(ValueError):
 class UnencodableText(ValueError):
     """A text holds a UTF-16 surrogate that no other one pairs with: no tokenizer encodes it (the
     call keeps no token ids; its row says why, without a traceback per call)."""
+
+
+class UnrenderableMedia(ValueError):
+    """A prompt holds an image (or audio, a file): a multimodal model's processor makes its tokens,
+    which no chat template prints. Rendered without it, the call's ids were those of a prompt
+    the model never saw, in an ``ok`` row that ``build`` trained on (a probe)."""
 
 
 #: A UTF-16 surrogate that no other one pairs with (in a str only where JSON escaped it: ``"\\ud83d"``).
@@ -100,6 +106,9 @@ class Renderer:
         return list(self.tokenizer.encode(whole_code_points(text), add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        if where := media_part(messages):
+            raise UnrenderableMedia(f"the prompt holds a media part ({where}), whose tokens a multimodal model's "
+                                    "processor makes, not its chat template")
         return self.encode(self._template(messages, tools, True))
 
     def completion_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -38,7 +38,7 @@ def walk_request(body: bytes, echoes: dict[str, EchoCache] | None = None) -> Wal
         text = body.decode("utf-8")
         start = skip_whitespace(text, 0)
         found, end = members(text, start, skippers(echoes) if echoes else None)
-    except ValueError:  # UnicodeDecodeError included
+    except (ValueError, RecursionError):  # UnicodeDecodeError included; JSON nested past Python's limit
         return None
     if skip_whitespace(text, end) != len(text):
         return None

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import check_model, integer, keep_specials, refuse_images, sampling
+from .common import CHAT_MEDIA_PARTS, check_model, integer, keep_specials, refuse_images, sampling
 from .completion import CompletionState
 from .errors import PydanticError, VllmError, field_error, missing, validation_error, value_error
 from .fields import flag, strings
@@ -138,8 +138,8 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
         constraints.check_messages(body)
     model = check_model(body, server.served_name, required_=True)
     tools = chat_tools(body.get("tools"))
-    refuse_images(body.get("messages"), model)
     messages = chat_messages(body)
+    refuse_images(messages, model, CHAT_MEDIA_PARTS)  # (a tool_result's image too: Claude Code's Read of a PNG)
     text = render(server.tokenizer, messages, tools or None)
     prompt_ids = encode_prompt(server.engine, text)
     req: dict[str, Any] = {"model": model, "prompt_ids": prompt_ids, "stream": False}

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import (KNOWN_PART_TYPES, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
+from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
                      sampling)
 from .completion import CompletionState
 from .errors import ResponseNotFound, ResponsesInvalidRequest, VllmError
@@ -140,9 +140,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
         if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content"):
             raise VllmError("Encrypted content is not supported.", param="input")
     ctools = chat_tools(tools)
-    refuse_images(body.get("input"), model)
     check_content_parts(body["input"])
     messages = input_messages(body)
+    refuse_images(messages, model, CHAT_MEDIA_PARTS)  # (a tool output's image too: Codex's view_image)
     tool_choice = body.get("tool_choice", "auto")
     top = integer(body, "top_logprobs", None)
     want_logprobs = LOGPROBS_INCLUDE in include

@@ -2,7 +2,8 @@
 
 ``system`` (string or text blocks; Claude Code's per-request ``x-anthropic-billing-header`` block
 dropped) first, ``thinking`` blocks as the assistant's reasoning, ``tool_use`` as tool calls,
-``tool_result`` as tool messages; server tools (web_search, ...) are not shown to the model.
+``tool_result`` as tool messages (its images as a user message after it), images as ``image_url``
+parts; server tools (web_search, ...) are not shown to the model.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import json
 from typing import Any
 
 from .errors import BadRequest
-from .render import function_tool
-
-BILLING_HEADER = "x-anthropic-billing-header"
+from .render import BILLING_HEADER, function_tool
 
 
 def _system_text(system: Any) -> str:
@@ -28,12 +27,37 @@ def _system_text(system: Any) -> str:
                    and not b["text"].startswith(BILLING_HEADER))
 
 
-def _tool_result_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(i.get("text", "") for i in content if isinstance(i, dict) and i.get("type") == "text")
-    return ""
+def image_url(source: Any) -> str:
+    """vLLM's ``_convert_image_source_to_url``: a URL source as is, any other as a data URI."""
+    source = source if isinstance(source, dict) else {}
+    if source.get("type") == "url":
+        return source.get("url", "")
+    return f"data:{source.get('media_type', 'image/jpeg')};base64,{source.get('data', '')}"
+
+
+def _tool_result(block: dict) -> list[dict[str, Any]]:
+    """A user's ``tool_result`` as vLLM converts it: the tool message (its text blocks joined by
+    newlines), then a user message of its images and a tool message of its ``tool_reference``
+    blocks, where it has them (a Claude Code ``Read`` of a PNG; its deferred-tool search)."""
+    content, call_id = block.get("content"), block.get("tool_use_id") or ""
+    texts: list[str] = []
+    images: list[str] = []
+    references: list[dict[str, Any]] = []
+    for item in content if isinstance(content, list) else []:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "text":
+            texts.append(item.get("text", ""))
+        elif kind == "image" and (url := image_url(item.get("source", {}))):
+            images.append(url)
+        elif kind == "tool_reference" and (name := item.get("tool_name") or item.get("name")):
+            references.append({"type": "tool_reference", "name": name})
+    text = content if isinstance(content, str) else "\n".join(texts)
+    out = [{"role": "tool", "tool_call_id": call_id, "content": text or ""}]
+    if images:
+        out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
+    if references:
+        out.append({"role": "tool", "tool_call_id": call_id, "content": references})
+    return out
 
 
 def chat_messages(body: dict) -> list[dict[str, Any]]:
@@ -69,6 +93,8 @@ def chat_messages(body: dict) -> list[dict[str, Any]]:
             kind = block.get("type")
             if kind == "text" and block.get("text"):
                 parts.append({"type": "text", "text": block["text"]})
+            elif kind == "image" and block.get("source"):  # (a text-only model's server refuses it)
+                parts.append({"type": "image_url", "image_url": {"url": image_url(block["source"])}})
             elif kind == "thinking" and block.get("thinking") is not None:
                 reasoning.append(block["thinking"])
             elif kind == "tool_use":
@@ -77,8 +103,7 @@ def chat_messages(body: dict) -> list[dict[str, Any]]:
                                            "arguments": json.dumps(block.get("input") or {})}})
             elif kind == "tool_result":
                 if role == "user":
-                    out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
-                                "content": _tool_result_text(block.get("content"))})
+                    out += _tool_result(block)
                 else:
                     parts.append({"type": "text", "text": f"Tool result: {block.get('content') or ''}"})
         if reasoning:
@@ -86,12 +111,11 @@ def chat_messages(body: dict) -> list[dict[str, Any]]:
         if calls:
             m["tool_calls"] = calls
         if parts:
-            m["content"] = parts[0]["text"] if len(parts) == 1 else parts
+            m["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
         if role == "user" and "content" not in m:
             continue
-        if role == "assistant" and not (parts or calls or reasoning):
-            continue
-        out.append(m)
+        out.append(m)  # (an assistant turn with nothing vLLM keeps - an empty text, only redacted thinking -
+        # is an empty turn: it was left out, and the prompt lost its "<|im_start|>assistant\n<|im_end|>\n")
     return out
 
 

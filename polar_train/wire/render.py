@@ -50,6 +50,54 @@ def _as_text_part(part: Any) -> Any:
     return part
 
 
+#: Content parts a model's processor turns into tokens of its own (an image's patches, an audio's
+#: frames), never text a chat template prints: a prompt holding one has no rendered ids.
+MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url", "video_url",
+                              "image_embeds", "audio_embeds", "video_embeds", "image_pil", "input_file", "file",
+                              "document"})
+
+
+def media_part(messages: Any) -> str | None:
+    """Where the first media part of these chat messages is (``message 3: image_url``), or None."""
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
+                return f"message {i + 1} ({m.get('role')}): {part['type']}"
+    return None
+
+
+#: Claude Code's per-request attribution line (its ``cch`` hash changes every call).
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _part_text(part: Any) -> str | None:
+    """The text of a string part or a ``text`` part, else None."""
+    if isinstance(part, str):
+        return part
+    return part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+
+
+def _without_billing_header(content: str | list) -> str | list:
+    """A system message without Claude Code's attribution line, as vLLM's chat parser drops it:
+    each text part that starts with it loses its first line, and a part left empty goes."""
+    parts = [content] if isinstance(content, str) else content
+    if not any(isinstance(t := _part_text(p), str) and t.startswith(BILLING_HEADER) for p in parts):
+        return content
+    out: list = []
+    for part in parts:
+        text = _part_text(part)
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+        elif rest := text.partition("\n")[2]:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def _is_text(part: Any) -> bool:
+    return isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+
+
 def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = copy.deepcopy(messages)
     for i, m in enumerate(out):
@@ -59,8 +107,15 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts",
                              param="messages")
+        if m["role"] == "system" and content is not None:
+            m["content"] = content = _without_billing_header(content)
         if isinstance(content, list):
-            m["content"] = [_as_text_part(part) for part in content]
+            m["content"] = content = [_as_text_part(part) for part in content]
+            if m["role"] == "tool" and all(_is_text(part) for part in content):
+                # vLLM hands a tool message of text parts to the template as one string, the parts
+                # joined by newlines (they were printed back to back)
+                m["content"] = "\n".join(part if isinstance(part, str) else part["text"] for part in content
+                                         if isinstance(part, str) or part.get("text") is not None)
         if m["role"] == "assistant" and "tool_calls" in m:
             calls = m.get("tool_calls")
             if not calls:

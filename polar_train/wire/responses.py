@@ -27,19 +27,23 @@ CUSTOM_PARAMETERS = {
 # -- request → chat messages ------------------------------------------------------------------
 
 def _text_of(content: Any) -> str | list | None:
+    """A message item's content as vLLM hands it to its chat parser: its parts as they are (text
+    parts become the template's text; an ``input_image`` stays an image part, which a text-only
+    model's server refuses and a capture does not render as text)."""
     if isinstance(content, str) or content is None:
         return content
     if isinstance(content, list):
-        return [{"type": "text", "text": p.get("text", "")} for p in content
-                if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")]
+        return [p for p in content if isinstance(p, dict)]
     raise BadRequest("message content must be a string or a list of parts", param="input")
 
 
-def _output_text(output: Any) -> str:
+def _output_text(output: Any) -> str | list:
+    """A tool call's output as the tool message's content: a list of parts (``input_text``,
+    ``input_image`` of Codex's ``view_image``) stays a list of parts, as vLLM keeps it."""
     if isinstance(output, str):
         return output
-    if isinstance(output, list):  # content parts (input_text ...)
-        return "".join(p.get("text", "") for p in output if isinstance(p, dict))
+    if isinstance(output, list):
+        return [p for p in output if isinstance(p, dict)]
     return json.dumps(output, ensure_ascii=False)
 
 
@@ -100,7 +104,7 @@ def input_messages(body: dict) -> list[dict[str, Any]]:
                                  param="input")
             content = _text_of(item.get("content"))
             if role == "assistant":
-                text = content if isinstance(content, str) else (content[0]["text"] if content else None)
+                text = content if isinstance(content, str) else (content[0].get("text") if content else None)
                 if prev is not None and prev.get("content") is None:
                     prev["content"] = text
                 else:
