@@ -388,6 +388,24 @@ def test_run_notebook_finds_an_unfinished_runs_trajectories_by_its_marker(
     assert "build report of data/samples/demo/trajectories (the run's .polar-train-run)" in out
     assert "sampled token(s) of the build without a sampler logprob" in out
 
+@pytest.mark.parametrize("report", ['{"realign": false, "realigned_ca', "[]"])
+def test_run_notebook_on_a_damaged_build_report_still_plots_the_run(
+        run_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: str) -> None:
+    """A build report cut short (a full disk) or holding no object ended the cell that also draws the
+    reward, loss and mismatch plots in a JSONDecodeError/AttributeError (a probe): the whole run hidden."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dirs["unfinished"], run)
+    (tmp_path / "trajectories").mkdir()
+    (tmp_path / "trajectories" / "_build_report.json").write_text(report)
+    nb = execute(RUN_NB, monkeypatch, POLAR_RUN=run)
+    out = text(nb)
+    why = "JSONDecodeError: " if report.startswith("{") else "no JSON object"
+    assert f"unreadable build report {tmp_path / 'trajectories' / '_build_report.json'} (next to the run; {why}" in out
+    assert "shown as if there were none" in out and plots(nb) >= 1
+
+
 def test_run_notebook_reads_the_trajectories_its_summary_names(run_dirs: dict[str, Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     assert not (run_dirs["finished"].parent / "trajectories").exists()
