@@ -82,3 +82,14 @@ def test_main_from_python_returns_a_usage_errors_status_and_takes_paths(tmp_path
     assert "nope not found" in capsys.readouterr().err
     with pytest.raises(TypeError, match="argv: a list of arguments, e.g. \\['inspect', 'captures'\\], not one string"):
         main("inspect captures")
+
+
+def test_serve_takes_vllms_forms_of_the_context_length(capsys):
+    """A vLLM command line copied to serve was refused at `--max-model-len 32k` (vLLM's
+    human-readable integers: k = 1,000, K = 1,024; a probe)."""
+    for given, length in (("32k", 32000), ("32K", 32768), ("25.6k", 25600), ("4096", 4096), ("1M", 1 << 20)):
+        assert build_parser().parse_args(["serve", "--model", "m", "--max-model-len", given]).max_model_len == length
+    for bad, said in (("3x", "invalid int value: '3x' (an integer, or 32k / 32K)"),
+                      ("1.5K", "Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k")):
+        assert main(["serve", "--model", "m", "--max-model-len", bad]) == 2
+        assert said in capsys.readouterr().err

@@ -650,3 +650,61 @@ def test_chat_tool_messages_and_system_lines_are_rendered_as_vllm_renders_them(p
     for content in (header + "\nYou are X", [{"type": "text", "text": header}, {"type": "text", "text": "You are X"}]):
         assert _prompt_ids(polar_base_url, [{"role": "system", "content": content}, *USER]) == \
             _prompt_ids(polar_base_url, [{"role": "system", "content": "You are X"}, *USER])
+
+
+def test_a_prompt_of_exactly_the_context_is_refused_as_vllm_refuses_it(polar_base_url):
+    """No room left for one token: vLLM's budget check ("max_tokens must be at least 1, got 0") on
+    chat and Messages, its Responses serving's own line; serve said the prompt "exceeds this limit"
+    (a probe). vLLM 0.32's answers, taken from it."""
+    def content(n: int) -> str:
+        return "x" + " hello" * n  # (" hello" is one token)
+
+    base = post(polar_base_url, "/tokenize", {"model": "tiny", "messages": [{"role": "user", "content": content(0)}]})
+    n = 4096 - base.json()["count"]
+    whole = [{"role": "user", "content": content(n)}]
+    assert post(polar_base_url, "/tokenize", {"model": "tiny", "messages": whole}).json()["count"] == 4096
+    for stream in (False, True):
+        r = post(polar_base_url, "/v1/chat/completions", {"model": "tiny", "messages": whole, "stream": stream})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "type": "BadRequestError", "param": "max_tokens", "code": 400}
+    r = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": whole})
+    assert r.json() == {"type": "error", "error": {
+        "type": "BadRequestError", "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"}}
+    r = post(polar_base_url, "/v1/responses", {"model": "tiny", "input": content(n)})
+    assert r.json() == {"error": {"message": "The engine prompt length 4096 exceeds the max_model_len 4096. Please "
+                                             "reduce prompt.", "type": "invalid_request_error", "param": "input",
+                                  "code": 400}}
+    short = post(polar_base_url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 1,
+                                                          "messages": [{"role": "user", "content": content(n - 1)}]})
+    assert short.status_code == 200
+
+
+def test_request_ids_empty_model_names_and_tool_schemas_as_vllm_takes_them(polar_base_url):
+    """vLLM names a chat (and Messages) answer after the X-Request-Id header, else the body's
+    request_id, a Responses answer after the body's request_id; takes `"model": ""` as its model
+    (the Messages request refuses it); refuses a tool's `parameters` that is no object. serve gave
+    random ids, a 404 and a 200 with the schema rendered as text (a probe; vLLM's answers)."""
+    chat = {"model": "tiny", "max_tokens": 1, "messages": USER}
+    assert httpx.post(f"{polar_base_url}/v1/chat/completions", json={**chat, "request_id": "zz"},
+                      headers={"X-Request-Id": "abc"}).json()["id"] == "chatcmpl-abc"
+    assert post(polar_base_url, "/v1/chat/completions", {**chat, "request_id": "zz"}).json()["id"] == "chatcmpl-zz"
+    streamed = httpx.post(f"{polar_base_url}/v1/chat/completions", json={**chat, "stream": True},
+                          headers={"X-Request-Id": "abc"}).text
+    assert all(json.loads(line[6:])["id"] == "chatcmpl-abc" for line in streamed.splitlines()
+               if line.startswith("data: {"))
+    assert httpx.post(f"{polar_base_url}/v1/messages", json={**chat},
+                      headers={"X-Request-Id": "abc"}).json()["id"] == "chatcmpl-abc"
+    assert post(polar_base_url, "/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": "a",
+                                                  "request_id": "resp_zz"}).json()["id"] == "resp_zz"
+    assert post(polar_base_url, "/v1/chat/completions", {**chat, "model": ""}).status_code == 200
+    assert post(polar_base_url, "/v1/responses", {"model": "", "max_output_tokens": 1, "input": "a"}).status_code == 200
+    empty = post(polar_base_url, "/v1/messages", {**chat, "model": ""})
+    assert empty.json()["error"]["message"] == (
+        "1 validation error:\n  {'type': 'value_error', 'loc': 'body.model', 'msg': 'Value error, Model is required', "
+        "'input': '', 'ctx': {'error': ValueError('Model is required')}}")
+    schema = post(polar_base_url, "/v1/chat/completions", {**chat, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "nope"}}]})
+    assert schema.status_code == 400 and schema.json()["error"]["message"] == (
+        "1 validation error:\n  {'type': 'dict_type', 'loc': 'body.tools.0.function.parameters', 'msg': 'Input should "
+        "be a valid dictionary', 'input': 'nope'}")

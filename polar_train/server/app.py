@@ -28,6 +28,7 @@ from .engine import Engine, Finish, SamplingParams, TokenStep
 from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, ResponseNotFound, UnsupportedMediaType,
                      VllmError, field_error, missing)
 from .fields import flag, list_of
+from .parse import random_id
 from .prompt import encode_prompt, normalize_tool, render
 from .script import Script, turn_token_ids
 from .sse import WireJSONResponse as JSONResponse
@@ -174,6 +175,15 @@ async def _said_if_failed(gen: AsyncIterator[bytes], module) -> AsyncIterator[by
             yield b"data: [DONE]\n\n"
 
 
+def _base_request_id(request: Request, body: dict[str, Any]) -> str:
+    """vLLM's ``_base_request_id``: the ``X-Request-Id`` header, else the body's ``request_id``, else
+    a random one (a client that matches its calls by request id found none of its own here)."""
+    given = request.headers.get("x-request-id")
+    if given is None and isinstance(body.get("request_id"), str):
+        given = body["request_id"]
+    return random_id() if given is None else given
+
+
 def build_app(server: Server) -> Starlette:
     async def health(_: Request) -> Response:
         return Response(status_code=200)
@@ -202,6 +212,8 @@ def build_app(server: Server) -> Starlette:
                 body = await _json_body(request)
                 # rendering a 20k-token prompt takes a while: off the event loop, like generation
                 req = await asyncio.to_thread(_guarded, _prepare, module, body)
+                if module is chat or module is messages:
+                    req["id"] = f"chatcmpl-{_base_request_id(request, body if module is chat else {})}"
                 if req["stream"]:
                     return _sse(module.stream(server, req), module)
                 result = await _unless_disconnected(request, module.respond(server, req))

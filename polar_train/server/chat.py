@@ -245,6 +245,10 @@ def check_tools(tools: list) -> None:
         elif not isinstance(fn["name"], str):
             errors.append(field_error("string_type", f"{loc}.function.name",
                                       "Input should be a valid string", fn["name"]))
+        if isinstance(fn, dict) and fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            # (a JSON schema given as text was rendered into the system prompt as a string: a probe)
+            errors.append(field_error("dict_type", f"{loc}.function.parameters", "Input should be a valid "
+                                      "dictionary", fn["parameters"]))
     if errors:
         raise PydanticError(errors)
 
@@ -364,7 +368,7 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
                 task.cancel()
     n_prompt, n_out = len(req["prompt_ids"]), sum(len(s.steps) for s in states)
     return {
-        "id": f"chatcmpl-{random_id()}", "object": "chat.completion", "created": int(time.time()),
+        "id": req.get("id") or f"chatcmpl-{random_id()}", "object": "chat.completion", "created": int(time.time()),
         "model": req["model"],
         "choices": [_choice(server, req, i, s) for i, s in enumerate(states)],
         "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -381,7 +385,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
     """vLLM's order for ``n`` choices: every choice's first (role) chunk, by index; then, step by
     step, each choice's chunk for its newest token in index order (a choice that holds its token
     back, or has finished, sends nothing); then the usage chunk and ``[DONE]``."""
-    cid, created, model = f"chatcmpl-{random_id()}", int(time.time()), req["model"]
+    cid, created, model = req.get("id") or f"chatcmpl-{random_id()}", int(time.time()), req["model"]
     rti, n = req["return_token_ids"], req.get("n", 1)
 
     def chunk(choices: list, **extra: Any) -> bytes:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import signal
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,25 @@ from ..paths import not_a_file, user_path
 #: Seconds a Ctrl-C or SIGTERM waits for open streams to end before it cuts them: a request
 #: without max_tokens streams up to the context length, and the stop looked hung for minutes.
 SHUTDOWN_GRACE_S = 5.0
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's ``--max-model-len`` forms: an integer, or a number with a decimal (k, m, g, t) or binary
+    (K, M, G, T) suffix - a vLLM command line copied here was refused at ``32k`` (a probe)."""
+    text = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match is None:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {value!r} (an integer, or 32k / 32K)") from None
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to "
+                                         f"use {number}{suffix.lower()} instead?")
+    return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,8 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a peft LoRA adapter directory to apply to the model")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of requests that bring none (default: none, a random sample)")
-    p.add_argument("--max-model-len", type=int, default=4096,
-                   help="context length (prompt + completion; default: 4096)")
+    p.add_argument("--max-model-len", type=human_readable_int, default=4096,
+                   help="context length (prompt + completion; vLLM's forms: 32768, 32k = 32,000, 32K = 32,768; "
+                        "default: 4096)")
     p.add_argument("--chunk-delay-ms", type=float, default=0.0,
                    help="wait this long between streamed tokens (benchmarks; default: 0)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from .engine import SamplingParams
-from .errors import NotFound, PydanticError, VllmError, field_error
+from .errors import NotFound, PydanticError, VllmError, field_error, value_error
 from .extras import chat_extras
 from .fields import list_of, required, seed, strings, text, to_float, to_int
 
@@ -34,8 +34,10 @@ def integer(body: dict, key: str, default: int | None) -> int | None:
 def check_model(body: dict, served_name: str, required_: bool = False) -> str:
     """``model``: a string (required on the Messages API), the served name or vLLM's 404."""
     model = required(body, "model") if required_ else body.get("model")
-    if model is None and not required_:
+    if (model is None or model == "") and not required_:  # vLLM takes "" for its default model too
         return served_name
+    if model == "":  # (the Messages request's validator)
+        raise value_error("body.model", "Model is required", "")
     text(body, "model")  # a non-string (or a required null) is pydantic's string_type
     if model is None:
         raise PydanticError([field_error("string_type", "body.model", "Input should be a valid "
@@ -60,16 +62,17 @@ def sampling(body: dict, engine, prompt_len: int, max_keys: tuple[str, ...],
     request has none, so it is ignored there). ``extras``: read vLLM's sampling extensions of the
     chat request (:mod:`.extras`), or only the named ones (the Responses request has a few)."""
     room = engine.max_model_len - prompt_len
-    if room <= 0:
+    if room < 0:
         # vLLM's _token_len_check: its tokenizer stops at max_model_len + 1 tokens, so a longer
-        # prompt is reported as "at least" that many (one of exactly max_model_len leaves no room)
-        over = prompt_len > engine.max_model_len
-        count = engine.max_model_len + 1 if over else prompt_len
+        # prompt is reported as "at least" that many
+        count = engine.max_model_len + 1
         raise VllmError(
             f"This model's maximum context length is {engine.max_model_len} tokens. However, your "
-            f"prompt contains {'at least ' if over else ''}{count} input tokens, which exceeds this "
+            f"prompt contains at least {count} input tokens, which exceeds this "
             "limit even without any output tokens. Please reduce the length of the input prompt.",
             param="input_tokens", value=count)
+    if room == 0:  # a prompt of exactly max_model_len tokens: vLLM's budget check of the room left
+        raise VllmError("max_tokens must be at least 1, got 0.", param="max_tokens", value=0)
     max_tokens = max_tokens_of(body, max_keys, engine.max_model_len, clamp, budget_name)
     max_tokens = room if max_tokens is None else min(max_tokens, room)
     stop = strings(body, stop_key, allow_str=stop_key == "stop")

@@ -150,6 +150,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
         max_logprobs(top, server.engine.vocab_size)
     text = render(server.tokenizer, messages, ctools or None)
     prompt_ids = encode_prompt(server.engine, text)
+    if len(prompt_ids) == server.engine.max_model_len:  # (vLLM's Responses serving checks this first)
+        raise ResponsesInvalidRequest(f"The engine prompt length {len(prompt_ids)} exceeds the max_model_len "
+                                      f"{server.engine.max_model_len}. Please reduce prompt.", param="input")
     params = sampling(body, server.engine, len(prompt_ids), ("max_output_tokens",),
                       top_logprobs=(top or 0) if want_logprobs else 0, clamp=server.script is not None,
                       extras=EXTRAS)
@@ -164,7 +167,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
         "logprobs": want_logprobs, "top_logprobs": top,
         "response_messages": flag(body, "enable_response_messages"),
         "stream": flag(body, "stream"),
-        "id": f"resp_{_uuid()}", "created": int(time.time()),
+        # vLLM's request_id (the body's, else a new one) is the response's id
+        "id": body["request_id"] if isinstance(body.get("request_id"), str) else f"resp_{_uuid()}",
+        "created": int(time.time()),
     }
 
 
