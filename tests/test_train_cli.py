@@ -188,6 +188,34 @@ def test_a_resume_checks_the_init_adapter_shape_against_its_checkpoint(tmp_path)
     train_cli._check_resumable(checkpoint, config)  # the same shape: resumable
 
 
+def test_a_resume_whose_init_adapter_path_holds_other_weights_is_refused(tmp_path):
+    """The path is the same, its adapter another (the next round's written there): the resume went on,
+    and its summary measured the run's change from the wrong weights (a probe). Unchanged weights, or
+    a marker of an earlier version (no fingerprint), resume."""
+    from types import SimpleNamespace
+
+    out, start = tmp_path / "run", tmp_path / "start"
+    out.mkdir()
+    start.mkdir()
+    (start / "adapter_model.safetensors").write_bytes(b"round 2 weights")
+    data = [SimpleNamespace(trajectory_id="t1", reward=1.0)]
+    identity = train_cli.run_identity(str(tmp_path / "m"), data, str(start))
+    assert identity["init_adapter_weights"] is not None
+    train_cli._write_marker(out, identity)
+    train_cli._check_same_run(out, train_cli.run_identity(str(tmp_path / "m"), data, str(start)))
+    (start / "adapter_model.safetensors").write_bytes(b"round 1 weights")
+    now = train_cli.run_identity(str(tmp_path / "m"), data, str(start))
+    with pytest.raises(UserError) as caught:
+        train_cli._check_same_run(out, now)
+    assert str(caught.value) == (
+        f"--resume: init_adapter={start.resolve()} holds other weights than when the run in {out} started "
+        f"(fingerprint {identity['init_adapter_weights']}, now {now['init_adapter_weights']}): the run continues "
+        "from its checkpoint, but measures its change from that adapter; put back the adapter it started from, or "
+        "start a new --output")
+    train_cli._write_marker(out, {k: v for k, v in identity.items() if k != "init_adapter_weights"})
+    train_cli._check_same_run(out, now)  # an earlier version's marker: nothing to compare
+
+
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -195,7 +195,30 @@ def run_identity(model: str, trajectories, init_adapter: str | None = None) -> d
     rewards = sorted({(t.trajectory_id, float(t.reward).hex()) for t in trajectories})
     rewards_digest = hashlib.sha256("\n".join(f"{i} {r}" for i, r in rewards).encode()).hexdigest()[:16]
     return {"model": str(Path(model).expanduser().resolve()), "trajectories": len(ids), "data": digest,
-            "rewards": rewards_digest, "init_adapter": _resolved(init_adapter)}
+            "rewards": rewards_digest, "init_adapter": _resolved(init_adapter),
+            "init_adapter_weights": adapter_weights_digest(init_adapter)}
+
+
+def adapter_weights_digest(adapter: str | None) -> str | None:
+    """A hash of an adapter folder's weight files: a resume whose ``init_adapter`` path held another
+    adapter by then (the next round's, written to the same place) went on, and its summary measured
+    the run's change from the wrong weights (a probe). None: no adapter, or none readable here."""
+    import hashlib
+
+    if not adapter:
+        return None
+    folder = Path(adapter).expanduser()
+    digest = hashlib.sha256()
+    found = False
+    for name in ("adapter_model.safetensors", "adapter_model.bin"):
+        try:
+            with open(folder / name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            found = True
+        except OSError:
+            continue
+    return digest.hexdigest()[:16] if found else None
 
 
 #: Options a resume cannot change: the checkpoint's optimizer, schedule and data order hold the
@@ -301,6 +324,12 @@ def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
         raise UserError(f"--resume: the run in {out} started from init_adapter={saved['init_adapter'] or '(none: a fresh LoRA)'}"
                         f", not {identity['init_adapter'] or '(none)'}: resume with the same init_adapter, or "
                         "start a new --output")
+    if saved.get("init_adapter_weights") not in (None, identity["init_adapter_weights"]):  # (older markers: none)
+        raise UserError(f"--resume: init_adapter={identity['init_adapter']} holds other weights than when the run in "
+                        f"{out} started (fingerprint {saved['init_adapter_weights']}, now "
+                        f"{identity['init_adapter_weights'] or 'none readable'}): the run continues from its "
+                        "checkpoint, but measures its change from that adapter; put back the adapter it started from, "
+                        "or start a new --output")
     if saved.get("data") is not None and (saved.get("data"), saved.get("trajectories")) != (
             identity["data"], identity["trajectories"]):
         raise UserError(f"--resume: the run in {out} trained on other trajectories ({saved.get('trajectories')} "
