@@ -108,6 +108,16 @@ def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> li
     return problems
 
 
+def run_folder_hint(folder: str | os.PathLike, option: str) -> str:
+    """What to say of a training run's folder given where a model folder is expected (``--model
+    runs/r1``: "no tokenizer", "no config.json", and no word of the adapter inside); ``option``
+    names the adapter's option, ``{}`` where its path goes."""
+    inside = Path(folder).expanduser() / "adapter"
+    if not (inside / "adapter_config.json").is_file():
+        return ""
+    return f"; a training run's folder? give its base model as --model, with {option.format(inside)}"
+
+
 def check_adapter_folder(adapter_dir: str | os.PathLike) -> None:
     """Refuse a folder that is not a saved peft adapter before any weights are loaded (without
     its files peft would look the folder up on the Hub and report a malformed repository id)."""

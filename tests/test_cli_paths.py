@@ -93,3 +93,21 @@ def test_serve_takes_vllms_forms_of_the_context_length(capsys):
                       ("1.5K", "Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k")):
         assert main(["serve", "--model", "m", "--max-model-len", bad]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_training_runs_folder_given_as_the_model_names_its_adapter(tmp_path, monkeypatch, capsys):
+    """`--model runs/r1` said "no tokenizer" / "no config.json" and not a word of the adapter inside,
+    where init_adapter and serve --adapter given the same folder already said where it is (a probe)."""
+    run = tmp_path / "runs" / "r1"
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_config.json").write_text("{}")
+    traj = tmp_path / "traj"
+    traj.mkdir()
+    (traj / "part-0.parquet").write_bytes(b"x")
+    assert main(["serve", "--model", str(run)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"(no config.json); a training run's folder? give its base model as --model, with --adapter {run / 'adapter'}")
+    assert main(["train", str(traj), "--model", str(run), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "the model folder supplies the tokenizer too; a training run's folder? give its base model as --model, with "
+        f"--set init_adapter={run / 'adapter'}")

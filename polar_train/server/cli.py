@@ -140,8 +140,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     model = Path(args.model)
     if not (model / "config.json").is_file():
+        from ..model_load import run_folder_hint
+
         adapter = " but a peft adapter: give its base model as --model and this folder as --adapter" if (
-            model / "adapter_config.json").is_file() else ""
+            model / "adapter_config.json").is_file() else run_folder_hint(model, "--adapter {}")
         raise UserError(f"{model} is not a model directory (no config.json){adapter}")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UserError("--ssl-certfile and --ssl-keyfile go together")

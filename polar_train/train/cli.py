@@ -110,8 +110,10 @@ def prepare(args: argparse.Namespace):
         raise UserError(f"--model {args.model}: not a folder; name the model's folder (config.json, weights, tokenizer)")
     if not holds_tokenizer(args.model):
         # transformers would build an empty tokenizer without a word, and save it with every checkpoint
+        from ..model_load import run_folder_hint
+
         raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); the model folder "
-                        "supplies the tokenizer too")
+                        f"supplies the tokenizer too{run_folder_hint(args.model, '--set init_adapter={}')}")
     from .config import load_config, user_options
 
     raw = user_options(args.config, args.sets)
