@@ -492,6 +492,24 @@ def test_a_rollout_id_reused_by_the_next_rounds_adapter_is_named(tmp_path):
     assert result.report.mixed_model_rollouts == {} and "several models" not in result.report.table()
     assert "1 rollouts (broadcast), 1 without (pi-a)\n" in result.report.table() + "\n"
 
+def test_a_group_holding_two_rounds_models_is_named(tmp_path):
+    """Two rounds' captures (new rollout ids each) built as one folder: each task's GRPO group held
+    the base's and the adapter's sessions, one baseline for two policies, and build said nothing
+    (a probe; train warned only later, after loading the model)."""
+    rows = []
+    for rollout, model, task in (("a0", "base", "greet"), ("a1", "r1", "greet"), ("b0", "base", "sum"),
+                                 ("b1", "base", "sum")):
+        conv = Conversation(rollout_id=rollout, model=model, task_id=task, name=rollout)
+        conv.user(f"task {task}")
+        rows.append(conv.assistant("ok"))
+    result = build(tmp_path, rows)
+    assert result.report.mixed_model_groups == {"greet": ["base", "r1"]}
+    assert ("groups of several models: 1 (greet: base, r1): two rounds in one build? one GRPO baseline for two "
+            "policies; build each round's capture apart") in result.report.table()
+    one_round = build(tmp_path / "one", rows[2:])
+    assert one_round.report.mixed_model_groups == {} and "groups of several models" not in one_round.report.table()
+
+
 def test_temperature_change_forks_as_sampler_change(tmp_path):
     conv = Conversation(rollout_id="r1")
     conv.user("go")

@@ -581,6 +581,11 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)
     report.groups = groups.groups
+    models_in: dict[str, set[str]] = {}
+    for t in trajectories:
+        if t.task_id is not None:
+            models_in.setdefault(t.task_id, set()).add(t.model if t.model is not None else "(none)")
+    report.mixed_model_groups = {g: sorted(m) for g, m in sorted(models_in.items()) if len(m) > 1}
     report.singleton_groups = groups.singleton_groups
     report.equal_reward_groups = groups.equal_reward_groups
     report.unrewarded_groups = groups.unrewarded_groups

@@ -69,6 +69,8 @@ class BuildReport:
     #: Rollouts whose trajectories asked for different models: a rollout id reused in a later
     #: round (served from its adapter) joins two rounds' sessions under one reward.
     mixed_model_rollouts: dict[str, list[str]] = field(default_factory=dict)
+    #: task -> the models its group's trajectories asked for, where several (two rounds in one build)
+    mixed_model_groups: dict[str, list[str]] = field(default_factory=dict)
     #: Rollouts whose calls used several wire formats (``openai.chat``, ``anthropic.messages``, ...):
     #: a harness speaks one, so two harnesses ran under one rollout id and share its reward.
     mixed_api_rollouts: dict[str, list[str]] = field(default_factory=dict)
@@ -145,6 +147,12 @@ class BuildReport:
             rows.append(("", f"all-equal groups: {_some(self.equal_reward_groups, 10)}"))
         if self.unrewarded_groups:
             rows.append(("", f"groups without a reward: {_some(self.unrewarded_groups, 10)}"))
+        if self.mixed_model_groups:
+            named = _some([f"{shown(g)}: {', '.join(map(shown, m))}" for g, m in self.mixed_model_groups.items()],
+                          sep="; ", escaped=True)
+            rows.append(("", f"groups of several models: {len(self.mixed_model_groups)} ({named}): two rounds in "
+                             "one build? one GRPO baseline for two policies; build each round's capture apart "
+                             "(docs/train.md, Round after round)"))
         if self.rewarded_without_task:
             rows.append(("", f"rewarded rollouts without a task: {len(self.rewarded_without_task)} "
                              f"({_some(self.rewarded_without_task)}): in no group, train takes each of their "
