@@ -153,13 +153,14 @@ class DemoConfig:
     final_norm_weight: float = 16.0
 
 
-def _rollout(proxy: str, rollout_id: str, task_id: str, prompt: str, cfg: DemoConfig, seed: int) -> float:
-    """One agent session of two model calls; returns the verifier's reward."""
+def _rollout(proxy: str, rollout_id: str, task_id: str, prompt: str, cfg: DemoConfig, seed: int,
+             model: str = "tiny") -> float:
+    """One agent session of two model calls to ``model`` (the served name); returns the verifier's reward."""
     headers = {"x-polar-rollout": rollout_id, "x-polar-task": task_id}
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     texts = []
     for turn in range(2):
-        body = {"model": "tiny", "messages": messages, "max_tokens": cfg.max_tokens,
+        body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens,
                 "temperature": cfg.temperature, "top_p": 1.0, "seed": seed * 10 + turn}
         reply = post_json(proxy + "/v1/chat/completions", body, headers)
         text = reply["choices"][0]["message"]["content"] or ""
@@ -171,8 +172,11 @@ def _rollout(proxy: str, rollout_id: str, task_id: str, prompt: str, cfg: DemoCo
 def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: Path, round_no: int) -> float:
     """Serve (with the adapter so far), capture G sessions per task through the proxy; mean reward."""
     serve_port, proxy_port = _free_port(), _free_port()
+    # each policy under a name of its own (docs/train.md, Round after round): every call's `model` says
+    # which one sampled it, and train's `data: sampled by` line tells the rounds apart
+    served = "tiny" if adapter is None else f"round{round_no - 1}-adapter"
     serve = [*polar_train_command(), "serve", "--model", str(model_dir), "--port", str(serve_port),
-             "--served-model-name", "tiny", "--max-model-len", str(MODEL_LEN)] + (["--adapter", str(adapter)] if adapter else [])
+             "--served-model-name", served, "--max-model-len", str(MODEL_LEN)] + (["--adapter", str(adapter)] if adapter else [])
     mitm = [*mitmdump_command(), "-s", str(addon_script()), "--listen-host", "127.0.0.1",
             "--mode", f"reverse:http://127.0.0.1:{serve_port}@{proxy_port}",
             "--set", f"polar_out={out / 'captures'}", "--set", f"polar_tokenizer={model_dir}",
@@ -190,7 +194,7 @@ def capture_round(cfg: DemoConfig, model_dir: Path, adapter: Path | None, out: P
             # One session after the other: the server serialises forward steps anyway, and a fixed
             # call order makes the trajectories' order, hence the training run, reproducible (with
             # concurrent sessions the same seeds gave round-1 rewards of 0.495 and 0.668).
-            results = [_rollout(proxy, rid, task, prompt, cfg, seed=1000 * round_no + 17 * g + len(prompt))
+            results = [_rollout(proxy, rid, task, prompt, cfg, seed=1000 * round_no + 17 * g + len(prompt), model=served)
                        for rid, task, prompt, g in jobs]
             rewards = [{"rollout_id": j[0], "task_id": j[1], "reward": r} for j, r in zip(jobs, results)]
         # mitmdump got SIGTERM: its addon closed the last Parquet part before exiting

@@ -146,6 +146,25 @@ def test_one_capture_round_records_every_call_and_rewards_every_session(
     assert not [p for p in tmp_path.rglob("mitmproxy-ca*")], sorted(tmp_path.rglob("*"))
 
 
+def test_a_round_serves_the_adapter_under_a_name_of_its_own(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Every round was served as `tiny`, adapters too: round 1's calls and train's `data: sampled by`
+    line could not tell the base from round 0's adapter (docs/train.md: serve each under its own
+    name; a probe)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    adapter = tmp_path / "round0" / "run" / "adapter"
+    get_peft_model(base, LoraConfig(r=4, target_modules="all-linear")).save_pretrained(str(adapter))
+    cfg = DemoConfig(workdir=tmp_path, group_size=1, max_tokens=2)
+    capture_round(cfg, tiny_model_dir, adapter, tmp_path / "round1", 1)
+    calls = [row for part in sorted((tmp_path / "round1" / "captures").rglob("*.parquet"))
+             for row in pq.read_table(part).to_pylist()]
+    assert len(calls) == 2 * len(TASKS) and {c["model"] for c in calls} == {"round0-adapter"}
+    assert {c["status"] for c in calls} == {"ok"}
+
+
 def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
     # the demo replaces round<N>/ and tiny-model/ in its workdir: someone's round0/ would be lost
     work = tmp_path / "project"
