@@ -157,6 +157,11 @@ def test_malformed_fields_are_400_not_500(polar_base_url, path, body):
 def test_deeply_nested_body_is_fastapis_parse_error(polar_base_url):
     r = post(polar_base_url, "/v1/chat/completions", "[" * 100000 + "]" * 100000)
     assert r.status_code == 400 and r.json() == {"detail": "There was an error parsing the body"}
+    # a body that is no UTF-8: vLLM's answer too, on every API (serve said "request body is not valid JSON")
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
+        r = httpx.post(f"{polar_base_url}{path}", content=b'{"model": "tiny", "x": "\xff"}',
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json() == {"detail": "There was an error parsing the body"}
 
 
 def test_fields_are_read_in_pydantic_lax_mode(polar_base_url):

@@ -93,13 +93,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
         raise PydanticError([missing("body", None)])
     try:
         body = json.loads(raw)
-    except RecursionError:  # nested past Python's limit: FastAPI's generic answer
-        raise BodyParseError() from None
     except json.JSONDecodeError as exc:
         raise PydanticError([field_error("json_invalid", f"body.{exc.pos}", "JSON decode error", {},
                                          {"error": exc.msg})]) from None
-    except ValueError as exc:  # not UTF-8 at all
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except (RecursionError, ValueError):  # nested past Python's limit, or no UTF-8: FastAPI's generic answer
+        raise BodyParseError() from None
     if not isinstance(body, dict):
         raise PydanticError([field_error("model_attributes_type", "body", "Input should be a valid "
                                          "dictionary or object to extract fields from", body)])
