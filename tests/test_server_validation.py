@@ -713,3 +713,13 @@ def test_request_ids_empty_model_names_and_tool_schemas_as_vllm_takes_them(polar
     assert schema.status_code == 400 and schema.json()["error"]["message"] == (
         "1 validation error:\n  {'type': 'dict_type', 'loc': 'body.tools.0.function.parameters', 'msg': 'Input should "
         "be a valid dictionary', 'input': 'nope'}")
+
+
+def test_error_messages_leave_out_file_paths_as_vllm_does(polar_base_url):
+    """vLLM sanitizes every error message (file paths to `<path>`, memory addresses and traceback
+    lines out): a model named by its path came back whole (a probe; vLLM's answer)."""
+    r = post(polar_base_url, "/v1/chat/completions", {**CHAT, "model": "/home/me/secret/model"})
+    assert r.status_code == 404 and r.json()["error"]["message"] == \
+        "The model `<path>` does not exist. Valid aliases: tiny."
+    r = post(polar_base_url, "/v1/messages", {"model": "/tmp/x/model", "max_tokens": 1, "messages": USER})
+    assert r.json()["error"]["message"] == "The model `<path>` does not exist. Valid aliases: tiny."

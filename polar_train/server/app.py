@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -148,7 +149,21 @@ def _error(exc: Exception, anthropic: bool = False) -> Response:
         exc = ApiError(f"internal server error: {type(exc).__name__}: {exc}")
         exc.status, exc.type = 500, "InternalServerError"
     body = exc.anthropic_body() if anthropic else exc.openai_body()
+    inner = body.get("error") if isinstance(body.get("error"), dict) else body
+    for key in ("message", "detail"):
+        if isinstance(inner.get(key), str):
+            inner[key] = sanitized(inner[key])
     return JSONResponse(body, status_code=exc.status)
+
+
+def sanitized(message: str) -> str:
+    """vLLM's ``sanitize_message``, applied to every error it answers: memory addresses, traceback
+    lines and file paths out (a model named by its path came back whole: a probe)."""
+    message = re.sub(r" at 0x[0-9a-fA-F]+>", ">", message)
+    message = re.sub(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?', "", message)
+    message = re.sub(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+", "<path>", message)
+    message = re.sub(r"(?:/[\w\-]+)+/[\w\-]+\.\w+", "<path>", message)
+    return message.strip()
 
 
 def _sse(gen: AsyncIterator[bytes], module=None) -> StreamingResponse:
