@@ -253,10 +253,12 @@ def build_app(server: Server) -> Starlette:
             text = render(server.tokenizer, body["messages"], tools or None,
                           add_generation_prompt=flag(body, "add_generation_prompt", True),
                           continue_final_message=flag(body, "continue_final_message"))
-            return encode_prompt(server.engine, text)
+            # (no character bound: vLLM's /tokenize counts a text of any length - one too long to
+            # serve is what a client measures with it; a probe)
+            return list(server.engine.tokenizer.encode(text, add_special_tokens=False))
         if isinstance(body.get("prompt"), str):
-            return encode_prompt(server.engine, body["prompt"],
-                                 add_special_tokens=flag(body, "add_special_tokens", True))
+            return list(server.engine.tokenizer.encode(body["prompt"],
+                                                       add_special_tokens=flag(body, "add_special_tokens", True)))
         # vLLM's union of a prompt and a messages request: both branches are reported
         prompt = [missing("body.prompt", body)] if "prompt" not in body else [field_error(
             "string_type", "body.prompt", "Input should be a valid string", body["prompt"])]
