@@ -508,6 +508,15 @@ def test_a_group_holding_two_rounds_models_is_named(tmp_path):
             "policies; build each round's capture apart") in result.report.table()
     one_round = build(tmp_path / "one", rows[2:])
     assert one_round.report.mixed_model_groups == {} and "groups of several models" not in one_round.report.table()
+    # every rollout of a group with side calls to a small model (Claude Code's): one policy set, no row
+    side = []
+    for rollout in ("c0", "c1"):
+        for model in ("tiny", "small"):
+            conv = Conversation(rollout_id=rollout, model=model, task_id="side", name=f"{rollout}-{model}")
+            conv.user(f"ask {model}")
+            side.append(conv.assistant("ok"))
+    alike = build(tmp_path / "side", side)
+    assert alike.report.mixed_model_groups == {} and "groups of several models" not in alike.report.table()
 
 
 def test_temperature_change_forks_as_sampler_change(tmp_path):

@@ -847,8 +847,8 @@ def test_a_rendered_call_whose_prompt_holds_an_image_keeps_no_token_ids(tiny_mod
     for row in rows:
         assert row["status"] == "ok" and row["token_source"] == "none" and row["prompt_token_ids"] is None
         assert row["completion_token_ids"] is None
-        assert re.fullmatch(r"token ids unavailable: the prompt holds a media part \(message \d \((user|tool)\): "
-                            r"(image_url|input_image)\), whose tokens a multimodal model's processor makes, not its "
+        assert re.fullmatch(r"token ids unavailable: the prompt holds a media part \((image_url|input_image) in chat "
+                            r"message \d, (user|tool)\), whose tokens a multimodal model's processor makes, not its "
                             r"chat template", row["error"]), row["error"]
     assert not any(r.exc_info for r in caplog.records)
     assert sum("image, audio or file part" in r.getMessage() for r in caplog.records) == 1

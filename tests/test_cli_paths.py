@@ -89,7 +89,9 @@ def test_serve_takes_vllms_forms_of_the_context_length(capsys):
     human-readable integers: k = 1,000, K = 1,024; a probe)."""
     for given, length in (("32k", 32000), ("32K", 32768), ("25.6k", 25600), ("4096", 4096), ("1M", 1 << 20)):
         assert build_parser().parse_args(["serve", "--model", "m", "--max-model-len", given]).max_model_len == length
-    for bad, said in (("3x", "invalid int value: '3x' (an integer, or 32k / 32K)"),
+    for auto in ("auto", "AUTO", "-1"):  # vLLM's: the model's max_position_embeddings
+        assert build_parser().parse_args(["serve", "--model", "m", "--max-model-len", auto]).max_model_len == -1
+    for bad, said in (("3x", "invalid int value: '3x' (an integer, 32k / 32K, or auto)"),
                       ("1.5K", "Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k")):
         assert main(["serve", "--model", "m", "--max-model-len", bad]) == 2
         assert said in capsys.readouterr().err
@@ -111,3 +113,9 @@ def test_a_training_runs_folder_given_as_the_model_names_its_adapter(tmp_path, m
     assert capsys.readouterr().err.strip().endswith(
         "the model folder supplies the tokenizer too; a training run's folder? give its base model as --model, with "
         f"--set init_adapter={run / 'adapter'}")
+    (run / "checkpoint-4").mkdir()  # a checkpoint: an adapter without a tokenizer
+    (run / "checkpoint-4" / "adapter_config.json").write_text("{}")
+    assert main(["train", str(traj), "--model", str(run / "checkpoint-4"), "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "; it holds a peft adapter (a checkpoint?): give its base model as --model, with --set "
+        f"init_adapter={run / 'checkpoint-4'}")

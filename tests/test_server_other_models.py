@@ -236,5 +236,6 @@ def test_an_adapter_given_as_the_model_is_named_so(tmp_path: Path) -> None:
     from polar_train.train import cli as train_cli
 
     with pytest.raises(UserError, match=re.escape(f"--model {adapter}: not a model directory (") + r".*\); it holds a "
-                       r"peft adapter: give its base model as --model and this folder as --set init_adapter=$"):
+                       + re.escape(f"peft adapter: give its base model as --model, with --set init_adapter={adapter}")
+                       + "$"):
         train_cli._model_vocab_size(str(adapter))

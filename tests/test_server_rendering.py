@@ -64,3 +64,42 @@ def test_object_arguments_of_a_later_tool_call_name_its_index(polar_base_url):
     err = r.json()["error"]
     assert err["param"] == "body.1.ChatCompletionMessageFunctionToolCallParam.function"
     assert err["message"].startswith("3 validation errors:\n") and "<dict of 2 items>" in err["message"]
+
+
+#: A template that prints a message's content only when it is a string ("string" content format,
+#: as Qwen3's own), and knows no developer role; vLLM 0.32 (its CPU build on the tiny model with this
+#: template) gave the same prompt ids as these texts for each case below.
+STRING_TEMPLATE = (
+    "{%- for message in messages %}{%- if message.content is string %}{%- set content = message.content %}"
+    "{%- else %}{%- set content = '' %}{%- endif %}{{- '<|im_start|>' + message.role + '\\n' + content + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+@pytest.mark.parametrize("messages, text", [
+    # Claude Code's user turn of several text blocks: the texts joined by newlines (it rendered empty)
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+     "<|im_start|>user\na\nb<|im_end|>\n"),
+    ([{"role": "user", "content": [{"type": "input_text", "text": "a"}, "b", {"type": "refusal", "refusal": "c"}]}],
+     "<|im_start|>user\na\nb\nc<|im_end|>\n"),
+    # Codex's developer messages, for a template without that role: one first system message
+    ([{"role": "system", "content": "S"}, {"role": "developer", "content": "D"}, {"role": "user", "content": "a"}],
+     "<|im_start|>system\nS\n\nD<|im_end|>\n<|im_start|>user\na<|im_end|>\n"),
+    ([{"role": "developer", "content": "D"}, {"role": "user", "content": "a"}],
+     "<|im_start|>system\nD<|im_end|>\n<|im_start|>user\na<|im_end|>\n"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": None}],
+     "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"),
+])
+def test_a_string_format_template_gets_what_vllm_hands_it(tiny_tokenizer, messages, text):
+    """vLLM reads how a template reads content: a template that loops over it gets the parts (ours),
+    any other one string, the texts joined by newlines; developer messages become system ones where
+    the template has no such role. Parts were passed to every template as they came."""
+    import copy
+
+    from polar_train.wire.content_format import template_content_format
+    from polar_train.wire.render import render
+
+    tok = copy.copy(tiny_tokenizer)
+    tok.chat_template = STRING_TEMPLATE
+    assert template_content_format(STRING_TEMPLATE) == "string"
+    assert template_content_format(tiny_tokenizer.get_chat_template()) == "openai"
+    assert render(tok, messages, None, add_generation_prompt=False) == text

@@ -574,8 +574,20 @@ def test_responses_and_messages_refuse_the_parts_vllm_refuses(polar_base_url):
     for kind in ("text", "weird", "output_text"):
         r = responses({"type": kind, "text": "x"})
         assert r.status_code == 400 and r.json()["error"]["message"] == (
-            f"input[0].content[0]: a part of type '{kind}' is no content part of a 'user' message (one of input_text, "
+            f"input[0].content[0]: a part of type '{kind}' is no part of a 'user' message (one of input_text, "
             "input_image, input_file)")
+    def tool_output(part: dict) -> httpx.Response:
+        return post(polar_base_url, "/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": [
+            {"type": "message", "role": "user", "content": "look"},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "x"}, part]}]})
+
+    assert tool_output({"type": "input_file", "file_data": "abc"}).json()["error"]["message"].startswith(
+        "Unsupported chat content part type: 'input_file'.")  # (the review of the first fix)
+    assert tool_output({"type": "weird", "text": "x"}).json()["error"]["message"] == (
+        "input[2].output[1]: a part of type 'weird' is no part of a tool's output (one of input_text, input_image, "
+        "input_file)")
+    assert tool_output({"type": "input_text", "text": "y"}).status_code == 200
     assistant = post(polar_base_url, "/v1/responses", {"model": "tiny", "max_output_tokens": 1, "input": [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Yo"}]},

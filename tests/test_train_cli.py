@@ -212,8 +212,13 @@ def test_a_resume_whose_init_adapter_path_holds_other_weights_is_refused(tmp_pat
         f"(fingerprint {identity['init_adapter_weights']}, now {now['init_adapter_weights']}): the run continues "
         "from its checkpoint, but measures its change from that adapter; put back the adapter it started from, or "
         "start a new --output")
-    train_cli._write_marker(out, {k: v for k, v in identity.items() if k != "init_adapter_weights"})
+    older = {k: v for k, v in identity.items() if k != "init_adapter_weights"}
+    train_cli._write_marker(out, older)
     train_cli._check_same_run(out, now)  # an earlier version's marker: nothing to compare
+    # ... and the resume does not record the adapter there now as the run's start (a review)
+    assert "init_adapter_weights" not in train_cli.resumed_identity(older, {**now, "options": {}})
+    assert train_cli.resumed_identity(identity, {**now, "options": {}})["init_adapter_weights"] == \
+        now["init_adapter_weights"]
 
 
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):

@@ -18,16 +18,23 @@ from ..paths import not_a_file, user_path
 SHUTDOWN_GRACE_S = 5.0
 
 
+#: ``--max-model-len auto`` (or -1): the model's ``max_position_embeddings``, as vLLM takes it.
+AUTO = -1
+
+
 def human_readable_int(value: str) -> int:
-    """vLLM's ``--max-model-len`` forms: an integer, or a number with a decimal (k, m, g, t) or binary
-    (K, M, G, T) suffix - a vLLM command line copied here was refused at ``32k`` (a probe)."""
+    """vLLM's ``--max-model-len`` forms: an integer, ``auto`` (or -1: :data:`AUTO`), or a number with a
+    decimal (k, m, g, t) or binary (K, M, G, T) suffix - a vLLM command line copied here was refused
+    at ``32k`` (a probe)."""
     text = value.strip()
+    if text.lower() == "auto":
+        return AUTO
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
     if match is None:
         try:
             return int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {value!r} (an integer, or 32k / 32K)") from None
+            raise argparse.ArgumentTypeError(f"invalid int value: {value!r} (an integer, 32k / 32K, or auto)") from None
     number, suffix = match.groups()
     if suffix.islower():
         return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
@@ -56,8 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of requests that bring none (default: none, a random sample)")
     p.add_argument("--max-model-len", type=human_readable_int, default=4096,
-                   help="context length (prompt + completion; vLLM's forms: 32768, 32k = 32,000, 32K = 32,768; "
-                        "default: 4096)")
+                   help="context length (prompt + completion; vLLM's forms: 32768, 32k = 32,000, 32K = 32,768, auto = "
+                        "the model's max_position_embeddings; default: 4096)")
     p.add_argument("--chunk-delay-ms", type=float, default=0.0,
                    help="wait this long between streamed tokens (benchmarks; default: 0)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
@@ -161,13 +168,17 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError(f"--chunk-delay-ms must be a finite number >= 0, got {args.chunk_delay_ms}")
     if not 0 < args.port < 65536:
         raise UserError("--port must be in 1..65535")
-    if args.max_model_len < 1:
+    if args.max_model_len < 1 and args.max_model_len != AUTO:
         raise UserError(f"--max-model-len must be >= 1, got {args.max_model_len}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UserError("--served-model-name is empty: give the name clients send (left out: the model "
                         "folder's name)")  # a model named "" served: a client could name it in no header
     config = _check_model_config(model)
     longest = config.get("max_position_embeddings")
+    if args.max_model_len == AUTO:  # vLLM's auto: the model's own context
+        if not (isinstance(longest, int) and not isinstance(longest, bool) and longest > 0):
+            raise UserError(f"--max-model-len auto: {model}/config.json names no max_position_embeddings; give a length")
+        args.max_model_len = longest
     if isinstance(longest, int) and not isinstance(longest, bool) and 0 < longest < args.max_model_len:
         # vLLM refuses it too: positions past the model's were never trained (its RoPE table ends there)
         raise UserError(f"--max-model-len {args.max_model_len} is above the model's max_position_embeddings "

@@ -100,21 +100,29 @@ _ASSISTANT_PARTS = (*_INPUT_PARTS, "output_text", "refusal")
 
 
 def check_content_parts(items: Any) -> None:
-    """Refuse a message item's part that vLLM refuses: ``input_file`` (its chat parser has none),
-    a part of another API (``text``, ``input_audio``) or of no known type (its request model)."""
+    """Refuse a part of a message item or of a tool's output that vLLM refuses: ``input_file`` (its
+    chat parser has none), a part of another API (``text``, ``input_audio``) or of no known type
+    (its request model)."""
     for i, item in enumerate(items if isinstance(items, list) else []):
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind in ("function_call_output", "custom_tool_call_output"):
+            parts, allowed, field, holder = item.get("output"), _INPUT_PARTS, "output", "a tool's output"
+        elif kind == "message":
+            role = item.get("role")
+            parts, allowed, field = item.get("content"), _ASSISTANT_PARTS if role == "assistant" else _INPUT_PARTS, \
+                "content"
+            holder = f"a {role!r} message"
+        else:
             continue
-        content = item.get("content")
-        allowed = _ASSISTANT_PARTS if item.get("role") == "assistant" else _INPUT_PARTS
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "input_file":
-                raise VllmError(f"Unsupported chat content part type: {kind!r}. Supported types: "
-                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value=kind)
-            if isinstance(part, dict) and kind not in allowed:
-                raise BadRequest(f"input[{i}].content[{j}]: a part of type {kind!r} is no content part of a "
-                                 f"{item.get('role')!r} message (one of {', '.join(allowed)})", param="body.input")
+        for j, part in enumerate(parts if isinstance(parts, list) else []):
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "input_file":
+                raise VllmError("Unsupported chat content part type: 'input_file'. Supported types: "
+                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value="input_file")
+            if part.get("type") not in allowed:
+                raise BadRequest(f"input[{i}].{field}[{j}]: a part of type {part.get('type')!r} is no part of "
+                                 f"{holder} (one of {', '.join(allowed)})", param="body.input")
 
 
 def prepare(server, body: dict) -> dict[str, Any]:

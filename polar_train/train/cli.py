@@ -59,7 +59,7 @@ def _text_config(model: str):
     try:
         return AutoConfig.from_pretrained(model).get_text_config()
     except Exception as exc:  # noqa: BLE001 - e.g. a config.json of wrong types (huggingface_hub's own error)
-        adapter = ("; it holds a peft adapter: give its base model as --model and this folder as --set init_adapter="
+        adapter = (f"; it holds a peft adapter: give its base model as --model, with --set init_adapter={model}"
                    if (Path(model).expanduser() / "adapter_config.json").is_file() else "")
         raise UserError(f"--model {model}: not a model directory ({first_line(exc)}){adapter}") from None
 
@@ -112,8 +112,11 @@ def prepare(args: argparse.Namespace):
         # transformers would build an empty tokenizer without a word, and save it with every checkpoint
         from ..model_load import run_folder_hint
 
+        adapter = (f"; it holds a peft adapter (a checkpoint?): give its base model as --model, with --set "
+                   f"init_adapter={args.model}" if (Path(args.model) / "adapter_config.json").is_file()
+                   else run_folder_hint(args.model, "--set init_adapter={}"))
         raise UserError(f"--model {args.model}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); the model folder "
-                        f"supplies the tokenizer too{run_folder_hint(args.model, '--set init_adapter={}')}")
+                        f"supplies the tokenizer too{adapter}")
     from .config import load_config, user_options
 
     raw = user_options(args.config, args.sets)
@@ -660,6 +663,19 @@ def _hold_run_lock(out: Path, resume: bool):
     return lock
 
 
+def resumed_identity(marker: dict[str, Any], identity: dict[str, Any]) -> dict[str, Any]:
+    """What a resume records in the run marker: only what the run recorded. An earlier version's
+    marker holds fewer options (this resume's values of the others are not the run's, and were not
+    checked), and no adapter fingerprint (the adapter at the path now is not known to be the one the
+    run started from: recorded, it would have let a later resume from another adapter pass)."""
+    saved = marker.get("options")
+    options = {k: v for k, v in identity["options"].items() if k in saved} if isinstance(saved, dict) else None
+    kept = {k: v for k, v in identity.items() if k != "options"} | ({"options": options} if options is not None else {})
+    if "init_adapter_weights" not in marker:
+        kept.pop("init_adapter_weights", None)
+    return kept
+
+
 def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint, model, tok, peft_config, grouped):
     """The marker written and the trainer made, under the run's lock."""
     from .trainer import (
@@ -671,12 +687,8 @@ def _make_trainer(args, out: Path, config, identity: dict[str, Any], checkpoint,
         keep_metrics_until,
     )
 
-    if checkpoint is not None:  # a resume records only what the run recorded (an earlier version's marker
-        # holds fewer options: this resume's values of the others are not the run's, and were not checked)
-        saved = _saved_marker(out).get("options")
-        options = {k: v for k, v in identity["options"].items() if k in saved} if isinstance(saved, dict) else None
-        identity = {k: v for k, v in identity.items() if k != "options"} | (
-            {"options": options} if options is not None else {})
+    if checkpoint is not None:
+        identity = resumed_identity(_saved_marker(out), identity)
     if _first_process():
         try:
             # where the data is: notebooks/02 finds an unfinished run's build report by it

@@ -581,11 +581,16 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     report.problems.extend(f"rollout {r!r} has a reward but no usable call (each failed or was skipped): "
                            "it is missing from its group" for r in report.rewarded_without_calls)
     report.groups = groups.groups
-    models_in: dict[str, set[str]] = {}
+    # a group whose rollouts asked for different models: the models of each rollout (a harness's side
+    # calls to a small model are in every rollout alike, and a rollout reused is named above)
+    rollout_models: dict[tuple[str, str], set[str]] = {}
     for t in trajectories:
         if t.task_id is not None:
-            models_in.setdefault(t.task_id, set()).add(t.model if t.model is not None else "(none)")
-    report.mixed_model_groups = {g: sorted(m) for g, m in sorted(models_in.items()) if len(m) > 1}
+            rollout_models.setdefault((t.task_id, t.rollout_id), set()).add(t.model if t.model is not None else "(none)")
+    models_in: dict[str, set[frozenset[str]]] = {}
+    for (task, _), models in rollout_models.items():
+        models_in.setdefault(task, set()).add(frozenset(models))
+    report.mixed_model_groups = {g: sorted(set().union(*m)) for g, m in sorted(models_in.items()) if len(m) > 1}
     report.singleton_groups = groups.singleton_groups
     report.equal_reward_groups = groups.equal_reward_groups
     report.unrewarded_groups = groups.unrewarded_groups

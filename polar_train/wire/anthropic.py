@@ -72,8 +72,9 @@ def chat_messages(body: dict) -> list[dict[str, Any]]:
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
             raise BadRequest(f"messages[{i}] needs role user or assistant", param="messages")
         role, content = msg["role"], msg.get("content")
-        if role == "system":
-            text = _system_text(content)
+        if role == "system":  # (vLLM's _extract_system_text: a string that opens with Claude Code's
+            # attribution line goes whole, where the top-level system keeps its other lines)
+            text = "" if isinstance(content, str) and content.startswith(BILLING_HEADER) else _system_text(content)
             if text:
                 out.append({"role": "system", "content": text})
             continue

@@ -14,6 +14,7 @@ import copy
 import json
 from typing import Any
 
+from .content_format import ContentFormat, chat_template, knows_developer_role, template_content_format
 from .errors import BadRequest
 
 
@@ -44,10 +45,26 @@ TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "
 
 
 def _as_text_part(part: Any) -> Any:
-    """A text-like part as the ``{"type": "text", "text": ...}`` the template reads."""
-    if isinstance(part, dict) and (key := TEXT_PART_KEYS.get(part.get("type"))) and key != "text":
+    """A text-like part as the ``{"type": "text", "text": ...}`` the template reads (an
+    ``input_text`` part too: a template that prints only ``text`` parts dropped Codex's text)."""
+    if isinstance(part, dict) and (key := TEXT_PART_KEYS.get(part.get("type"))) and part.get("type") != "text":
         return {**{k: v for k, v in part.items() if k not in ("type", key)}, "type": "text", "text": part.get(key)}
     return part
+
+
+def _joined_text(parts: list) -> str:
+    """The parts as vLLM hands them to a "string" template: their texts (a ``tool_reference``'s
+    name) joined by newlines."""
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict):
+            text = part.get("text") if part.get("type") == "text" else part.get("name") \
+                if part.get("type") == "tool_reference" else None
+            if isinstance(text, str):
+                texts.append(text)
+    return "\n".join(texts)
 
 
 #: Content parts a model's processor turns into tokens of its own (an image's patches, an audio's
@@ -58,12 +75,16 @@ MEDIA_PART_TYPES = frozenset({"image_url", "input_image", "image", "input_audio"
 
 
 def media_part(messages: Any) -> str | None:
-    """Where the first media part of these chat messages is (``message 3: image_url``), or None."""
+    """Where the first media part of these chat messages is (``image_url in chat message 3, user``:
+    the request as converted for the template, a Messages ``image`` block as ``image_url``), or None."""
     for i, m in enumerate(messages if isinstance(messages, list) else []):
         content = m.get("content") if isinstance(m, dict) else None
         for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
-                return f"message {i + 1} ({m.get('role')}): {part['type']}"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PART_TYPES:
+                return f"{kind} in chat message {i + 1}, {m.get('role')}"
+            if isinstance(part, dict) and kind is None and (key := next((k for k in part if k in MEDIA_PART_TYPES), None)):
+                return f"{key} in chat message {i + 1}, {m.get('role')}"  # (vLLM takes an untyped part by its key)
     return None
 
 
@@ -98,7 +119,8 @@ def _is_text(part: Any) -> bool:
     return isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
 
 
-def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _postprocess(messages: list[dict[str, Any]], fmt: ContentFormat = "openai") -> list[dict[str, Any]]:
+    """The messages as vLLM hands them to a template of content format ``fmt``."""
     out = copy.deepcopy(messages)
     for i, m in enumerate(out):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -111,11 +133,14 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["content"] = content = _without_billing_header(content)
         if isinstance(content, list):
             m["content"] = content = [_as_text_part(part) for part in content]
-            if m["role"] == "tool" and all(_is_text(part) for part in content):
+            if fmt == "string":  # a template that prints only a string content: one string
+                m["content"] = _joined_text(content)
+            elif m["role"] == "tool" and all(_is_text(part) for part in content):
                 # vLLM hands a tool message of text parts to the template as one string, the parts
                 # joined by newlines (they were printed back to back)
-                m["content"] = "\n".join(part if isinstance(part, str) else part["text"] for part in content
-                                         if isinstance(part, str) or part.get("text") is not None)
+                m["content"] = _joined_text(content)
+        elif content is None:  # vLLM's parser gives every message a content (a tool-calls-only turn's too)
+            m["content"] = "" if fmt == "string" else []
         if m["role"] == "assistant" and "tool_calls" in m:
             calls = m.get("tool_calls")
             if not calls:
@@ -139,13 +164,42 @@ def _postprocess(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _one_system_message(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's answer to developer messages for a template without that role: each becomes a system
+    message, and the system messages are merged into one first message (their texts joined by a
+    blank line), where one is not first or there are several."""
+    system_texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for i, m in enumerate(conversation):
+        if m["role"] in ("developer", "system"):
+            merge = merge or i > 0 or bool(system_texts)
+            content = m.get("content", "")
+            if isinstance(content, list):
+                content = "\n".join(p["text"] if isinstance(p, dict) else p for p in content
+                                    if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
+            if content:
+                system_texts.append(content)
+        else:
+            others.append(m)
+    if not merge:
+        return [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer" else m
+                for m in conversation]
+    return [{"role": "system", "content": "\n\n".join(system_texts)}, *others]
+
+
 def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
            add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
     if not isinstance(messages, list):
         raise BadRequest("messages must be a list", param="messages")
+    template = chat_template(tokenizer)
+    conversation = _postprocess(messages, template_content_format(template) if template is not None else "string")
+    if template is not None and not knows_developer_role(template) and any(
+            m["role"] == "developer" for m in conversation):
+        conversation = _one_system_message(conversation)
     try:
         return tokenizer.apply_chat_template(
-            _postprocess(messages), tools=tools or None, tokenize=False,
+            conversation, tools=tools or None, tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
         )
