@@ -8,8 +8,9 @@ prompt, then per turn a sampled completion ending in ``<|im_end|>`` and a tool o
 tokens; the prompt of call k+1 is the prompt of call k + its completion + the glue, so the
 input (sum of prompt lengths) grows quadratically with the turns while the trajectory grows
 linearly. The builder must be linear in the tokens it reads: the "ns/input tok" column must
-stay flat from 10 to 1,000 turns. With ``--compact`` the call log stores prompts compactly
-(prefix reference + suffix), the way long sessions may be written.
+not grow from 10 to 1,000 turns. With ``--compact`` the call log stores prompts compactly (prefix
+reference + suffix), the way long sessions may be written. The per-token and Mtok/s columns take
+build + write time.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from polar_train.trajectories.writer import write_trajectories  # noqa: E402
 SYSTEM_TOKENS = 400
 COMPLETION_TOKENS = 40
 GLUE_TOKENS = 60
+#: Peak memory per input token, measured at 10 to 1,000 turns: every call's full prompt is made in
+#: memory, copied into Arrow and read back by the builder; compact storage keeps the int32 prompts
+#: (its stored suffixes are views of them) and little else.
+PEAK_BYTES_PER_INPUT_TOKEN = {False: 25, True: 6}
+#: What one size may need: more than a laptop's free memory is a MemoryError after minutes.
+MAX_PEAK_BYTES = 8e9
 
 
 def _list(chunks: list[np.ndarray], value_type: pa.DataType) -> pa.Array:
@@ -95,9 +102,15 @@ def session_table(turns: int, rollouts: int, seed: int, compact: bool) -> tuple[
 
 
 def input_per_session(turns: int) -> int:
-    """Sum of prompt + completion lengths of one session of ``turns`` calls."""
+    """Sum of prompt + completion lengths of one session of ``turns`` calls (closed form: a loop
+    over a huge --turns would hang before the size is refused)."""
     per_turn = COMPLETION_TOKENS + GLUE_TOKENS
-    return sum(SYSTEM_TOKENS + k * per_turn + COMPLETION_TOKENS for k in range(turns))
+    return turns * (SYSTEM_TOKENS + COMPLETION_TOKENS) + per_turn * turns * (turns - 1) // 2
+
+
+def sessions_for(turns: int, min_input_tokens: float) -> int:
+    """Enough sessions of ``turns`` calls for ``min_input_tokens`` input tokens, at least one."""
+    return max(1, math.ceil(min_input_tokens / input_per_session(turns)))
 
 
 def bench_one(turns: int, rollouts: int, compact: bool, workdir: Path) -> dict:
@@ -133,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.min_input_tokens <= 1e9:  # nan and inf fail too; 1e9 tokens is hours of building
         ap.error(f"--min-input-tokens: more than 0 and at most 1e9, got {args.min_input_tokens:g}")
     args.turns = list(dict.fromkeys(args.turns))  # a size given twice is measured once
+    per_token = PEAK_BYTES_PER_INPUT_TOKEN[args.compact]
+    for turns in args.turns:  # each size is built whole in memory: refuse up front, not with a MemoryError
+        tokens = sessions_for(turns, args.min_input_tokens) * input_per_session(turns)
+        if tokens * per_token > MAX_PEAK_BYTES:
+            ap.error(f"--turns {turns}: these sizes make about {tokens:.2g} input tokens; at most "
+                     f"{MAX_PEAK_BYTES / per_token:.2g} fit in memory (~{per_token} bytes each at the peak, "
+                     f"{MAX_PEAK_BYTES / 1e9:.0f} GB): lower --turns or --min-input-tokens")
     storage = "compact (prefix ref + suffix)" if args.compact else "full prompts"
     print(f"per turn {COMPLETION_TOKENS} sampled + {GLUE_TOKENS} tool tokens; system prompt "
           f"{SYSTEM_TOKENS}; storage {storage}; {os.cpu_count()} CPUs")
@@ -143,14 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     with tempfile.TemporaryDirectory(prefix="polar-bench-build-") as tmp:
         for turns in args.turns:
-            rollouts = max(1, math.ceil(args.min_input_tokens / input_per_session(turns)))
+            rollouts = sessions_for(turns, args.min_input_tokens)
             r = bench_one(turns, rollouts, args.compact, Path(tmp))
             print(f"{r['turns']:>6} {r['rollouts']:>8} {r['calls']:>6} {r['input']:>12,} "
                   f"{r['stored']:>11,} {r['output']:>10,} {r['build']:>7.3f} {r['write']:>7.3f} "
                   f"{1e9 * r['total'] / r['input']:>12.2f} {1e9 * r['total'] / r['output']:>11.1f} "
                   f"{r['input'] / r['total'] / 1e6:>12.1f} {r['output'] / r['total'] / 1e6:>11.2f}")
     print("input tok = sum of prompt + completion lengths of all calls; stored tok = prompt ids on "
-          "disk; traj tok = prompt + completion ids of the trajectories written.")
+          "disk; traj tok = prompt + completion ids of the trajectories written; ns/... tok and "
+          "Mtok/s take build s + write s (build s alone leaves the Parquet write out).")
     return 0
 
 

@@ -88,12 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=40, help="runs per work and pause, at least 3 (default 40)")
     ap.add_argument("--pauses", type=float, nargs="+", default=[0, 1, 5, 50], metavar="MS",
                     help="pauses before each run, ms; the first must be 0 (default 0 1 5 50)")
-    ap.add_argument("--echo-kb", type=int, default=32, help="KiB of echoed instructions and tools, 1 or more (default 32)")
+    ap.add_argument("--echo-kb", type=int, default=32,
+                    help=f"KiB of echoed instructions and tools, 1 to {proxy_overhead.MAX_KB} (default 32)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
         ap.error("--repeats: at least 3")
     if args.echo_kb < 1:  # below that response.created is short enough for the JSON path: not this work
         ap.error("--echo-kb: at least 1 (the Codex-sized call whose walks are timed)")
+    if args.echo_kb > proxy_overhead.MAX_KB:  # the request is built in memory: 10 GB ended in a MemoryError
+        ap.error(f"--echo-kb: at most {proxy_overhead.MAX_KB} (16 MiB per request), got {args.echo_kb}")
     if args.pauses[0] != 0 or not all(0 <= p <= 60_000 for p in args.pauses):  # nan and inf fail too
         ap.error("--pauses: start with 0 (the loop every ratio is taken against), each 0 to 60000 ms")
 

@@ -783,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{name}: at most {MAX_KB} (16 MiB per request), got {value}")
     if len(set(args.configs)) != len(args.configs):
         ap.error(f"--configs: each configuration once, got {' '.join(args.configs)}")
+    if len(set(args.concurrency)) != len(args.concurrency):  # a row twice, medians over both, one paired ratio
+        ap.error(f"--concurrency: each value once, got {' '.join(map(str, args.concurrency))}")
     if args.profile:
         outputs = [Path(f"{args.profile}-{name}.txt") for name in args.configs if name != "direct"]
         folder = outputs[0].absolute().parent
@@ -997,15 +999,22 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
             "interval bare/direct")
     print(" | ".join(cols))
     print(" | ".join("-" * len(c) for c in cols))
-    div = lambda x, y: x / y if y else float("nan")  # noqa: E731
+    below_clock = False
+
+    def div(x: float, y: float) -> str:
+        """x / y, or n/a where bare's proxy CPU read 0 (a few calls use less than its 10 ms tick): not nan."""
+        nonlocal below_clock
+        below_clock |= not y
+        return f"{x / y:.2f}" if y else "n/a"
+
     for c in args.concurrency:
         a, b = agg[(c, "addon")], agg[(c, "bare")]
         ttfb, calls = paired(runs, c, "addon", "bare", "ttfb_ms"), paired(runs, c, "addon", "bare", "calls_per_s")
         print(f"{c} | {ttfb} | {ttfb.verdict(TTFB_TARGET, higher_is_better=False)} | {calls} | "
               f"{calls.verdict(CALLS_TARGET, higher_is_better=True)} | "
               f"{paired(runs, c, 'addon', 'bare', 'gap_ms').median:.3f} | "
-              f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
-              f"{div(a['proxy_cpu_ms_per_call'] + a['worker_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f} | "
+              f"{div(a['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call'])} | "
+              f"{div(a['proxy_cpu_ms_per_call'] + a['worker_cpu_ms_per_call'], b['proxy_cpu_ms_per_call'])} | "
               f"{paired(runs, c, 'bare', 'direct', 'ttfb_ms').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'calls_per_s').median:.3f} | "
               f"{paired(runs, c, 'bare', 'direct', 'gap_ms').median:.3f}")
@@ -1014,7 +1023,10 @@ def report(runs: list[RunStats], args, elapsed: float, load: tuple[float, float]
                 n = agg[(c, other)]
                 print(f"   {other}/bare at {c}: TTFB {paired(runs, c, other, 'bare', 'ttfb_ms')}, calls/s "
                       f"{paired(runs, c, other, 'bare', 'calls_per_s')}, proxy CPU "
-                      f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call']):.2f}")
+                      f"{div(n['proxy_cpu_ms_per_call'], b['proxy_cpu_ms_per_call'])}")
+    if below_clock:
+        print("\nn/a: bare's proxy CPU read 0, below the CPU clock's resolution (10 ms ticks, summed over "
+              "the rounds): run more calls (--rounds, --calls-per-slot) for a CPU ratio")
 
 
 def report_hook_times(path: Path) -> None:

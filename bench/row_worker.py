@@ -34,6 +34,10 @@ from polar_train.capture import record  # noqa: E402
 from polar_train.capture.options import CaptureOptions  # noqa: E402
 from polar_train.capture.worker import build_call_row  # noqa: E402
 
+#: The most --tokens: the stream and its parse are held in memory, ~5 KB per token (100,000: ~0.5 GB
+#: and seconds per call; 1e8 ended in a MemoryError). A model's longest answer is shorter.
+MAX_TOKENS = 100_000
+
 _APIS = {"responses": ("openai.responses", "/v1/responses", proxy_overhead._responses_events),
          "chat": ("openai.chat", "/v1/chat/completions", proxy_overhead._chat_events)}
 
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="KiB of conversation history per request, one row each (default 0 100)")
     ap.add_argument("--echo-kb", type=int, default=32,
                     help="Responses: KiB of instructions and tool schemas, as Codex sends (default 32)")
-    ap.add_argument("--tokens", type=int, default=64, help="tokens streamed per call (default 64)")
+    ap.add_argument("--tokens", type=int, default=64, help=f"tokens streamed per call, 1 to {MAX_TOKENS} (default 64)")
     ap.add_argument("--repeats", type=int, default=100, help="calls per row and path, at least 3 (default 100)")
     args = ap.parse_args(argv)
     if args.repeats < 3:
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--request-kb and --echo-kb: 0 or more; --tokens: 1 or more")
     if max(args.request_kb + [args.echo_kb]) > proxy_overhead.MAX_KB:  # built in memory: 100 GB ran it out
         ap.error(f"--request-kb and --echo-kb: at most {proxy_overhead.MAX_KB} (16 MiB per request)")
+    if args.tokens > MAX_TOKENS:
+        ap.error(f"--tokens: at most {MAX_TOKENS} (the stream is built and parsed in memory, ~5 KB per token), "
+                 f"got {args.tokens}")
 
     opts = CaptureOptions()
     print(f"row worker: median CPU us per call (build_call_row, the thread's CPU time), {args.repeats} calls per "

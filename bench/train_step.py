@@ -31,7 +31,8 @@ def main() -> None:
     ap.add_argument("--model", help="model dir (default: a fresh tiny model)")
     ap.add_argument("--groups", type=int, default=4, help="GRPO groups (default 4)")
     ap.add_argument("--group-size", type=int, default=8, help="trajectories per group (default 8)")
-    ap.add_argument("--tokens", type=int, default=48, help="sampled tokens per turn (2 turns + tool glue; default 48)")
+    ap.add_argument("--tokens", type=int, default=48,
+                    help="tokens sampled in the first turn, half as many in the second (2 turns + tool glue; default 48)")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps, the first left out of the means (default 4)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()

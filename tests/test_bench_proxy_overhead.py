@@ -88,6 +88,8 @@ def test_interleave_is_refused_above_concurrency_1() -> None:
     (["--request-kb", "100000"], "--request-kb: at most 16384 (16 MiB per request), got 100000"),  # ran out of memory
     (["--echo-kb", "8"], "--echo-kb: Responses only"),
     (["--configs", "direct", "bare", "addon", "addon"], "--configs: each configuration once"),
+    # rows printed twice, medians over both runs under a header saying 1 round, a paired ratio of the later run
+    (["--concurrency", "1", "1"], "--concurrency: each value once, got 1 1"),
     (["--profile", "/nonexistent-folder/p"], "--profile: /nonexistent-folder is not a folder it can write to"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(args: list[str], message: str) -> None:
@@ -95,6 +97,37 @@ def test_bad_arguments_are_refused_before_anything_starts(args: list[str], messa
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_cpu_ratio_over_a_bare_proxy_cpu_of_0_says_n_a_not_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    """A few calls through bare mitmdump can read 0 CPU (10 ms ticks, e.g. --upstream serve with one
+    call): the ratio columns printed a bare ``nan``."""
+    import types
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import proxy_overhead
+
+    def run(config: str, proxy_cpu_s: float) -> proxy_overhead.RunStats:
+        return proxy_overhead.RunStats(config, 1, 1, 0, 1.0, 10.0, 1.0, 2.0, 50.0, 1.0, 1, proxy_cpu_s,
+                                       0.01 if config.startswith("addon") else 0.0, 0.3, 40.0, 30.0, [])
+
+    args = types.SimpleNamespace(interleave=False, arrivals="burst", api="chat", upstream="serve", proxies=1,
+                                 pin=False, tokens=2, chunk_delay_ms=5.0, request_kb=0, echo_kb=0, rounds=1,
+                                 think_ms=50.0, concurrency=[1], configs=["direct", "bare", "addon", "addon-noinject"])
+    runs = [run("direct", 0.0), run("bare", 0.0), run("addon", 0.01), run("addon-noinject", 0.01)]
+    proxy_overhead.report(runs, args, 1.0, (0.5, 0.5))
+    out = capsys.readouterr().out
+    assert "nan" not in out, out
+    row = next(line for line in out.splitlines() if line.startswith("1 | ") and "too few rounds" in line)
+    assert row.split(" | ")[6:8] == ["n/a", "n/a"], row  # proxy CPU and (proxy+worker) CPU addon/bare
+    assert "addon-noinject/bare at 1:" in out and out.split("addon-noinject/bare at 1:")[1].split("\n")[0].endswith(
+        "proxy CPU n/a"), out
+    assert "n/a: bare's proxy CPU read 0, below the CPU clock's resolution" in out, out
+    # with a reading, a number and no footnote
+    runs[1].proxy_cpu_s = 0.02
+    proxy_overhead.report(runs, args, 1.0, (0.5, 0.5))
+    out = capsys.readouterr().out
+    assert "n/a" not in out and "| 0.50 | 1.00 |" in out, out
 
 
 def test_several_proxies_share_the_load_and_write_one_capture_folder() -> None:

@@ -4,6 +4,7 @@ benchmark); bad arguments get a usage error, not a traceback."""
 from __future__ import annotations
 
 import re
+import resource
 import subprocess
 import sys
 
@@ -27,7 +28,10 @@ def test_row_worker_benchmark_refuses_bad_arguments_with_a_usage_error() -> None
     for args, message in ((["--repeats", "2"], "--repeats: at least 3"),
                           (["--request-kb", "-1"], "--request-kb and --echo-kb: 0 or more"),
                           (["--tokens", "0"], "--tokens: 1 or more"),
-                          (["--echo-kb", "100000000"], "--request-kb and --echo-kb: at most 16384")):  # 1.5 GB, growing
-        proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
+                          (["--echo-kb", "100000000"], "--request-kb and --echo-kb: at most 16384"),  # 1.5 GB, growing
+                          (["--tokens", "100000000"], "--tokens: at most 100000 (the stream is built and parsed in "
+                                                      "memory, ~5 KB per token), got 100000000")):  # a MemoryError
+        proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)))
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
