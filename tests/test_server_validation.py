@@ -736,3 +736,32 @@ def test_error_messages_leave_out_file_paths_as_vllm_does(polar_base_url):
         "The model `<path>` does not exist. Valid aliases: tiny."
     r = post(polar_base_url, "/v1/messages", {"model": "/tmp/x/model", "max_tokens": 1, "messages": USER})
     assert r.json()["error"]["message"] == "The model `<path>` does not exist. Valid aliases: tiny."
+
+
+def test_more_of_vllms_refusals_in_its_words(polar_base_url):
+    """vLLM 0.32's answers, taken from it (a probe found serve took these or worded them otherwise):
+    both continue_final_message and add_generation_prompt (chat's words; /tokenize's are longer),
+    per-request mm_processor_kwargs, a Messages `thinking` that is none of its tagged types."""
+    both = {**CHAT, "continue_final_message": True, "add_generation_prompt": True}
+    assert post(polar_base_url, "/v1/chat/completions", both).json()["error"] == {
+        "message": "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        "type": "BadRequestError", "param": None, "code": 400}
+    tok = post(polar_base_url, "/tokenize", {"model": "tiny", "messages": USER, "continue_final_message": True})
+    assert tok.status_code == 400 and tok.json()["error"]["message"].startswith(
+        "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when")
+    mm = post(polar_base_url, "/v1/chat/completions", {**CHAT, "mm_processor_kwargs": {"a": 1}})
+    assert mm.json()["error"]["param"] == "mm_processor_kwargs" and mm.json()["error"]["message"].startswith(
+        "Per-request mm_processor_kwargs are disabled by default")
+    assert post(polar_base_url, "/v1/chat/completions", {**CHAT, "mm_processor_kwargs": {}}).status_code == 200
+    def thinking(value) -> str:
+        r = post(polar_base_url, "/v1/messages", {"model": "tiny", "max_tokens": 1, "messages": USER, "thinking": value})
+        assert r.status_code == 400
+        return r.json()["error"]["message"]
+
+    assert thinking({"type": "bogus"}) == (
+        "1 validation error:\n  {'type': 'union_tag_invalid', 'loc': 'body.thinking', 'msg': \"Input tag 'bogus' found "
+        "using 'type' does not match any of the expected tags: 'enabled', 'disabled', 'adaptive'\", 'input': '<dict of 1 "
+        "items>', 'ctx': {'discriminator': \"'type'\", 'tag': 'bogus', 'expected_tags': \"'enabled', 'disabled', "
+        "'adaptive'\"}}")
+    assert "'type': 'union_tag_not_found', 'loc': 'body.thinking'" in thinking({})
+    assert "'type': 'model_attributes_type', 'loc': 'body.thinking'" in thinking("x")

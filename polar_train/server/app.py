@@ -249,6 +249,11 @@ def build_app(server: Server) -> Starlette:
     def _tokenize_ids(body: dict[str, Any]) -> list[int]:
         check_model(body, server.served_name)
         if isinstance(body.get("messages"), list):
+            if flag(body, "continue_final_message") and flag(body, "add_generation_prompt", True):
+                raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
+                                "continue_final_message when you want the model to continue the final message, and "
+                                "add_generation_prompt when you want to add a header that will prompt it to start a "
+                                "new assistant message instead.")
             tools = [normalize_tool(t) for t in body.get("tools") or []]
             text = render(server.tokenizer, body["messages"], tools or None,
                           add_generation_prompt=flag(body, "add_generation_prompt", True),

@@ -121,11 +121,12 @@ def prepare(server, body: dict) -> dict[str, Any]:
     top = check_top_logprobs(body, logprobs, server.engine.vocab_size)
     add_generation_prompt = flag(body, "add_generation_prompt", True)
     continue_final = flag(body, "continue_final_message")
-    if continue_final and add_generation_prompt:
-        raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
-                        "continue_final_message when you want the model to continue the final "
-                        "message, and add_generation_prompt when you want to add a header that will "
-                        "prompt it to start a new assistant message instead.")
+    if continue_final and add_generation_prompt:  # (vLLM's chat words; /tokenize has the longer ones)
+        raise VllmError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    if body.get("mm_processor_kwargs"):  # vLLM without --trust-request-mm-kwargs (an empty one passes)
+        raise VllmError("Per-request mm_processor_kwargs are disabled by default because they can change "
+                        "multimodal preprocessing resource usage. Start the server with --trust-request-mm-kwargs "
+                        "only when clients are trusted.", param="mm_processor_kwargs")
     if body.get("chat_template_kwargs") is not None and not isinstance(body["chat_template_kwargs"], dict):
         raise PydanticError([field_error("dict_type", "body.chat_template_kwargs",
                                          "Input should be a valid dictionary",

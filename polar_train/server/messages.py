@@ -90,6 +90,25 @@ def _objects(errors: list[dict], value: Any, loc: str) -> list[tuple[str, dict]]
     return found
 
 
+_THINKING_TAGS = "'enabled', 'disabled', 'adaptive'"
+
+
+def _thinking_errors(thinking: Any) -> list[dict]:
+    """``thinking``: vLLM's union tagged by ``type`` (a bogus one was served as if absent: a probe)."""
+    if thinking is None:
+        return []
+    if not isinstance(thinking, dict):
+        return [field_error("model_attributes_type", "body.thinking", _OBJECT, thinking)]
+    if "type" not in thinking:
+        return [field_error("union_tag_not_found", "body.thinking", "Unable to extract tag using discriminator "
+                            "'type'", thinking, {"discriminator": "'type'"})]
+    if thinking["type"] not in ("enabled", "disabled", "adaptive"):
+        return [field_error("union_tag_invalid", "body.thinking", f"Input tag {thinking['type']!r} found using "
+                            f"'type' does not match any of the expected tags: {_THINKING_TAGS}", thinking,
+                            {"discriminator": "'type'", "tag": thinking["type"], "expected_tags": _THINKING_TAGS})]
+    return []
+
+
 def check_shapes(body: dict, count_only: bool) -> None:
     """The fields vLLM's ``AnthropicMessagesRequest`` types, refused as its pydantic model refuses
     them, every failing field at once in field order (vLLM's validation handler answers these in
@@ -119,6 +138,7 @@ def check_shapes(body: dict, count_only: bool) -> None:
             errors += exc.errors
     if body.get("system") is not None:
         errors += _blocks("body.system", body["system"])
+    errors += _thinking_errors(body.get("thinking"))
     tools = body.get("tools")
     for loc, t in _objects(errors, tools, "body.tools") if tools is not None else []:
         if "name" not in t:
