@@ -746,6 +746,7 @@ def test_more_of_vllms_refusals_in_its_words(polar_base_url):
     assert post(polar_base_url, "/v1/chat/completions", both).json()["error"] == {
         "message": "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
         "type": "BadRequestError", "param": None, "code": 400}
+    # (add_generation_prompt by default: the longer words, recorded in tests/data/vllm_wire/sampling.json)
     tok = post(polar_base_url, "/tokenize", {"model": "tiny", "messages": USER, "continue_final_message": True})
     assert tok.status_code == 400 and tok.json()["error"]["message"].startswith(
         "continue_final_message and add_generation_prompt are not compatible. Use continue_final_message when")
@@ -765,3 +766,24 @@ def test_more_of_vllms_refusals_in_its_words(polar_base_url):
         "'adaptive'\"}}")
     assert "'type': 'union_tag_not_found', 'loc': 'body.thinking'" in thinking({})
     assert "'type': 'model_attributes_type', 'loc': 'body.thinking'" in thinking("x")
+
+
+def test_responses_echo_the_request_as_vllm_does(polar_base_url):
+    """vLLM echoes `reasoning`/`text` with all their fields, `truncation` and `service_tier` as given,
+    `top_logprobs` only with the logprobs included; refuses other values of the two literals; an
+    unsupported input item is its own check (a probe; vLLM 0.32's answers)."""
+    base = {"model": "tiny", "max_output_tokens": 1, "input": "a"}
+    r = post(polar_base_url, "/v1/responses", {**base, "reasoning": {"effort": "low"}, "text": {"format": {"type": "text"}},
+                                               "top_logprobs": 2, "truncation": "auto", "service_tier": "flex"}).json()
+    assert r["reasoning"] == {"context": None, "effort": "low", "generate_summary": None, "mode": None, "summary": None}
+    assert r["text"] == {"format": {"type": "text"}, "verbosity": None}
+    assert (r["top_logprobs"], r["truncation"], r["service_tier"]) == (None, "auto", "flex")
+    with_logprobs = post(polar_base_url, "/v1/responses", {**base, "top_logprobs": 2,
+                                                           "include": ["message.output_text.logprobs"]}).json()
+    assert (with_logprobs["top_logprobs"], with_logprobs["truncation"], with_logprobs["service_tier"]) == \
+        (2, "disabled", "auto")
+    bogus = post(polar_base_url, "/v1/responses", {**base, "truncation": "bogus"}).json()["error"]
+    assert bogus["param"] == "body.truncation" and "Input should be 'auto' or 'disabled'" in bogus["message"]
+    item = post(polar_base_url, "/v1/responses", {**base, "input": [{"type": "item_reference", "id": "x"}]}).json()
+    assert item["error"] == {"message": "Unsupported input item type: item_reference (parameter=input)",
+                             "type": "BadRequestError", "param": "input", "code": 400}

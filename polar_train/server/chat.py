@@ -121,8 +121,13 @@ def prepare(server, body: dict) -> dict[str, Any]:
     top = check_top_logprobs(body, logprobs, server.engine.vocab_size)
     add_generation_prompt = flag(body, "add_generation_prompt", True)
     continue_final = flag(body, "continue_final_message")
-    if continue_final and add_generation_prompt:  # (vLLM's chat words; /tokenize has the longer ones)
-        raise VllmError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    if continue_final and add_generation_prompt:
+        if "add_generation_prompt" in body:  # vLLM's validator of the fields as given
+            raise VllmError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
+                        "continue_final_message when you want the model to continue the final message, and "
+                        "add_generation_prompt when you want to add a header that will prompt it to start a new "
+                        "assistant message instead.")  # (add_generation_prompt by default: its later check)
     if body.get("mm_processor_kwargs"):  # vLLM without --trust-request-mm-kwargs (an empty one passes)
         raise VllmError("Per-request mm_processor_kwargs are disabled by default because they can change "
                         "multimodal preprocessing resource usage. Start the server with --trust-request-mm-kwargs "

@@ -18,7 +18,7 @@ from . import constraints
 from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
                      sampling)
 from .completion import CompletionState
-from .errors import ResponseNotFound, ResponsesInvalidRequest, VllmError
+from .errors import PydanticError, ResponseNotFound, ResponsesInvalidRequest, VllmError, field_error
 from .fields import flag, list_of, required, str_or_list
 from .fields import text as text_field
 from .parse import random_id
@@ -149,7 +149,18 @@ def prepare(server, body: dict) -> dict[str, Any]:
             raise VllmError("Encrypted content is not supported.", param="input")
     ctools = chat_tools(tools)
     check_content_parts(body["input"])
-    messages = input_messages(body)
+    for key, allowed in (("service_tier", ("auto", "default", "flex", "scale", "priority")),
+                         ("truncation", ("auto", "disabled"))):
+        if body.get(key) is not None and body[key] not in allowed:
+            expected = ", ".join(f"'{a}'" for a in allowed[:-1]) + f" or '{allowed[-1]}'"
+            raise PydanticError([field_error("literal_error", f"body.{key}", f"Input should be {expected}", body[key],
+                                             {"expected": expected})])
+    try:
+        messages = input_messages(body)
+    except BadRequest as exc:  # (vLLM's own check: its type, its suffix)
+        if exc.message.startswith("Unsupported input item type"):
+            raise VllmError(exc.message, param="input") from None
+        raise
     refuse_images(messages, model, CHAT_MEDIA_PARTS)  # (a tool output's image too: Codex's view_image)
     tool_choice = body.get("tool_choice", "auto")
     top = integer(body, "top_logprobs", None)
@@ -183,6 +194,16 @@ def prepare(server, body: dict) -> dict[str, Any]:
 
 # -- response objects -------------------------------------------------------------------------
 
+#: The fields of vLLM's Reasoning and text-config models, echoed with every field (null where not given).
+_REASONING_FIELDS = ("context", "effort", "generate_summary", "mode", "summary")
+_TEXT_FIELDS = ("format", "verbosity")
+
+
+def _echoed(value: Any, fields: tuple[str, ...]) -> Any:
+    """A request object as vLLM echoes it: its model's fields in order, null where not given."""
+    return {k: value.get(k) for k in fields} if isinstance(value, dict) else value
+
+
 def response_object(req: dict[str, Any], status: str, output: list, usage: dict | None,
                     incomplete: bool = False, messages: tuple | None = None) -> dict[str, Any]:
     body = req["body"]
@@ -196,9 +217,12 @@ def response_object(req: dict[str, Any], status: str, output: list, usage: dict 
         "tools": echo_tools(req["tools"]), "top_p": number(body, "top_p", 1.0),
         "background": False, "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": body.get("max_tool_calls"), "previous_response_id": None,
-        "prompt": body.get("prompt"), "reasoning": body.get("reasoning"),
-        "service_tier": "auto", "status": status, "text": body.get("text"),
-        "top_logprobs": req["top_logprobs"], "truncation": "disabled", "usage": usage,
+        "prompt": body.get("prompt"), "reasoning": _echoed(body.get("reasoning"), _REASONING_FIELDS),
+        "service_tier": body.get("service_tier") or "auto", "status": status,
+        "text": _echoed(body.get("text"), _TEXT_FIELDS),
+        # (vLLM echoes top_logprobs only where the logprobs are included)
+        "top_logprobs": req["top_logprobs"] if req["logprobs"] else None,
+        "truncation": body.get("truncation") or "disabled", "usage": usage,
         "user": body.get("user"), "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "kv_transfer_params": None, "ec_transfer_params": None,
         "input_messages": messages[0] if messages else None,
