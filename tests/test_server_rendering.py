@@ -103,3 +103,88 @@ def test_a_string_format_template_gets_what_vllm_hands_it(tiny_tokenizer, messag
     assert template_content_format(STRING_TEMPLATE) == "string"
     assert template_content_format(tiny_tokenizer.get_chat_template()) == "openai"
     assert render(tok, messages, None, add_generation_prompt=False) == text
+
+
+#: A Qwen3-like template of our own: a reasoning line, string content, an empty think block before
+#: the last assistant turn (and after the generation prompt when thinking is off).
+THINKING_TEMPLATE = (
+    "{{- 'Reasoning: ' + (reasoning_effort or 'medium') + '\\n' }}"
+    "{%- for message in messages %}{%- if message.content is string %}{%- set content = message.content %}"
+    "{%- else %}{%- set content = '' %}{%- endif %}"
+    "{%- if message.role == 'assistant' and loop.last %}{{- '<|im_start|>assistant\\n<think>\\n' + "
+    "(message.reasoning_content or '') + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}")
+
+
+def test_a_requests_reasoning_effort_reaches_the_template_as_vllms(tiny_tokenizer):
+    """vLLM renders with the request's chat_template_kwargs and its reasoning effort (Claude Code's
+    output_config.effort "high"; thinking disabled is "none", so enable_thinking=false): rendered
+    without them, a capture recorded "Reasoning: medium" where vLLM ran "high", and 4 tokens short
+    of the disabled-thinking prompt (a probe with the real Claude Code and vLLM)."""
+    import copy
+
+    from polar_train.wire.anthropic import chat_messages, request_template_kwargs
+    from polar_train.wire.render import render, template_kwargs
+
+    assert template_kwargs(None, "high") == {"reasoning_effort": "high", "enable_thinking": True}
+    assert template_kwargs({"enable_thinking": False}, "high") == {"enable_thinking": False, "reasoning_effort": "high"}
+    assert template_kwargs({"x": 1}, "auto") == {"x": 1} and template_kwargs(None, None) == {}
+    tok = copy.copy(tiny_tokenizer)
+    tok.chat_template = THINKING_TEMPLATE
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+            "output_config": {"effort": "high"}}
+    text = render(tok, chat_messages(body), None, kwargs=request_template_kwargs(body))
+    assert text == "Reasoning: high\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    off = {**body, "thinking": {"type": "disabled"}}
+    assert render(tok, chat_messages(off), None, kwargs=request_template_kwargs(off)).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n") and "Reasoning: none\n" in render(
+        tok, chat_messages(off), None, kwargs=request_template_kwargs(off))
+    # a template that reads none of them is rendered as before (ours)
+    assert render(tiny_tokenizer, chat_messages(body), None, kwargs=request_template_kwargs(body)) == \
+        render(tiny_tokenizer, chat_messages(body), None)
+
+
+def test_a_think_block_the_template_adds_to_a_reply_without_reasoning_is_not_a_sampled_token(tiny_model_dir):
+    """A template that prints a think block before the last assistant turn (Qwen3's): a reply with no
+    reasoning got `<think>\\n\\n</think>\\n\\n` as its first completion tokens, which no sampler drew,
+    trained as sampled (a probe). A reply with reasoning keeps its block: the model sampled it."""
+    from polar_train.capture.render import Renderer
+
+    renderer = Renderer(str(tiny_model_dir))
+    renderer.tokenizer.chat_template = THINKING_TEMPLATE
+    messages = [{"role": "user", "content": "hi"}]
+    plain = renderer.completion_ids(messages, None, {"role": "assistant", "content": "Hello"}, True)
+    assert plain == [*renderer.encode("Hello"), renderer.encode("<|im_end|>")[0]]
+    thought = renderer.completion_ids(messages, None, {"role": "assistant", "content": "Hello",
+                                                       "reasoning_content": "hmm"}, True)
+    assert thought[:-1] == renderer.encode("<think>\nhmm\n</think>\n\nHello")
+
+
+def test_a_tools_strict_flag_reaches_the_template_as_vllms(polar_base_url):
+    """vLLM's FunctionDefinition keeps `strict` and `defer_loading` where given: Codex sends
+    `"strict": false` with every tool, and each tool line of the prompt was shorter than vLLM's
+    (60 tokens in a real Codex prompt; a probe with vLLM 0.32 on a Qwen3 template)."""
+    from polar_train.wire.anthropic import chat_tools as messages_tools
+    from polar_train.wire.render import normalize_tool
+    from polar_train.wire.responses import chat_tools as responses_tools
+
+    assert normalize_tool({"type": "function", "function": {"name": "f", "parameters": {}, "strict": True}}) == {
+        "type": "function", "function": {"name": "f", "description": None, "parameters": {}, "strict": True}}
+    assert responses_tools([{"type": "function", "name": "f", "parameters": {}, "strict": False}])[0]["function"] == {
+        "name": "f", "description": None, "parameters": {}, "strict": False}
+    assert messages_tools([{"name": "f", "input_schema": {}, "defer_loading": True}])[0]["function"] == {
+        "name": "f", "description": None, "parameters": {}, "defer_loading": True}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    plain = _prompt_ids_with(polar_base_url, [tool])
+    strict = _prompt_ids_with(polar_base_url, [{**tool, "function": {**tool["function"], "strict": False}}])
+    assert len(strict) > len(plain)
+
+
+def _prompt_ids_with(base: str, tools: list) -> list[int]:
+    r = httpx.post(base + CHAT, timeout=120, json={"model": "tiny", "messages": [{"role": "user", "content": "a"}],
+                                                   "tools": tools, "max_tokens": 1, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt_token_ids"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..wire.anthropic import chat_messages, chat_tools
+from ..wire.anthropic import chat_messages, chat_tools, request_template_kwargs
 from ..wire.errors import ApiError
 from .parsed import Injection, ParsedCall, as_float, as_int, error_text
 
@@ -157,3 +157,9 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
     except ApiError as exc:
         raise ValueError(f"cannot convert the request to chat messages: {exc.message}") from None
     return messages, tools or None
+
+
+def template_kwargs(request: dict[str, Any]) -> dict[str, Any]:
+    """The template kwargs vLLM renders this request with (:func:`~polar_train.wire.anthropic.request_template_kwargs`:
+    Claude Code's ``output_config.effort``, a disabled thinking), for rendering."""
+    return request_template_kwargs(request)

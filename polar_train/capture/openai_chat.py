@@ -20,6 +20,7 @@ import numpy as np
 from ..wire.errors import ApiError
 from ..wire.lax import lax_int, lax_true
 from ..wire.render import normalize_tool
+from ..wire.render import template_kwargs as _template_kwargs
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
 from .id_arrays import parse_ids
 from .json_members import EchoCache, PrefixCache
@@ -370,3 +371,9 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
 
 def is_done_event(name: str | None, data: str | None) -> bool:
     return data == "[DONE]"
+
+
+def template_kwargs(request: dict[str, Any]) -> dict[str, Any]:
+    """The template kwargs the server renders this request with (its ``chat_template_kwargs`` and
+    ``reasoning_effort``), for rendering."""
+    return _template_kwargs(request.get("chat_template_kwargs"), request.get("reasoning_effort"))

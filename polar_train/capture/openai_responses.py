@@ -19,7 +19,8 @@ import numpy as np
 
 from ..wire.errors import ApiError
 from ..wire.lax import lax_int, lax_true
-from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
+from ..wire.responses import (CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages,
+                              request_template_kwargs)
 from .byte_text import byte_text
 from .id_arrays import as_list, parse_ids
 from .grammar import LOGPROB_LIST, STR, TEXT_LOGPROB_ENTRIES, text_ids_end
@@ -727,3 +728,8 @@ def to_chat(request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
     except ApiError as exc:
         raise ValueError(f"cannot convert the request to chat messages: {exc.message}") from None
     return messages, tools or None
+
+
+def template_kwargs(request: dict[str, Any]) -> dict[str, Any]:
+    """The template kwargs vLLM renders this request with (its ``reasoning.effort``), for rendering."""
+    return request_template_kwargs(request)

@@ -345,16 +345,17 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
         out["token_source"] = "server"
     elif renderer is not None and state.request is not None and parsed.assistant is not None:
         messages, tools = module.to_chat(state.request)
-        prompt = renderer.prompt_ids(messages, tools)
+        kwargs = module.template_kwargs(state.request)
+        prompt = renderer.prompt_ids(messages, tools, kwargs)
         out["prompt_token_ids"] = prompt
-        out["completion_token_ids"] = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped)
+        out["completion_token_ids"] = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped, kwargs)
         out["completion_logprobs"] = []
         out["token_source"] = "rendered"
         if tokenize_check:
             base = tokenize_url or state.upstream_base
             try:
                 served = server_tokenize(base, state.request.get("model"), messages, tools,
-                                         insecure=tokenize_insecure)
+                                         insecure=tokenize_insecure, kwargs=kwargs)
                 out["server_tokenize_match"] = served == prompt
             except Exception as exc:  # the check is advisory: record why it could not run
                 reason = f"/tokenize check could not run: {exc}"

@@ -42,6 +42,11 @@ class UnrenderableMedia(ValueError):
 _LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
 
 
+#: An empty think block at the start of a rendered turn (Qwen3's template prints one before the last
+#: assistant turn whatever the reply held).
+_EMPTY_THINK = re.compile(r"\A<think>\s*</think>\s*")
+
+
 def whole_code_points(text: str) -> str:
     """``text`` with each surrogate pair joined into its character. A server that cuts its stream
     by UTF-16 code unit (JavaScript's) sends an emoji as ``"A\\ud83d"`` then ``"\\ude00B"``: joined,
@@ -97,32 +102,40 @@ class Renderer:
             pass
 
     def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  add_generation_prompt: bool) -> str:
+                  add_generation_prompt: bool, kwargs: dict[str, Any] | None = None) -> str:
         """The server's own rendering (:func:`polar_train.wire.render.render`: vLLM's normalisation
-        of tools and tool-call arguments, then the chat template)."""
-        return render(self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt)
+        of tools and tool-call arguments, then the chat template, with the request's kwargs)."""
+        return render(self.tokenizer, messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(whole_code_points(text), add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   kwargs: dict[str, Any] | None = None) -> list[int]:
         if where := media_part(messages):
             raise UnrenderableMedia(f"the prompt holds a media part ({where}), whose tokens a multimodal model's "
                                     "processor makes, not its chat template")
-        return self.encode(self._template(messages, tools, True))
+        return self.encode(self._template(messages, tools, True, kwargs))
 
     def completion_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       assistant: dict[str, Any], stopped: bool) -> list[int]:
+                       assistant: dict[str, Any], stopped: bool, kwargs: dict[str, Any] | None = None) -> list[int]:
         """The assistant turn as the template prints it after the generation prompt.
 
         Ends with the end-of-turn token only when the model stopped by itself (``stopped``); the
         newline the template adds after it is never sampled, so it is dropped.
         """
         closing = self.turn_closing()
-        prompt = self._template(messages, tools, True)
-        full = self._template([*messages, assistant], tools, False)
+        prompt = self._template(messages, tools, True, kwargs)
+        full = self._template([*messages, assistant], tools, False, kwargs)
         if full.startswith(prompt):
             suffix = full[len(prompt):]
+            if not (assistant.get("reasoning_content") or assistant.get("reasoning")) and \
+                    not str(assistant.get("content") or "").lstrip().startswith("<think>"):
+                # a template that prints a think block before every last assistant turn (Qwen3's, an
+                # empty one where the reply had no reasoning): the model sampled none of it (a probe:
+                # 4 tokens per call trained that no sampler drew, and the next call's prompt, which
+                # prints the turn without it, forked the session)
+                suffix = _EMPTY_THINK.sub("", suffix, count=1)
             for end in (closing, closing.rstrip()):  # (a last turn the template ends without its newline)
                 if end and suffix.endswith(end):
                     suffix = suffix[: -len(end)]
@@ -154,7 +167,8 @@ class Renderer:
 
 
 def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, timeout: float = 30, insecure: bool = False) -> list[int]:
+                    tools: list[dict[str, Any]] | None, timeout: float = 30, insecure: bool = False,
+                    kwargs: dict[str, Any] | None = None) -> list[int]:
     """The upstream's own rendering of chat ``messages`` (vLLM and ``polar-train serve`` have it).
 
     Straight to the upstream, as the proxy reaches it: never through the ``HTTP(S)_PROXY`` of
@@ -165,6 +179,8 @@ def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, A
         body["model"] = model
     if tools:
         body["tools"] = tools
+    if kwargs:  # the request's template kwargs (its reasoning effort): the server renders with them too
+        body["chat_template_kwargs"] = kwargs
     req = urllib.request.Request(base_url.rstrip("/") + "/tokenize", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]

@@ -30,7 +30,7 @@ from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, Respon
                      VllmError, field_error, missing)
 from .fields import flag, list_of
 from .parse import random_id
-from .prompt import encode_prompt, normalize_tool, render
+from .prompt import encode_prompt, normalize_tool, render, template_kwargs
 from .script import Script, turn_token_ids
 from .sse import WireJSONResponse as JSONResponse
 from .sse import sse_data, sse_event
@@ -257,7 +257,8 @@ def build_app(server: Server) -> Starlette:
             tools = [normalize_tool(t) for t in body.get("tools") or []]
             text = render(server.tokenizer, body["messages"], tools or None,
                           add_generation_prompt=flag(body, "add_generation_prompt", True),
-                          continue_final_message=flag(body, "continue_final_message"))
+                          continue_final_message=flag(body, "continue_final_message"),
+                          kwargs=template_kwargs(body.get("chat_template_kwargs"), None))
             # (no character bound: vLLM's /tokenize counts a text of any length - one too long to
             # serve is what a client measures with it; a probe)
             return list(server.engine.tokenizer.encode(text, add_special_tokens=False))

@@ -23,7 +23,7 @@ from .errors import PydanticError, VllmError, field_error, missing
 from .extras import refuse_unsupported, truncate_prompt
 from .fields import flag, list_of, obj
 from .parse import random_id
-from .prompt import encode_prompt, normalize_tool, render
+from .prompt import encode_prompt, normalize_tool, render, template_kwargs
 from .script import RequestView
 from .sse import sse_data
 
@@ -138,7 +138,8 @@ def prepare(server, body: dict) -> dict[str, Any]:
                                          body["chat_template_kwargs"])])
     text = render(server.tokenizer, messages, tools or None,
                   add_generation_prompt=add_generation_prompt,
-                  continue_final_message=continue_final)
+                  continue_final_message=continue_final,
+                  kwargs=template_kwargs(body.get("chat_template_kwargs"), body.get("reasoning_effort")))
     refuse_unsupported(body)
     prompt_ids = truncate_prompt(body, encode_prompt(server.engine, text), server.engine.max_model_len)
     params = sampling(body, server.engine, len(prompt_ids), ("max_completion_tokens", "max_tokens"),

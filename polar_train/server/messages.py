@@ -22,7 +22,7 @@ from .parse import random_id
 from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
-from ..wire.anthropic import chat_messages, chat_tools
+from ..wire.anthropic import chat_messages, chat_tools, request_template_kwargs
 
 _OBJECT = "Input should be a valid dictionary or object to extract fields from"
 
@@ -160,7 +160,7 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     tools = chat_tools(body.get("tools"))
     messages = chat_messages(body)
     refuse_images(messages, model, CHAT_MEDIA_PARTS)  # (a tool_result's image too: Claude Code's Read of a PNG)
-    text = render(server.tokenizer, messages, tools or None)
+    text = render(server.tokenizer, messages, tools or None, kwargs=request_template_kwargs(body))
     prompt_ids = encode_prompt(server.engine, text)
     req: dict[str, Any] = {"model": model, "prompt_ids": prompt_ids, "stream": False}
     if count_only:

@@ -3,11 +3,11 @@ plus the length check vLLM makes before it tokenises."""
 
 from __future__ import annotations
 
-from ..wire.render import encode, function_tool, normalize_tool
+from ..wire.render import encode, function_tool, normalize_tool, template_kwargs
 from ..wire.render import render as _render
 from .errors import VllmError
 
-__all__ = ["encode", "encode_prompt", "function_tool", "normalize_tool", "render"]
+__all__ = ["encode", "encode_prompt", "function_tool", "normalize_tool", "render", "template_kwargs"]
 
 
 def check_prompt_chars(engine, text: str) -> None:
@@ -30,10 +30,10 @@ def encode_prompt(engine, text: str, add_special_tokens: bool = False) -> list[i
 
 
 def render(tokenizer, messages, tools, add_generation_prompt: bool = True,
-           continue_final_message: bool = False) -> str:
+           continue_final_message: bool = False, kwargs: dict | None = None) -> str:
     """The prompt text (:func:`polar_train.wire.render.render`), refusing an empty conversation
     as vLLM's renderer does, in its words."""
     if isinstance(messages, list) and not messages:
         raise VllmError("Cannot apply chat template to an empty conversation. Provide at least one "
                         "message.")
-    return _render(tokenizer, messages, tools, add_generation_prompt, continue_final_message)
+    return _render(tokenizer, messages, tools, add_generation_prompt, continue_final_message, kwargs)

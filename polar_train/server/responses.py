@@ -26,7 +26,8 @@ from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
 from ..wire.errors import BadRequest
-from ..wire.responses import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages
+from ..wire.responses import (CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages,
+                              request_template_kwargs)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 #: vLLM's sampling extensions its Responses request has (its ``to_sampling_params``); the chat
@@ -167,7 +168,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     want_logprobs = LOGPROBS_INCLUDE in include
     if want_logprobs and top:
         max_logprobs(top, server.engine.vocab_size)
-    text = render(server.tokenizer, messages, ctools or None)
+    text = render(server.tokenizer, messages, ctools or None, kwargs=request_template_kwargs(body))
     prompt_ids = encode_prompt(server.engine, text)
     if len(prompt_ids) == server.engine.max_model_len:  # (vLLM's Responses serving checks this first)
         raise ResponsesInvalidRequest(f"The engine prompt length {len(prompt_ids)} exceeds the max_model_len "

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from .errors import BadRequest
-from .render import BILLING_HEADER, function_tool
+from .render import BILLING_HEADER, function_tool, template_kwargs
 
 
 def _system_text(system: Any) -> str:
@@ -131,7 +131,20 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
             raise BadRequest("each tool needs a name", param="tools")
         if t.get("type") not in (None, "custom"):
             continue  # server tools (web_search, ...) cannot run here
-        out.append(function_tool(t["name"], t.get("description"), t.get("input_schema")))
+        out.append(function_tool(t["name"], t.get("description"), t.get("input_schema"), t.get("strict"),
+                                 t.get("defer_loading")))
     return out
 
 
+
+
+def request_template_kwargs(body: dict) -> dict[str, Any]:
+    """The template kwargs vLLM renders a Messages request with: its ``chat_template_kwargs`` and a
+    reasoning effort from ``output_config.effort`` (Claude Code sends "high"), "none" under
+    ``thinking: {"type": "disabled"}`` (vLLM's default effort for disabled thinking)."""
+    config = body.get("output_config")
+    effort = config.get("effort") if isinstance(config, dict) else None
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        effort = "none"
+    return template_kwargs(body.get("chat_template_kwargs"), effort)

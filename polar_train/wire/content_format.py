@@ -1,4 +1,5 @@
-"""How a chat template reads a message's content: as a list of parts, or as one string.
+"""How a chat template reads its inputs: a message's content as a list of parts or as one string,
+and which variables it reads (the request's template kwargs reach only those).
 
 Why: vLLM hands a template what it can read. A template that loops over a message's content
 ("openai" format: ours) gets the parts; any other ("string" format: Qwen3's own, which prints a
@@ -132,3 +133,15 @@ def _content_loops(tree) -> Iterator[Any]:
     for loop in tree.find_all(n.For):
         if is_content(loop.iter) or (id(loop) not in in_macros and _is_name(loop.iter, "content")):
             yield loop
+
+
+@functools.lru_cache(maxsize=32)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a template reads from its caller (``enable_thinking``, ``reasoning_effort``):
+    vLLM hands a template only the request's kwargs it reads (empty when it does not parse)."""
+    tree = _parse(template)
+    if tree is None:
+        return frozenset()
+    import jinja2.meta
+
+    return frozenset(jinja2.meta.find_undeclared_variables(tree))

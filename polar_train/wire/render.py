@@ -14,7 +14,8 @@ import copy
 import json
 from typing import Any
 
-from .content_format import ContentFormat, chat_template, knows_developer_role, template_content_format
+from .content_format import (ContentFormat, chat_template, knows_developer_role, template_content_format,
+                             template_variables)
 from .errors import BadRequest
 
 
@@ -28,14 +29,21 @@ def normalize_tool(tool: dict[str, Any]) -> dict[str, Any]:
                          param="tools")
     if not isinstance(fn.get("name"), str) or not fn["name"]:
         raise BadRequest("tools[].function.name must be a non-empty string", param="tools")
-    return {"type": "function", "function": {
-        "name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters"),
-    }}
+    return function_tool(fn["name"], fn.get("description"), fn.get("parameters"), fn.get("strict"),
+                         fn.get("defer_loading"))
 
 
-def function_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description,
-                                              "parameters": parameters}}
+def function_tool(name: str, description: str | None, parameters: Any, strict: Any = None,
+                  defer_loading: Any = None) -> dict[str, Any]:
+    """A tool as vLLM's ``FunctionDefinition`` hands it to the template: ``strict`` and
+    ``defer_loading`` where given (Codex sends ``"strict": false`` with every tool: left out, each
+    tool line of the prompt was shorter than vLLM's, 60 tokens in a Codex prompt; a probe)."""
+    fn: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
+    if isinstance(strict, bool):
+        fn["strict"] = strict
+    if isinstance(defer_loading, bool):
+        fn["defer_loading"] = defer_loading
+    return {"type": "function", "function": fn}
 
 
 #: Content parts vLLM's chat parser hands the template as text parts, by the key holding the text:
@@ -188,11 +196,34 @@ def _one_system_message(conversation: list[dict[str, Any]]) -> list[dict[str, An
     return [{"role": "system", "content": "\n\n".join(system_texts)}, *others]
 
 
+#: Template kwargs a request cannot set: the rendering's own arguments (vLLM refuses the first two).
+_NOT_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages", "conversation", "tools",
+                                  "add_generation_prompt", "continue_final_message"})
+
+
+def template_kwargs(given: Any, reasoning_effort: Any) -> dict[str, Any]:
+    """The template kwargs vLLM renders a request with: its ``chat_template_kwargs``, then the
+    request's reasoning effort (``reasoning_effort``, and ``enable_thinking`` = effort is not
+    "none" unless the request set it) - Qwen3's template opens an empty think block for
+    ``enable_thinking=false``, a gpt-oss one prints the effort: rendered without them, a capture's
+    ids were those of another prompt (a probe with the real Claude Code and vLLM)."""
+    kwargs = dict(given) if isinstance(given, dict) else {}
+    if reasoning_effort is not None and reasoning_effort != "auto":  # (vLLM's unset values)
+        kwargs["reasoning_effort"] = reasoning_effort
+        if not (isinstance(given, dict) and "enable_thinking" in given):
+            kwargs["enable_thinking"] = reasoning_effort != "none"
+    return kwargs
+
+
 def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+           add_generation_prompt: bool = True, continue_final_message: bool = False,
+           kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text; ``kwargs`` (:func:`template_kwargs`) reach the template where it reads them."""
     if not isinstance(messages, list):
         raise BadRequest("messages must be a list", param="messages")
     template = chat_template(tokenizer)
+    read = template_variables(template) if template is not None else frozenset()
+    extra = {k: v for k, v in (kwargs or {}).items() if k in read and k not in _NOT_TEMPLATE_KWARGS}
     conversation = _postprocess(messages, template_content_format(template) if template is not None else "string")
     if template is not None and not knows_developer_role(template) and any(
             m["role"] == "developer" for m in conversation):
@@ -201,7 +232,7 @@ def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]
         return tokenizer.apply_chat_template(
             conversation, tools=tools or None, tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message,
+            continue_final_message=continue_final_message, **extra,
         )
     except BadRequest:
         raise

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from .errors import BadRequest
-from .render import function_tool
+from .render import function_tool, template_kwargs
 
 CUSTOM_INPUT_KEY = "input"
 CUSTOM_PARAMETERS = {
@@ -133,11 +133,13 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for f in inner:
                 if isinstance(f, dict) and f.get("type") == "function" and isinstance(f.get("name"), str):
                     out.append(function_tool(t["name"] + NAMESPACE_SEPARATOR + f["name"],
-                                             f.get("description"), f.get("parameters")))
+                                             f.get("description"), f.get("parameters"), f.get("strict"),
+                                             f.get("defer_loading")))
         elif t.get("type") == "function":
             if not isinstance(t.get("name"), str):
                 raise BadRequest("function tools need a name", param="tools")
-            out.append(function_tool(t["name"], t.get("description"), t.get("parameters")))
+            out.append(function_tool(t["name"], t.get("description"), t.get("parameters"), t.get("strict"),
+                                     t.get("defer_loading")))
         elif t.get("type") == "custom":
             if not isinstance(t.get("name"), str):
                 raise BadRequest("custom tools need a name", param="tools")
@@ -146,3 +148,11 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+
+
+def request_template_kwargs(body: dict) -> dict[str, Any]:
+    """The template kwargs vLLM renders a Responses request with: its ``chat_template_kwargs`` and
+    ``reasoning.effort`` (Codex sends one)."""
+    reasoning = body.get("reasoning")
+    return template_kwargs(body.get("chat_template_kwargs"), reasoning.get("effort") if isinstance(reasoning, dict)
+                           else None)
