@@ -148,8 +148,7 @@ class BuildReport:
         if self.unrewarded_groups:
             rows.append(("", f"groups without a reward: {_some(self.unrewarded_groups, 10)}"))
         if self.mixed_model_groups:
-            named = _some([f"{shown(g)}: {', '.join(map(shown, m))}" for g, m in self.mixed_model_groups.items()],
-                          sep="; ", escaped=True)
+            named = _named_lists(self.mixed_model_groups)
             rows.append(("", f"groups of several models: {len(self.mixed_model_groups)} ({named}): two rounds in "
                              "one build? one GRPO baseline for two policies; build each round's capture apart "
                              "(docs/train.md, Round after round)"))
@@ -168,8 +167,7 @@ class BuildReport:
                                                f"({_some(self.restarted_rollouts)}): one rollout id for several "
                                                "sessions? each needs its own"))
         if self.mixed_model_rollouts:
-            named = _some([f"{shown(r)}: {', '.join(map(shown, m))}" for r, m in self.mixed_model_rollouts.items()],
-                          sep="; ", escaped=True)
+            named = _named_lists(self.mixed_model_rollouts)
             rows.append(("rollouts of several models", f"{len(self.mixed_model_rollouts)} ({named}): a rollout id "
                                                        "reused in a later round? each session needs its own"))
         if self.mixed_session_rollouts:
@@ -187,8 +185,7 @@ class BuildReport:
             rows.append(("rollouts of several APIs", f"{len(self.mixed_api_rollouts)} ({named}): two harnesses "
                                                      "under one rollout id? each session needs its own"))
         if self.mixed_task_rollouts:
-            named = _some([f"{shown(r)}: {', '.join(map(shown, t))}" for r, t in self.mixed_task_rollouts.items()],
-                          sep="; ", escaped=True)
+            named = _named_lists(self.mixed_task_rollouts)
             rows.append(("rollouts of several tasks", f"{len(self.mixed_task_rollouts)} ({named}): a rollout id "
                                                       "reused for another task? each session needs its own (all "
                                                       "its trajectories join one task's group)"))
@@ -201,6 +198,11 @@ class BuildReport:
             if len(self.problems) > max_problems:
                 lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json")
         return "\n".join(lines)
+
+
+def _named_lists(lists: dict[str, list[str]]) -> str:
+    """``id: a, b; id2: c`` for a table line (the first five ids, each shown escaped and cut)."""
+    return _some([f"{shown(k)}: {', '.join(map(shown, v))}" for k, v in lists.items()], sep="; ", escaped=True)
 
 
 def _some(items: list[str], count: int = 5, sep: str = ", ", escaped: bool = False) -> str:
