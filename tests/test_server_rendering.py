@@ -159,7 +159,7 @@ def test_a_think_block_the_template_adds_to_a_reply_without_reasoning_is_not_a_s
     plain = renderer.completion_ids(messages, None, {"role": "assistant", "content": "Hello"}, True)
     assert plain == [*renderer.encode("Hello"), renderer.encode("<|im_end|>")[0]]
     thought = renderer.completion_ids(messages, None, {"role": "assistant", "content": "Hello",
-                                                       "reasoning_content": "hmm"}, True)
+                                                       "reasoning": "hmm"}, True)
     assert thought[:-1] == renderer.encode("<think>\nhmm\n</think>\n\nHello")
 
 
@@ -188,3 +188,25 @@ def _prompt_ids_with(base: str, tools: list) -> list[int]:
                                                    "tools": tools, "max_tokens": 1, "return_token_ids": True})
     assert r.status_code == 200, r.text
     return r.json()["prompt_token_ids"]
+
+
+def test_messages_reach_the_template_rebuilt_as_vllms_parser_hands_them(tiny_tokenizer):
+    """vLLM 0.32's parser (its functions called on the same messages; a review): for a template that
+    loops over content, a string content is one text part - "" too, which the template tests as
+    true, so an assistant turn of "" and a tool call prints a newline before it; a client's
+    `reasoning_content` is read as `reasoning`; a string template gets no empty texts."""
+    import copy
+
+    from polar_train.wire.render import render
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    assert "<|im_start|>assistant\n\n<tool_call>" in render(tiny_tokenizer, convo, None, add_generation_prompt=False)
+    none = [convo[0], {"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert "<|im_start|>assistant\n<tool_call>" in render(tiny_tokenizer, none, None, add_generation_prompt=False)
+    thought = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "R"}]
+    assert "<think>\nR\n</think>\n\na" in render(tiny_tokenizer, thought, None, add_generation_prompt=False)
+    tok = copy.copy(tiny_tokenizer)
+    tok.chat_template = STRING_TEMPLATE
+    parts = [{"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "b"}]}]
+    assert render(tok, parts, None, add_generation_prompt=False) == "<|im_start|>user\nb<|im_end|>\n"

@@ -53,9 +53,11 @@ def _finish(parsed: ParsedCall, content: list[Any], stop_reason: Any) -> None:
     # end-of-turn token was sampled (rendering must not add one)
     parsed.stopped = stop_reason in ("end_turn", "tool_use")
     parsed.tool_call_count = len(calls)
-    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    # (no text: no content - the conversion of the turn sent back drops empty text blocks, and a
+    # template reading parts takes "" as a text)
+    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if reasoning:
-        assistant["reasoning_content"] = "".join(reasoning)
+        assistant["reasoning"] = "".join(reasoning)
     if calls:
         assistant["tool_calls"] = calls
     parsed.assistant = assistant

@@ -242,10 +242,11 @@ def _finish(parsed: ParsedCall, message: dict[str, Any], stop_reason: Any = None
     # stop string or stop token id as the reason: after a stop string it sampled other tokens
     # (cut from the text), and rendering must not invent an end-of-turn token for it
     parsed.stopped = parsed.finish_reason in ("stop", "tool_calls") and stop_reason is None
-    assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    # the content as the client sends it back: null stays null ("" a template reading parts takes as a text)
+    assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if reasoning:
-        assistant["reasoning_content"] = reasoning
+        assistant["reasoning"] = reasoning
     if parsed.tool_call_count:
         assistant["tool_calls"] = calls
     parsed.assistant = assistant

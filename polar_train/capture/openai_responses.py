@@ -506,6 +506,7 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
         parsed.usage_prompt_tokens = as_int(usage.get("input_tokens"))
         parsed.usage_completion_tokens = as_int(usage.get("output_tokens"))
     texts: list[str] = []
+    said = False  # a message item: the client sends it back (its text, "" too, a content of its own)
     reasoning: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     lps: list[float] | None = []
@@ -515,6 +516,7 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
             continue
         kind = item.get("type")
         if kind == "message":
+            said = True
             content = item.get("content")
             for part in content if isinstance(content, list) else ():
                 if not isinstance(part, dict):
@@ -565,9 +567,10 @@ def parse_response(resp: dict[str, Any]) -> ParsedCall:
     elif isinstance(status, str):
         parsed.finish_reason = status
     parsed.tool_call_count = len(tool_calls)
-    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    # (no message item: no content - none, not "", which a template reading parts takes as a text)
+    assistant: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if said else None}
     if reasoning:
-        assistant["reasoning_content"] = "".join(reasoning)
+        assistant["reasoning"] = "".join(reasoning)
     if tool_calls:
         assistant["tool_calls"] = tool_calls
     parsed.assistant = assistant

@@ -44,7 +44,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\ud
 
 #: An empty think block at the start of a rendered turn (Qwen3's template prints one before the last
 #: assistant turn whatever the reply held).
-_EMPTY_THINK = re.compile(r"\A<think>\s*</think>\s*")
+_EMPTY_THINK = re.compile(r"\A<think>\n*</think>\n\n")  # (not the reply's own leading spaces)
 
 
 def whole_code_points(text: str) -> str:
@@ -129,7 +129,7 @@ class Renderer:
         full = self._template([*messages, assistant], tools, False, kwargs)
         if full.startswith(prompt):
             suffix = full[len(prompt):]
-            if not (assistant.get("reasoning_content") or assistant.get("reasoning")) and \
+            if not assistant.get("reasoning") and \
                     not str(assistant.get("content") or "").lstrip().startswith("<think>"):
                 # a template that prints a think block before every last assistant turn (Qwen3's, an
                 # empty one where the reply had no reasoning): the model sampled none of it (a probe:

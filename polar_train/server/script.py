@@ -44,9 +44,10 @@ class ScriptedTurn:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{name, arguments: dict}]
 
     def message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
+        # (no content: none, not "" - vLLM hands a template "" as a text part, which it tests as true)
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
         if self.reasoning:
-            msg["reasoning_content"] = self.reasoning
+            msg["reasoning"] = self.reasoning
         if self.tool_calls:
             msg["tool_calls"] = [{"type": "function", "function": dict(c)} for c in self.tool_calls]
         return msg

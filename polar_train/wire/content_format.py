@@ -47,7 +47,23 @@ def template_content_format(template: str) -> ContentFormat:
     tree = _parse(template)
     if tree is None:
         return "string"
-    return "openai" if next(_content_loops(tree), None) is not None else "string"
+    try:
+        return "openai" if next(_content_loops(tree), None) is not None else "string"
+    except _Unreadable:  # where vLLM's reading fails (its assertion), it answers "string" too
+        return "string"
+
+
+class _Unreadable(Exception):
+    """A messages alias or loop whose target is no plain name (``{% set ns.m = messages %}``,
+    ``{% for a, b in messages|batch(2) %}``): vLLM's detection stops there."""
+
+
+def _target(node) -> str:
+    import jinja2.nodes as n
+
+    if not isinstance(node, n.Name):
+        raise _Unreadable
+    return node.name
 
 
 def _parse(template: str):
@@ -101,10 +117,9 @@ def _aliases(tree, name: str) -> set[str]:
     while todo:
         current = todo.pop()
         for assign in tree.find_all(n.Assign):
-            if isinstance(assign.target, n.Name) and _is_name(_inner(assign.node), current) \
-                    and assign.target.name not in found:
-                found.add(assign.target.name)
-                todo.append(assign.target.name)
+            if _is_name(_inner(assign.node), current) and (name := _target(assign.target)) not in found:
+                found.add(name)
+                todo.append(name)
     return found
 
 
@@ -112,8 +127,8 @@ def _content_loops(tree) -> Iterator[Any]:
     import jinja2.nodes as n
 
     lists = _aliases(tree, "messages")
-    message_vars = {loop.target.name for loop in tree.find_all(n.For)
-                    if isinstance(loop.target, n.Name) and any(_is_name(_inner(loop.iter), v) for v in lists)}
+    message_vars = {_target(loop.target) for loop in tree.find_all(n.For)
+                    if any(_is_name(_inner(loop.iter), v) for v in lists)}
 
     def is_content(node) -> bool:
         return any(_is_key_of(node, v, "content") for v in message_vars)
@@ -129,9 +144,11 @@ def _content_loops(tree) -> Iterator[Any]:
         for loop in macro.find_all(n.For):
             in_macros.add(id(loop))
             if isinstance(loop.iter, n.Name) and loop.iter.name in bound:
+                _target(loop.target)
                 yield loop
     for loop in tree.find_all(n.For):
         if is_content(loop.iter) or (id(loop) not in in_macros and _is_name(loop.iter, "content")):
+            _target(loop.target)
             yield loop
 
 

@@ -39,11 +39,25 @@ def function_tool(name: str, description: str | None, parameters: Any, strict: A
     ``defer_loading`` where given (Codex sends ``"strict": false`` with every tool: left out, each
     tool line of the prompt was shorter than vLLM's, 60 tokens in a Codex prompt; a probe)."""
     fn: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
-    if isinstance(strict, bool):
-        fn["strict"] = strict
-    if isinstance(defer_loading, bool):
-        fn["defer_loading"] = defer_loading
+    for key, value in (("strict", _lax_bool(strict)), ("defer_loading", _lax_bool(defer_loading))):
+        if value is not None:
+            fn[key] = value
     return {"type": "function", "function": fn}
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """A bool as pydantic's lax mode reads one (``"true"``, ``1``, ``"off"``), None for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("1", "on", "t", "true", "y", "yes"):
+            return True
+        if text in ("0", "off", "f", "false", "n", "no"):
+            return False
+    return None
 
 
 #: Content parts vLLM's chat parser hands the template as text parts, by the key holding the text:
@@ -54,23 +68,25 @@ TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "
 
 def _as_text_part(part: Any) -> Any:
     """A text-like part as the ``{"type": "text", "text": ...}`` the template reads (an
-    ``input_text`` part too: a template that prints only ``text`` parts dropped Codex's text)."""
+    ``input_text`` part too: a template that prints only ``text`` parts dropped Codex's text; a
+    string too)."""
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
     if isinstance(part, dict) and (key := TEXT_PART_KEYS.get(part.get("type"))) and part.get("type") != "text":
         return {**{k: v for k, v in part.items() if k not in ("type", key)}, "type": "text", "text": part.get(key)}
     return part
 
 
-def _joined_text(parts: list) -> str:
-    """The parts as vLLM hands them to a "string" template: their texts (a ``tool_reference``'s
-    name) joined by newlines."""
+def _joined_text(parts: list, keep_empty: bool) -> str:
+    """The parts' texts (a ``tool_reference``'s name) joined by newlines: for a "string" template
+    without the empty ones (vLLM's parser drops a part that parses to nothing), for a tool message
+    of text parts with them."""
     texts = []
     for part in parts:
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, dict):
+        if isinstance(part, dict):
             text = part.get("text") if part.get("type") == "text" else part.get("name") \
                 if part.get("type") == "tool_reference" else None
-            if isinstance(text, str):
+            if isinstance(text, str) and (text or keep_empty):
                 texts.append(text)
     return "\n".join(texts)
 
@@ -128,48 +144,71 @@ def _is_text(part: Any) -> bool:
 
 
 def _postprocess(messages: list[dict[str, Any]], fmt: ContentFormat = "openai") -> list[dict[str, Any]]:
-    """The messages as vLLM hands them to a template of content format ``fmt``."""
-    out = copy.deepcopy(messages)
-    for i, m in enumerate(out):
+    """The messages as vLLM's parser hands them to a template of content format ``fmt``: each one
+    rebuilt of the keys vLLM keeps (role, content, an assistant's tool calls and reasoning - read from
+    ``reasoning_content`` too, given as both -, a tool's call id, ``name``, ``task``, a developer's
+    ``tools``); content
+    as parts ("openai": a string too, as one text part, which a template tests as true even when
+    empty) or as one string ("string"; a tool message of text parts always)."""
+    out = []
+    for i, m in enumerate(copy.deepcopy(messages)):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", param="messages")
-        content = m.get("content")
+        role, content = m["role"], m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts",
                              param="messages")
-        if m["role"] == "system" and content is not None:
-            m["content"] = content = _without_billing_header(content)
-        if isinstance(content, list):
-            m["content"] = content = [_as_text_part(part) for part in content]
-            if fmt == "string":  # a template that prints only a string content: one string
-                m["content"] = _joined_text(content)
-            elif m["role"] == "tool" and all(_is_text(part) for part in content):
-                # vLLM hands a tool message of text parts to the template as one string, the parts
-                # joined by newlines (they were printed back to back)
-                m["content"] = _joined_text(content)
-        elif content is None:  # vLLM's parser gives every message a content (a tool-calls-only turn's too)
-            m["content"] = "" if fmt == "string" else []
-        if m["role"] == "assistant" and "tool_calls" in m:
-            calls = m.get("tool_calls")
-            if not calls:
-                m.pop("tool_calls", None)
-                continue
-            if not isinstance(calls, list):
-                raise BadRequest(f"messages[{i}].tool_calls must be a list", param="messages")
-            for call in calls:
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise BadRequest("assistant tool_calls entries need a function with a name",
-                                     param="messages")
-                args = fn.get("arguments")
-                if isinstance(args, str):
-                    try:
-                        parsed = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        parsed = None
-                    # vLLM renders arguments that are no JSON object (text, a list, a number) as {}
-                    fn["arguments"] = parsed if isinstance(parsed, dict) else {}
+        if role == "system" and content is not None:
+            content = _without_billing_header(content)
+        parts = [] if content is None else [content] if isinstance(content, str) else content
+        # (a text or refusal part without its text is skipped, as vLLM's parser skips it)
+        parts = [_as_text_part(part) for part in parts if part is not None and not (
+            isinstance(part, dict) and part.get("type") in ("text", "refusal")
+            and part.get(TEXT_PART_KEYS[part["type"]]) is None)]
+        if fmt == "string":  # a template that prints only a string content: one string, empty texts left out
+            content = _joined_text(parts, keep_empty=False)
+        elif role == "tool" and all(_is_text(part) for part in parts):
+            # vLLM hands a tool message of text parts to the template as one string, the parts
+            # joined by newlines (they were printed back to back)
+            content = _joined_text(parts, keep_empty=True)
+        else:
+            content = parts
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            if m.get("tool_calls") is not None:
+                msg["tool_calls"] = _tool_calls(i, m["tool_calls"])
+            # (vLLM's chat request renames a client's "reasoning_content" - Pi's - to "reasoning")
+            reasoning = m["reasoning"] if m.get("reasoning") is not None else m.get("reasoning_content")
+            if reasoning is not None:
+                msg["reasoning"] = msg["reasoning_content"] = reasoning
+        elif role == "tool" and "tool_call_id" in m:
+            msg["tool_call_id"] = m["tool_call_id"]
+        elif role == "developer":
+            msg["tools"] = m.get("tools")
+        for key in ("name", "task"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        out.append(msg)
     return out
+
+
+def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant's tool calls, their JSON-text arguments parsed (vLLM renders arguments that are
+    no JSON object - text, a list, a number - as ``{}``)."""
+    if not isinstance(calls, list):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list", param="messages")
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest("assistant tool_calls entries need a function with a name", param="messages")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args) if args.strip() else {}
+            except ValueError:
+                parsed = None
+            fn["arguments"] = parsed if isinstance(parsed, dict) else {}
+    return calls
 
 
 def _one_system_message(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
