@@ -147,9 +147,8 @@ def _postprocess(messages: list[dict[str, Any]], fmt: ContentFormat = "openai") 
     """The messages as vLLM's parser hands them to a template of content format ``fmt``: each one
     rebuilt of the keys vLLM keeps (role, content, an assistant's tool calls and reasoning - read from
     ``reasoning_content`` too, given as both -, a tool's call id, ``name``, ``task``, a developer's
-    ``tools``); content
-    as parts ("openai": a string too, as one text part, which a template tests as true even when
-    empty) or as one string ("string"; a tool message of text parts always)."""
+    ``tools``); content as parts ("openai": a string too, as one text part, which a template tests
+    as true even when empty) or as one string ("string"; a tool message of text parts always)."""
     out = []
     for i, m in enumerate(copy.deepcopy(messages)):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
