@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from ..terminal import shown
 from . import chat, messages, responses
-from .common import check_model
+from .common import check_model, continue_and_generate
 from .completion import iterate_in_thread
 from .engine import Engine, Finish, SamplingParams, TokenStep
 from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, ResponseNotFound, UnsupportedMediaType,
@@ -250,10 +250,7 @@ def build_app(server: Server) -> Starlette:
         check_model(body, server.served_name)
         if isinstance(body.get("messages"), list):
             if flag(body, "continue_final_message") and flag(body, "add_generation_prompt", True):
-                raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
-                                "continue_final_message when you want the model to continue the final message, and "
-                                "add_generation_prompt when you want to add a header that will prompt it to start a "
-                                "new assistant message instead.")
+                raise continue_and_generate()
             tools = [normalize_tool(t) for t in body.get("tools") or []]
             text = render(server.tokenizer, body["messages"], tools or None,
                           add_generation_prompt=flag(body, "add_generation_prompt", True),

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..wire.errors import BadRequest
 from . import constraints
-from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, check_top_logprobs, integer, keep_specials,
-                     require_list, sampling)
+from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, check_top_logprobs, continue_and_generate,
+                     integer, keep_specials, require_list, sampling, unsupported_part)
 from .completion import CompletionState
 from .engine import SamplingParams
 from .errors import PydanticError, VllmError, field_error, missing
@@ -75,8 +75,7 @@ def check_content_parts(messages: list[Any], model: str) -> None:
             if kind is None and "tool_reference" not in part:
                 raise VllmError("Missing 'type' field in multimodal part.", param="type")
             if kind is not None and kind not in KNOWN_PART_TYPES:
-                raise VllmError(f"Unsupported chat content part type: {kind!r}. Supported types: "
-                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value=kind)
+                raise unsupported_part(kind)
 
 
 def prepare(server, body: dict) -> dict[str, Any]:
@@ -124,10 +123,7 @@ def prepare(server, body: dict) -> dict[str, Any]:
     if continue_final and add_generation_prompt:
         if "add_generation_prompt" in body:  # vLLM's validator of the fields as given
             raise VllmError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        raise VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
-                        "continue_final_message when you want the model to continue the final message, and "
-                        "add_generation_prompt when you want to add a header that will prompt it to start a new "
-                        "assistant message instead.")  # (add_generation_prompt by default: its later check)
+        raise continue_and_generate()  # (add_generation_prompt by default: its later check)
     if body.get("mm_processor_kwargs"):  # vLLM without --trust-request-mm-kwargs (an empty one passes)
         raise VllmError("Per-request mm_processor_kwargs are disabled by default because they can change "
                         "multimodal preprocessing resource usage. Start the server with --trust-request-mm-kwargs "

@@ -217,6 +217,20 @@ KNOWN_PART_TYPES = ("audio_embeds", "audio_url", "image_embeds", "image_pil", "i
                     "video_embeds", "video_url")
 
 
+def unsupported_part(kind: Any) -> VllmError:
+    """vLLM's chat parser's refusal of a part type it does not know (chat, a Responses item's)."""
+    return VllmError(f"Unsupported chat content part type: {kind!r}. Supported types: {', '.join(KNOWN_PART_TYPES)}.",
+                     param="type", value=kind)
+
+
+def continue_and_generate() -> VllmError:
+    """vLLM's later check of ``continue_final_message`` with ``add_generation_prompt`` (chat's default, /tokenize)."""
+    return VllmError("continue_final_message and add_generation_prompt are not compatible. Use "
+                     "continue_final_message when you want the model to continue the final message, and "
+                     "add_generation_prompt when you want to add a header that will prompt it to start a new "
+                     "assistant message instead.")
+
+
 def refuse_images(items: Any, served_name: str, media: frozenset[str] = IMAGE_PARTS) -> None:
     """vLLM's answer to a media part for a text-only model (its multimodal registry's ValueError)."""
     for m in items if isinstance(items, list) else []:

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
-from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
-                     sampling)
+from .common import (CHAT_MEDIA_PARTS, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
+                     sampling, unsupported_part)
 from .completion import CompletionState
 from .errors import PydanticError, ResponseNotFound, ResponsesInvalidRequest, VllmError, field_error
 from .fields import flag, list_of, required, str_or_list
@@ -119,8 +119,7 @@ def check_content_parts(items: Any) -> None:
             if not isinstance(part, dict):
                 continue
             if part.get("type") == "input_file":
-                raise VllmError("Unsupported chat content part type: 'input_file'. Supported types: "
-                                f"{', '.join(KNOWN_PART_TYPES)}.", param="type", value="input_file")
+                raise unsupported_part("input_file")
             if part.get("type") not in allowed:
                 raise BadRequest(f"input[{i}].{field}[{j}]: a part of type {part.get('type')!r} is no part of "
                                  f"{holder} (one of {', '.join(allowed)})", param="body.input")
