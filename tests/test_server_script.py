@@ -56,7 +56,7 @@ def test_scripted_chat_tokens_are_the_rendered_turn(scripted_url, tiny_tokenizer
     ch = body["choices"][0]
     assert ch["finish_reason"] == "tool_calls"
     assert ch["message"]["reasoning"] == "I should read the file first."
-    assert ch["message"]["content"] == "Let me look."
+    assert ch["message"]["content"] == "Let me look.\n"  # (vLLM keeps the newline before <tool_call>)
     call = ch["message"]["tool_calls"][0]
     assert call["function"]["name"] == "shell" and json.loads(call["function"]["arguments"]) == {
         "cmd": "cat calc.py"}
@@ -103,7 +103,7 @@ def test_scripted_turn_index_and_side_call(scripted_url):
     assert calls[0].function.name == "shell" and calls[0].id.startswith("chatcmpl-tool-")
     assert "".join(tc.function.arguments or "" for tc in calls) == '{"cmd": "cat calc.py"}'
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look.\n"
 
 
 def test_a_scripted_call_to_a_tool_the_request_does_not_offer_is_logged(scripted_url, logs_dir):
@@ -134,7 +134,7 @@ def test_scripted_responses_sdk_stream_and_not(scripted_url):
     kinds = [o.type for o in r.output]
     assert kinds == ["reasoning", "message", "function_call"]
     assert r.output[0].content[0].text == "I should read the file first."
-    assert r.output[1].content[0].text == "Let me look." and len(r.output[1].content[0].logprobs) > 0
+    assert r.output[1].content[0].text == "Let me look.\n" and len(r.output[1].content[0].logprobs) > 0
     assert json.loads(r.output[2].arguments) == {"cmd": "cat calc.py"}
     out_msgs = r.model_extra["output_messages"]
     assert out_msgs[0]["type"] == "raw_message_tokens" and out_msgs[0]["tokens"][-1] == 248046

@@ -17,7 +17,7 @@ from ..wire.errors import BadRequest
 from . import constraints
 from .common import (CHAT_MEDIA_PARTS, KNOWN_PART_TYPES, check_model, check_top_logprobs, continue_and_generate,
                      integer, keep_specials, require_list, sampling, unsupported_part)
-from .completion import CompletionState
+from .completion import CompletionState, Delta
 from .engine import SamplingParams
 from .errors import PydanticError, VllmError, field_error, missing
 from .extras import refuse_unsupported, truncate_prompt
@@ -156,6 +156,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view, "n": n,
         "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
         "return_token_ids": flag(body, "return_token_ids"),
+        # vLLM (run with a tool parser) hides reasoning, and with it every token's ids and logprobs
+        "include_reasoning": flag(body, "include_reasoning", True),
+        "parallel_tool_calls": flag(body, "parallel_tool_calls", True),
         "tokens_as_ids": flag(body, "return_tokens_as_token_ids"),
         "echo": echo and not stream, "messages": messages, "role": role,
         "stream": stream,
@@ -302,9 +305,16 @@ def usage(prompt_len: int, completion_len: int) -> dict[str, Any]:
 
 
 def finish_reason(state: CompletionState) -> str:
+    """vLLM's non-streamed finish reason: ``tool_calls`` whenever the turn parsed into calls."""
     if state.final() and state.final().tool_calls and state.tools_enabled:
         return "tool_calls"
     return state.finish.reason if state.finish else "length"
+
+
+def stream_finish_reason(state: CompletionState) -> str:
+    """vLLM's streamed one: ``tool_calls`` where a call was streamed and the turn stopped."""
+    reason = state.finish.reason if state.finish else "length"
+    return "tool_calls" if state.hermes.streamed_calls and reason == "stop" else reason
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -332,10 +342,12 @@ def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> 
         "refusal": None, "annotations": None, "audio": None, "function_call": None,
     }
     if parsed.tool_calls:
+        calls = parsed.tool_calls if req["parallel_tool_calls"] else parsed.tool_calls[:1]
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls]
-    message["reasoning"] = parsed.reasoning
+            for c in calls]
+    message["reasoning"] = parsed.reasoning if req["include_reasoning"] else None
+    shown = req["include_reasoning"]
     echoed = echoed_content(req["messages"], req["role"]) if req.get("echo") else None
     if echoed is not None:  # vLLM: last message's content + the answer's (None read as "")
         message["content"] = echoed + (message["content"] or "")
@@ -343,10 +355,10 @@ def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> 
         "index": index, "message": message,
         "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs,
                                                 req.get("tokens_as_ids", False))}
-        if req["logprobs"] else None,
+        if req["logprobs"] and shown else None,
         "finish_reason": finish_reason(state),
         "stop_reason": state.finish.stop_reason if state.finish else None,
-        "token_ids": state.token_ids if req["return_token_ids"] else None,
+        "token_ids": state.token_ids if req["return_token_ids"] and shown else None,
         "routed_experts": None,
     }
 
@@ -434,7 +446,8 @@ async def _choice_stream(server, req: dict[str, Any], index: int, params: Sampli
                          state: CompletionState, chunk,
                          so_far=None) -> AsyncIterator[bytes | None]:
     """One choice's chunks: one item per token, ``None`` for a token held back."""
-    rti = req["return_token_ids"]
+    shown = req["include_reasoning"]
+    rti, logprobs = req["return_token_ids"] and shown, req["logprobs"] and shown
     pending = []
     tokens = server.tokens(req, params)
     try:
@@ -442,28 +455,20 @@ async def _choice_stream(server, req: dict[str, Any], index: int, params: Sampli
             d = state.push(step)
             pending.append(step)
             is_finish = state.finish is not None
-            if d.empty() and not is_finish and not (rti or req["logprobs"]):
+            if not shown:
+                d.reasoning = ""
+            if d.empty() and not is_finish and not (rti or logprobs):
                 yield None  # vLLM holds a token back until it adds text (e.g. half a UTF-8
                 # character), but sends it at once in an empty delta when its ids or logprobs
                 # were asked for
                 continue
-            delta: dict[str, Any] = {}
-            if d.reasoning:
-                delta["reasoning"] = d.reasoning
-            if d.content:
-                delta["content"] = d.content
-            if d.tool_calls:
-                delta["tool_calls"] = []
-                for i, c in d.tool_calls:
-                    delta["tool_calls"].append({"id": c.id, "type": "function", "index": i,
-                                                "function": {"name": c.name}})
-                    delta["tool_calls"].append({"index": i, "function": {"arguments": c.arguments}})
+            delta = _delta_json(d, req["parallel_tool_calls"], shown)
             choice: dict[str, Any] = {
                 "index": index, "delta": delta,
                 "logprobs": {"content": logprob_entries(server, pending, req["params"].top_logprobs,
                                                         req.get("tokens_as_ids", False))}
-                if req["logprobs"] else None,
-                "finish_reason": finish_reason(state) if is_finish else None,
+                if logprobs else None,
+                "finish_reason": stream_finish_reason(state) if is_finish else None,
             }
             if is_finish:
                 choice["stop_reason"] = state.finish.stop_reason
@@ -477,3 +482,24 @@ async def _choice_stream(server, req: dict[str, Any], index: int, params: Sampli
                 yield chunk([choice])
     finally:
         await tokens.aclose()
+
+
+def _delta_json(d: Delta, parallel: bool, shown: bool = True) -> dict[str, Any]:
+    """A chunk's ``delta`` as vLLM serialises it: with tools, the hermes parser's message sets
+    ``content`` (``null`` beside tool calls), an empty ``tool_calls`` list is left out, and
+    ``parallel_tool_calls: false`` keeps only the first call's entries; ``include_reasoning:
+    false`` sets ``reasoning`` to null in every delta that says something."""
+    delta: dict[str, Any] = {}
+    if d.content or d.call_deltas:
+        delta["content"] = d.content or None
+    if d.reasoning:
+        delta["reasoning"] = d.reasoning
+    elif not shown and not d.empty():
+        delta["reasoning"] = None
+    calls = [c for c in d.call_deltas if parallel or c.index == 0]
+    if calls:
+        delta["tool_calls"] = [
+            {"id": c.id, "type": "function", "index": c.index, "function": {"name": c.name}}
+            if c.name is not None else {"index": c.index, "function": {"arguments": c.arguments}}
+            for c in calls]
+    return delta

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from .detokenizer import Detokenizer
 from .engine import Engine, Finish, SamplingParams, TokenStep  # noqa: F401 - Finish re-exported
-from .parse import (THINK_END, THINK_START, TOOL_CALL_START, ParsedToolCall, parse_tool_calls,
-                    parse_turn, split_reasoning)
+from .hermes_stream import HermesStream, ToolCallDelta, partial_tag_overlap
+from .parse import THINK_END, THINK_START, ParsedToolCall, parse_tool_calls, parse_turn, split_reasoning
 
 
 #: Generation threads running now, with their stop events: a server's stop ends them (see
@@ -82,24 +82,20 @@ async def iterate_in_thread(make: Callable[[Callable[[], bool]], Iterator[TokenS
         stop.set()
 
 
-def _overlap(text: str, tag: str) -> int:
-    """Length of the longest proper prefix of ``tag`` that ends ``text`` (held back while streaming)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
-
-
 @dataclass
 class Delta:
-    """What one step adds: text deltas and tool calls that became complete."""
+    """What one step adds: text deltas and the tool calls' streamed pieces."""
 
     reasoning: str = ""
     content: str = ""
+    #: the tool-call entries vLLM's hermes parser streams now (chat's ``delta.tool_calls``)
+    call_deltas: list[ToolCallDelta] = field(default_factory=list)
+    #: calls whose ``</tool_call>`` arrived now, parsed whole (what responses/messages send)
     tool_calls: list[tuple[int, ParsedToolCall]] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.reasoning or self.content or self.tool_calls)
+        """Nothing for a chat delta (a call's closing adds none: its pieces went before)."""
+        return not (self.reasoning or self.content or self.call_deltas)
 
 
 class CompletionState:
@@ -119,6 +115,7 @@ class CompletionState:
         self.sent_content = ""
         self.sent_calls = 0
         self.call_ids: list[str] = []
+        self.hermes = HermesStream()
         self.text = ""
         self.parsed = None
 
@@ -146,31 +143,21 @@ class CompletionState:
                 text = text[:cut]
         return text
 
-    def _streamable(self, text: str) -> tuple[str | None, str, list[ParsedToolCall]]:
-        """(reasoning, content, complete calls) that can be sent now without later retraction."""
+    def _split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, content text) that can be sent now: the content text only grows from
+        step to step (a think block is reasoning once it opened with ``<think>``)."""
         if text and THINK_START.startswith(text) and text != THINK_START:
-            return None, "", []
-        reasoning = None
-        rest = text
-        if text.startswith(THINK_START):
-            body = text[len(THINK_START):]
-            if THINK_END not in body:
-                r = body.lstrip("\n")
-                r = r[: len(r) - _overlap(r, THINK_END)].rstrip("\n")
-                return r, "", []
-            reasoning, rest = split_reasoning(text)
-            if rest == "" and not body.endswith(THINK_END + "\n\n"):
-                return reasoning, "", []
-        content = rest.lstrip("\n") if reasoning is not None else rest
-        calls: list[ParsedToolCall] = []
-        if self.tools_enabled:
-            if TOOL_CALL_START in content:
-                head = content[: content.find(TOOL_CALL_START)]
-                _, calls = parse_tool_calls(content, True, closed_only=True)
-                content = head.rstrip("\n")
-            else:
-                content = content[: len(content) - _overlap(content, TOOL_CALL_START)].rstrip("\n")
-        return reasoning, content, calls
+            return None, ""
+        if not text.startswith(THINK_START):
+            return None, text
+        body = text[len(THINK_START):]
+        if THINK_END not in body:
+            r = body.lstrip("\n")
+            return r[: len(r) - partial_tag_overlap(r, THINK_END)].rstrip("\n"), ""
+        reasoning, rest = split_reasoning(text)
+        if rest == "" and not body.endswith(THINK_END + "\n\n"):
+            return reasoning, ""
+        return reasoning, rest
 
     def push(self, step: TokenStep) -> Delta:
         """Add one token; returns what it adds (everything left when it is the last one)."""
@@ -182,8 +169,13 @@ class CompletionState:
         text = self._decode()
         if self.holdback:
             text = text[:max(0, len(text) - self.holdback)]
-        reasoning, content, calls = self._streamable(text)
-        return self._diff(reasoning or "", content, calls)
+        reasoning, content = self._split(text)
+        return self._diff(reasoning or "", content, self._closed_calls(content))
+
+    def _closed_calls(self, content: str) -> list[ParsedToolCall]:
+        if not self.tools_enabled:
+            return []
+        return parse_tool_calls(content, True, closed_only=True)[1]
 
     def _stable_ids(self, calls: list[ParsedToolCall]) -> None:
         for i, call in enumerate(calls):
@@ -192,13 +184,19 @@ class CompletionState:
             else:
                 self.call_ids.append(call.id)
 
-    def _diff(self, reasoning: str, content: str, calls: list[ParsedToolCall]) -> Delta:
+    def _diff(self, reasoning: str, content: str, calls: list[ParsedToolCall],
+              finished: bool = False) -> Delta:
+        """The step's delta from the sendable reasoning and the content text so far: with tools,
+        the content and the calls' pieces as vLLM's streaming hermes parser sends them."""
         self._stable_ids(calls)
         d = Delta()
         if reasoning.startswith(self.sent_reasoning) and len(reasoning) > len(self.sent_reasoning):
             d.reasoning = reasoning[len(self.sent_reasoning):]
             self.sent_reasoning = reasoning
-        if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
+        if self.tools_enabled:
+            piece, d.call_deltas = self.hermes.feed(content, finished)
+            d.content = piece or ""
+        elif content.startswith(self.sent_content) and len(content) > len(self.sent_content):
             d.content = content[len(self.sent_content):]
             self.sent_content = content
         for i in range(self.sent_calls, len(calls)):
@@ -209,12 +207,8 @@ class CompletionState:
     def _final_delta(self) -> Delta:
         self.text = self._decode()
         self.parsed = parse_turn(self.text, self.tools_enabled)
-        content = self.parsed.content or ""
-        if self.tools_enabled and not self.parsed.tool_calls and TOOL_CALL_START in content:
-            # a tool call cut short: vLLM's hermes parser streams none of it (the whole answer
-            # keeps it as content)
-            content = content[: content.find(TOOL_CALL_START)].rstrip("\n")
-        return self._diff(self.parsed.reasoning or "", content, self.parsed.tool_calls)
+        reasoning, content = split_reasoning(self.text)
+        return self._diff(self.parsed.reasoning or "", content, self.parsed.tool_calls, finished=True)
 
     def final(self):
         """The complete parse (after the Finish was pushed); tool-call ids equal the streamed ones."""

@@ -185,14 +185,17 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
         if server.script is None:  # (a script's answer is fixed)
             raise VllmError("`thinking` {'type': 'enabled'} (a thinking_token_budget) is not supported by "
                             "polar-train serve; use {'type': 'adaptive'}", param="thinking")
-    tool_choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(
-        body.get("tool_choice"), dict) else "auto"
+    choice = body.get("tool_choice") if isinstance(body.get("tool_choice"), dict) else {}
+    tool_choice = choice.get("type", "auto")
     req.update({
         "params": sampling(body, server.engine, len(prompt_ids), ("max_tokens",),
                            stop_key="stop_sequences", clamp=server.script is not None,
                            budget_name="max_completion_tokens", bias=False),
         "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
         "tools_enabled": bool(tools) and tool_choice != "none",
+        # vLLM: the chat request's parallel_tool_calls (only the first call is kept)
+        "parallel_tool_calls": not flag(choice, "disable_parallel_tool_use",
+                                        field="tool_choice.disable_parallel_tool_use"),
         "stream": flag(body, "stream"),
         "id": f"chatcmpl-{random_id()}",
     })
@@ -200,15 +203,29 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
     return req
 
 
-def stop_reason(state: CompletionState) -> tuple[str, str | None]:
-    f = state.finish
-    if f is None or f.reason == "length":
+def stop_reason(finish_reason: str, stop: int | str | None, tool_used: bool,
+                tool_complete: bool) -> tuple[str | None, str | None]:
+    """vLLM's ``_to_anthropic_stop_reason``: ``max_tokens`` always wins; a matched stop string wins
+    unless the calls are complete (a call it cut short must not run)."""
+    if finish_reason == "length":
         return "max_tokens", None
-    if state.final().tool_calls:
+    if finish_reason not in ("stop", "tool_calls"):
+        return None, None
+    if tool_complete:
         return "tool_use", None
-    if isinstance(f.stop_reason, str):
-        return "stop_sequence", f.stop_reason
+    if isinstance(stop, str):
+        return "stop_sequence", stop
+    if finish_reason == "tool_calls" or tool_used:
+        return "tool_use", None
     return "end_turn", None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
@@ -216,16 +233,19 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
+    calls = parsed.tool_calls if req["parallel_tool_calls"] else parsed.tool_calls[:1]
     content: list[dict[str, Any]] = []
     if parsed.reasoning:
         content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": uuid.uuid4().hex})
     if parsed.content:
         content.append({"type": "text", "text": parsed.content})
-    for c in parsed.tool_calls:
+    for c in calls:
         content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)})
     if not content:
         content.append({"type": "text", "text": ""})
-    reason, seq = stop_reason(state)
+    finish = "tool_calls" if parsed.tool_calls else (state.finish.reason if state.finish else "length")
+    reason, seq = stop_reason(finish, state.finish.stop_reason if state.finish else None,
+                              bool(calls), bool(calls))
     out = {"id": req["id"], "type": "message", "role": "assistant", "content": content,
            "model": req["model"], "stop_reason": reason}
     if seq is not None:
@@ -235,32 +255,47 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
 
 
 async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
+    """vLLM's ``message_stream_converter`` over the chat stream's deltas: a block per kind, a
+    ``tool_use`` block per call (its arguments' pieces as ``input_json_delta``), text that arrives
+    while a call's block is open sent as a text block of its own once that block closes."""
     n_in = len(req["prompt_ids"])
     yield sse_event("message_start", {"type": "message_start", "message": {
         "id": req["id"], "type": "message", "role": "assistant", "content": [], "model": req["model"],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": n_in, "output_tokens": 0}}})
     state = CompletionState(server.engine, req["tools_enabled"], req["params"])
-    index = -1
+    index = 0  # the next block's index
     open_kind: str | None = None
+    open_call: str | None = None  # the open tool_use block's id
+    pending: list[str] = []
+    call_ids: dict[int, str] = {}
+    tool_used, last_args = False, []
 
-    def start(block: dict[str, Any]) -> list[bytes]:
-        nonlocal index, open_kind
-        evs = stop()
-        index += 1
-        open_kind = block["type"]
-        evs.append(sse_event("content_block_start", {"type": "content_block_start",
-                                                     "content_block": block, "index": index}))
-        return evs
+    def start(block: dict[str, Any]) -> bytes:
+        nonlocal open_kind, open_call
+        open_kind, open_call = block["type"], block.get("id")
+        return sse_event("content_block_start", {"type": "content_block_start",
+                                                 "content_block": block, "index": index})
 
     def stop() -> list[bytes]:
-        nonlocal open_kind
+        nonlocal open_kind, open_call, index
         if open_kind is None:
             return []
         evs = []
         if open_kind == "thinking":
             evs.append(delta({"type": "signature_delta", "signature": uuid.uuid4().hex}))
         evs.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-        open_kind = None
+        open_kind, open_call = None, None
+        pending.clear()
+        index += 1
+        return evs
+
+    def stop_and_flush() -> list[bytes]:
+        held = "".join(pending)
+        evs = stop()
+        if held:
+            evs.append(start({"type": "text", "text": ""}))
+            evs.append(delta({"type": "text_delta", "text": held}))
+            evs.extend(stop())
         return evs
 
     def delta(d: dict[str, Any]) -> bytes:
@@ -270,21 +305,37 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
         d = state.push(step)
         if d.reasoning:
             if open_kind != "thinking":
-                for b in start({"type": "thinking", "thinking": ""}):
+                for b in [*stop_and_flush(), start({"type": "thinking", "thinking": ""})]:
                     yield b
             yield delta({"type": "thinking_delta", "thinking": d.reasoning})
         if d.content:
-            if open_kind != "text":
-                for b in start({"type": "text", "text": ""}):
-                    yield b
-            yield delta({"type": "text_delta", "text": d.content})
-        for _, c in d.tool_calls:
-            for b in start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}}):
-                yield b
-            yield delta({"type": "input_json_delta", "partial_json": c.arguments})
-    for b in stop():
+            if open_kind == "tool_use":
+                pending.append(d.content)
+            else:
+                if open_kind != "text":
+                    for b in [*stop_and_flush(), start({"type": "text", "text": ""})]:
+                        yield b
+                yield delta({"type": "text_delta", "text": d.content})
+        for c in d.call_deltas:
+            if not req["parallel_tool_calls"] and c.index != 0:
+                continue
+            if c.id is not None:
+                call_ids[c.index] = c.id
+                if open_call != c.id and c.name is not None:
+                    for b in stop_and_flush():
+                        yield b
+                    tool_used, last_args = True, []
+                    yield start({"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
+            if c.arguments and open_call is not None and open_call == call_ids.get(c.index):
+                last_args.append(c.arguments)
+                yield delta({"type": "input_json_delta", "partial_json": c.arguments})
+    for b in stop_and_flush():
         yield b
-    reason, seq = stop_reason(state)
+    f = state.finish
+    finish = "tool_calls" if state.hermes.streamed_calls and f is not None and f.reason == "stop" \
+        else (f.reason if f is not None else "length")
+    reason, seq = stop_reason(finish, f.stop_reason if f is not None else None, tool_used,
+                              tool_used and _is_json("".join(last_args)))
     yield sse_event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": reason, "stop_sequence": seq},
                                       "usage": {"input_tokens": n_in, "output_tokens": len(state.steps)}})

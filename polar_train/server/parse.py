@@ -2,8 +2,9 @@
 
 One parser for every API (chat, responses, messages) and for both sampled and scripted turns, so
 they all have the same shape. Tool calls follow vLLM's ``hermes`` parser (``<tool_call>`` JSON
-blocks; content = the text before the first block, ``None`` when empty; arguments re-dumped with
-``ensure_ascii=False``). Reasoning is parsed only when the completion *starts* with ``<think>``
+blocks; content = the text before the first block as sampled, its newline too, ``None`` when
+empty; arguments re-dumped with ``ensure_ascii=False``; streamed: :mod:`.hermes_stream`).
+Reasoning is parsed only when the completion *starts* with ``<think>``
 (what our template renders for a turn with reasoning), so a sampled turn that never opens a think
 block keeps all its text as content, like vLLM without a reasoning parser.
 """
@@ -67,12 +68,11 @@ def _parse_block(body: str) -> ParsedToolCall | None:
 
 def parse_tool_calls(text: str, tools_enabled: bool,
                      closed_only: bool = False) -> tuple[str | None, list[ParsedToolCall]]:
-    """hermes: (content before the first ``<tool_call>`` or None, parsed calls).
+    """hermes: (content before the first ``<tool_call>`` or None, parsed calls); a block that does
+    not parse turns the whole text back into content, with no calls (vLLM's non-streamed parser).
 
-    ``closed_only`` (streaming): only blocks whose ``</tool_call>`` has arrived, so a call once
-    sent is never retracted. One difference from vLLM, for the same reason: a malformed block is
-    skipped instead of turning *all* calls back into text (vLLM does that only when not streaming).
-    When no block parses, the whole text is content, as in vLLM.
+    ``closed_only`` (streaming, per call): the blocks whose ``</tool_call>`` has arrived, a
+    malformed one skipped.
     """
     if not tools_enabled or TOOL_CALL_START not in text:
         return text, []
@@ -84,6 +84,8 @@ def parse_tool_calls(text: str, tools_enabled: bool,
         call = _parse_block(m.group(1) if closed else m.group(2))
         if call is not None:
             calls.append(call)
+        elif not closed_only:
+            return text, []
     if not calls:
         return text, []
     content = text[: text.find(TOOL_CALL_START)]
@@ -93,6 +95,4 @@ def parse_tool_calls(text: str, tools_enabled: bool,
 def parse_turn(text: str, tools_enabled: bool) -> ParsedTurn:
     reasoning, rest = split_reasoning(text)
     content, calls = parse_tool_calls(rest, tools_enabled)
-    if calls and content is not None:
-        content = content.rstrip("\n") or None  # the template's glue before a <tool_call> block
     return ParsedTurn(reasoning, content, calls)

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import json
 import time
+
+import partial_json_parser
+from partial_json_parser.core.options import Allow
 from collections.abc import AsyncIterator
 from typing import Any
 
 from . import constraints
 from .common import (CHAT_MEDIA_PARTS, check_model, integer, keep_specials, max_logprobs, number, refuse_images,
                      sampling, unsupported_part)
-from .completion import CompletionState
+from .completion import CompletionState, Delta, TokenStep
+from .hermes_stream import ToolCallDelta
 from .errors import PydanticError, ResponseNotFound, ResponsesInvalidRequest, VllmError, field_error
 from .fields import flag, list_of, required, str_or_list
 from .fields import text as text_field
-from .parse import random_id
+from .parse import random_id, tool_call_id
 from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
@@ -185,6 +189,9 @@ def prepare(server, body: dict) -> dict[str, Any]:
         "namespaces": namespace_map(tools),
         "logprobs": want_logprobs, "top_logprobs": top,
         "response_messages": flag(body, "enable_response_messages"),
+        # vLLM (run with a tool parser) hides reasoning, and with it the text's logprobs
+        "include_reasoning": flag(body, "include_reasoning", True),
+        "parallel_tool_calls": flag(body, "parallel_tool_calls", True),
         "stream": flag(body, "stream"),
         # vLLM's request_id (the body's, else a new one) is the response's id
         "id": body["request_id"] if isinstance(body.get("request_id"), str) else f"resp_{_uuid()}",
@@ -313,18 +320,182 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
+    shown = req["include_reasoning"]
+    calls = parsed.tool_calls if req["parallel_tool_calls"] else parsed.tool_calls[:1]
     output: list[dict[str, Any]] = []
-    if parsed.reasoning:
+    if parsed.reasoning and shown:
         output.append(reasoning_item(f"rs_{_uuid()}", parsed.reasoning))
     if parsed.content:
         output.append(message_item(f"msg_{_uuid()}", parsed.content,
-                                   logprobs_full(server, state.steps) if req["logprobs"] else None))
-    for call in parsed.tool_calls:
+                                   logprobs_full(server, state.steps) if req["logprobs"] and shown else None))
+    for call in calls:  # (fresh ids, as vLLM's: the calls' ids are the chat parser's)
         output.append(call_item(req, ("ctc_" if _is_custom(req, call) else "fc_") + _uuid(), call))
     incomplete = state.finish.reason == "length"
     return response_object(req, "incomplete" if incomplete else "completed", output,
                            usage(len(req["prompt_ids"]), len(state.steps)), incomplete,
                            raw_messages(server, req, state) if req["response_messages"] else None)
+
+
+def custom_input(arguments: str) -> str:
+    """vLLM's ``decode_custom_tool_input``: the ``input`` of a custom tool call's arguments."""
+    try:
+        payload = json.loads(arguments)
+    except ValueError:
+        return arguments
+    value = payload.get(CUSTOM_INPUT_KEY) if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else arguments
+
+
+def custom_input_prefix(arguments: str) -> str:
+    """vLLM's ``decode_custom_tool_input_prefix``: the longest ``input`` the partial arguments
+    decode to (so the streamed deltas stay a prefix of the final input)."""
+    try:
+        parsed = partial_json_parser.loads(arguments, Allow.STR | Allow.OBJ)
+    except (ValueError, IndexError, AssertionError):
+        return ""
+    value = parsed.get(CUSTOM_INPUT_KEY) if isinstance(parsed, dict) else None
+    payload = value if isinstance(value, str) else ""
+    if payload and "\ud800" <= payload[-1] <= "\udbff":
+        payload = payload[:-1]
+    return payload
+
+
+class _OutputItems:
+    """vLLM's ``SimpleStreamingEventProcessor``: one output item open at a time (a message, a
+    reasoning item, a tool call); a delta of another kind, or of another call, closes it and opens
+    the next. What it closed is the final response's ``output``, exactly as streamed."""
+
+    def __init__(self, server, req: dict[str, Any], ev) -> None:
+        self.server, self.req, self.ev = server, req, ev
+        self.kind: str | None = None  # "message" | "reasoning" | "call"
+        self.output: list[dict[str, Any]] = []
+        self.item_id = ""
+        self.text = ""
+        self.logprobs: list[dict[str, Any]] = []
+        self.call: dict[str, Any] = {}
+
+    @property
+    def index(self) -> int:
+        return len(self.output)
+
+    def step(self, d: Delta, step_lps: list[TokenStep]) -> list[bytes]:
+        """The events of one step's delta: reasoning, then content, then each call's entries."""
+        parts: list[tuple[str, Any]] = []
+        if d.reasoning:
+            parts.append(("reasoning", d.reasoning))
+        if d.content:
+            parts.append(("message", d.content))
+        groups: dict[int, list[ToolCallDelta]] = {}
+        for c in d.call_deltas:
+            if self.req["parallel_tool_calls"] or c.index == 0:
+                groups.setdefault(c.index, []).append(c)
+        parts.extend(("call", g) for g in groups.values())
+        evs: list[bytes] = []
+        for kind, value in parts:
+            if kind != self.kind or (kind == "call" and value[0].index != self.call["index"]):
+                evs += self.close() + self.open(kind, value)
+            evs += self.delta(kind, value, step_lps)
+        return evs
+
+    def open(self, kind: str, value: Any) -> list[bytes]:
+        self.kind, self.text, self.logprobs = kind, "", []
+        at = {"output_index": self.index}
+        if kind == "call":
+            first = value[0]
+            custom = first.name in self.req["custom_names"]
+            namespace, name = self.req["namespaces"].get(first.name, (None, first.name))
+            self.item_id = ("ctc_" if custom else "fc_") + _uuid()
+            self.call = {"index": first.index, "id": first.id or tool_call_id(), "name": name,
+                         "namespace": namespace, "custom": custom, "payload": ""}
+            if custom:
+                item = {"call_id": self.call["id"], "input": "", "name": name, "type": "custom_tool_call",
+                        "id": self.item_id, "async": None, "caller": None, "namespace": None}
+            else:
+                item = {"arguments": "", "call_id": self.call["id"], "name": name, "type": "function_call",
+                        "id": self.item_id, "async": None, "caller": None, "namespace": namespace,
+                        "status": "in_progress"}
+            return [self.ev("response.output_item.added", {"item": item, **at})]
+        if kind == "reasoning":
+            self.item_id = f"rs_{_uuid()}"
+            item = {"id": self.item_id, "summary": [], "type": "reasoning", "content": None,
+                    "encrypted_content": None, "status": "in_progress"}
+            part = {"text": "", "type": "reasoning_text"}
+        else:
+            self.item_id = f"msg_{_uuid()}"
+            item = {"id": self.item_id, "content": [], "role": "assistant", "status": "in_progress",
+                    "type": "message", "phase": None}
+            part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+        return [self.ev("response.output_item.added", {"item": item, **at}),
+                self.ev("response.content_part.added", {"content_index": 0, "item_id": self.item_id,
+                                                        "part": part, **at})]
+
+    def delta(self, kind: str, value: Any, steps: list[TokenStep]) -> list[bytes]:
+        at = {"item_id": self.item_id, "output_index": self.index}
+        if kind == "reasoning":
+            self.text += value
+            return [self.ev("response.reasoning_text.delta", {"content_index": 0, "delta": value, **at})]
+        if kind == "message":
+            self.text += value
+            shown = self.req["logprobs"] and self.req["include_reasoning"]
+            full = logprobs_full(self.server, steps) if shown else []
+            self.logprobs += full
+            lps = logprobs_delta(self.server, steps) if shown else []
+            return [self.ev("response.output_text.delta", {"content_index": 0, "delta": value,
+                                                           "logprobs": lps, **at})]
+        args = "".join(c.arguments for c in value if c.arguments)
+        if not args:
+            return []
+        self.text += args
+        if self.call["custom"]:
+            return self._custom_delta(custom_input_prefix(self.text))
+        return [self.ev("response.function_call_arguments.delta", {"delta": args, **at})]
+
+    def _custom_delta(self, payload: str) -> list[bytes]:
+        sent = self.call["payload"]
+        if payload == sent:
+            return []
+        self.call["payload"] = payload
+        piece = payload[len(sent):] if payload.startswith(sent) else payload  # (vLLM resends it whole)
+        return [self.ev("response.custom_tool_call_input.delta",
+                        {"delta": piece, "item_id": self.item_id, "output_index": self.index})]
+
+    def close(self) -> list[bytes]:
+        if self.kind is None:
+            return []
+        at = {"item_id": self.item_id, "output_index": self.index}
+        evs: list[bytes] = []
+        if self.kind == "call":
+            c = self.call
+            if c["custom"]:
+                payload = custom_input(self.text)
+                evs += self._custom_delta(payload)
+                evs.append(self.ev("response.custom_tool_call_input.done", {"input": payload, **at}))
+                item = {"call_id": c["id"], "input": payload, "name": c["name"], "type": "custom_tool_call",
+                        "id": self.item_id, "async": None, "caller": None, "namespace": None}
+            else:
+                evs.append(self.ev("response.function_call_arguments.done",
+                                   {"arguments": self.text, "name": c["name"], **at}))
+                item = {"arguments": self.text, "call_id": c["id"], "name": c["name"],
+                        "type": "function_call", "id": self.item_id, "async": None, "caller": None,
+                        "namespace": c["namespace"], "status": "completed"}
+        elif self.kind == "reasoning":
+            part = {"text": self.text, "type": "reasoning_text"}
+            item = {"id": self.item_id, "summary": [], "type": "reasoning", "content": [part],
+                    "encrypted_content": None, "status": "completed"}
+            evs.append(self.ev("response.reasoning_text.done", {"content_index": 0, "text": self.text, **at}))
+            evs.append(self.ev("response.content_part.done", {"content_index": 0, "part": part, **at}))
+        else:
+            part = {"annotations": [], "text": self.text, "type": "output_text",
+                    "logprobs": self.logprobs or None}
+            item = {"id": self.item_id, "content": [part] if self.text else [], "role": "assistant",
+                    "status": "completed", "type": "message", "phase": None}
+            evs.append(self.ev("response.output_text.done", {"content_index": 0, "logprobs": [],
+                                                             "text": self.text, **at}))
+            evs.append(self.ev("response.content_part.done", {"content_index": 0, "part": part, **at}))
+        evs.append(self.ev("response.output_item.done", {"item": item, "output_index": self.index}))
+        self.output.append(item)
+        self.kind = None
+        return evs
 
 
 async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -340,102 +511,18 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
     yield ev("response.created", {"response": response_object(req, "in_progress", [], None)})
     yield ev("response.in_progress", {"response": response_object(req, "in_progress", [], None)})
     state = CompletionState(server.engine, req["tools_enabled"], req["params"])
-    output: list[dict[str, Any]] = []
-    out_index = 0
-    cur: dict[str, Any] | None = None  # the open item: {"kind", "id", "text", "steps"}
-    pending: list = []
-
-    def close() -> list[bytes]:
-        nonlocal cur, out_index
-        if cur is None:
-            return []
-        evs = []
-        base = {"content_index": 0, "item_id": cur["id"], "output_index": out_index}
-        if cur["kind"] == "reasoning":
-            part = {"text": cur["text"], "type": "reasoning_text"}
-            item = {"id": cur["id"], "summary": [], "type": "reasoning", "content": [part],
-                    "encrypted_content": None, "status": "completed"}
-            evs.append(ev("response.reasoning_text.done", {**base, "text": cur["text"]}))
-            evs.append(ev("response.content_part.done", {**base, "part": part}))
-        else:
-            lps = logprobs_full(server, cur["steps"]) if req["logprobs"] else None
-            part = {"annotations": [], "text": cur["text"], "type": "output_text", "logprobs": lps}
-            item = message_item(cur["id"], cur["text"], lps)
-            evs.append(ev("response.output_text.done", {**base, "logprobs": [], "text": cur["text"]}))
-            evs.append(ev("response.content_part.done", {**base, "part": part}))
-        evs.append(ev("response.output_item.done", {"item": item, "output_index": out_index}))
-        output.append(item)
-        out_index += 1
-        cur = None
-        return evs
-
-    def open_(kind: str) -> list[bytes]:
-        nonlocal cur
-        prefix = "rs_" if kind == "reasoning" else "msg_"
-        cur = {"kind": kind, "id": prefix + _uuid(), "text": "", "steps": []}
-        if kind == "reasoning":
-            item = {"id": cur["id"], "summary": [], "type": "reasoning", "content": None,
-                    "encrypted_content": None, "status": "in_progress"}
-            part = {"text": "", "type": "reasoning_text"}
-        else:
-            item = {"id": cur["id"], "content": [], "role": "assistant", "status": "in_progress",
-                    "type": "message", "phase": None}
-            part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
-        return [ev("response.output_item.added", {"item": item, "output_index": out_index}),
-                ev("response.content_part.added", {"content_index": 0, "item_id": cur["id"],
-                                                   "output_index": out_index, "part": part})]
-
+    items = _OutputItems(server, req, ev)
     async for step in server.tokens(req):
         d = state.push(step)
-        pending.append(step)
-        if d.reasoning:
-            if cur is None or cur["kind"] != "reasoning":
-                for b in close() + open_("reasoning"):
-                    yield b
-            cur["text"] += d.reasoning
-            yield ev("response.reasoning_text.delta", {"content_index": 0, "delta": d.reasoning,
-                                                       "item_id": cur["id"], "output_index": out_index})
-        if d.content:
-            if cur is None or cur["kind"] != "message":
-                for b in close() + open_("message"):
-                    yield b
-            cur["text"] += d.content
-            cur["steps"].extend(pending)
-            lp = logprobs_delta(server, pending) if req["logprobs"] else []
-            pending = []
-            yield ev("response.output_text.delta", {"content_index": 0, "delta": d.content,
-                                                    "item_id": cur["id"], "logprobs": lp,
-                                                    "output_index": out_index})
-        for _, call in d.tool_calls:
-            for b in close():
-                yield b
-            custom = _is_custom(req, call)
-            item_id = ("ctc_" if custom else "fc_") + _uuid()
-            done_item = call_item(req, item_id, call)
-            if custom:
-                added = {**done_item, "input": ""}
-                yield ev("response.output_item.added", {"item": added, "output_index": out_index})
-                yield ev("response.custom_tool_call_input.delta",
-                         {"delta": done_item["input"], "item_id": item_id, "output_index": out_index})
-                yield ev("response.custom_tool_call_input.done",
-                         {"input": done_item["input"], "item_id": item_id, "output_index": out_index})
-            else:
-                added = {**done_item, "arguments": "", "status": "in_progress"}
-                yield ev("response.output_item.added", {"item": added, "output_index": out_index})
-                yield ev("response.function_call_arguments.delta",
-                         {"delta": call.arguments, "item_id": item_id, "output_index": out_index})
-                yield ev("response.function_call_arguments.done",
-                         {"arguments": call.arguments, "item_id": item_id, "name": done_item["name"],
-                          "output_index": out_index})
-            yield ev("response.output_item.done", {"item": done_item, "output_index": out_index})
-            output.append(done_item)
-            out_index += 1
-    if cur is not None and cur["kind"] == "message":
-        cur["steps"].extend(pending)
-    for b in close():
+        if not req["include_reasoning"]:
+            d.reasoning = ""
+        # (a step that adds nothing sends nothing: its tokens' logprobs are in no event, as in vLLM)
+        for b in items.step(d, [step]):
+            yield b
+    for b in items.close():
         yield b
     incomplete = state.finish is not None and state.finish.reason == "length"
-    final = response_object(req, "incomplete" if incomplete else "completed", output,
+    final = response_object(req, "incomplete" if incomplete else "completed", items.output,
                             usage(len(req["prompt_ids"]), len(state.steps)), incomplete,
                             raw_messages(server, req, state) if req["response_messages"] else None)
     yield ev("response.completed", {"response": final})
