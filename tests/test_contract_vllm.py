@@ -433,3 +433,17 @@ def test_an_absolute_form_request_target_is_served_alike(vllm_base_url, polar_ba
         answers.append((response.status, [m["id"] for m in json.loads(response.read())["data"]]))
         conn.close()
     assert answers[0] == answers[1] == (200, ["tiny"])
+
+
+def test_the_tokenize_check_of_a_responses_call_runs_on_vllm(vllm_base_url):
+    """A Codex call's messages keep Responses parts (`input_text`): vLLM's chat /tokenize refused
+    them with a 400 on every Codex call, and the row kept only the status line."""
+    from polar_train.capture.render import server_tokenize
+
+    parts = [{"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "hi"}, {"type": "input_text", "text": "there"}]}]
+    plain = [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+             {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    assert server_tokenize(vllm_base_url, "tiny", parts, None) == server_tokenize(vllm_base_url, "tiny", plain, None)
+    with pytest.raises(ValueError, match=r"HTTP 404: The model `nope` does not exist"):
+        server_tokenize(vllm_base_url, "nope", plain, None)

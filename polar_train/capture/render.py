@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, A
     Straight to the upstream, as the proxy reaches it: never through the ``HTTP(S)_PROXY`` of
     mitmdump's environment (a proxy there failed every check), and with ``insecure`` (mitmproxy's
     ``ssl_insecure``) trusting its certificate as the proxy does."""
-    body: dict[str, Any] = {"messages": messages, "add_generation_prompt": True}
+    body: dict[str, Any] = {"messages": [_chat_api_message(m) for m in messages], "add_generation_prompt": True}
     if model:
         body["model"] = model
     if tools:
@@ -188,9 +189,38 @@ def server_tokenize(base_url: str, model: str | None, messages: list[dict[str, A
         import ssl
 
         handlers.append(urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))  # noqa: S323
-    with urllib.request.build_opener(*handlers).open(req, timeout=timeout) as resp:  # noqa: S310 - the user's upstream
-        data = json.loads(resp.read())
+    try:
+        with urllib.request.build_opener(*handlers).open(req, timeout=timeout) as resp:  # noqa: S310 - the user's upstream
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # the server's own words, not only its status line
+        raise ValueError(f"HTTP {exc.code}: {_error_message(exc.read())}") from None
     tokens = data.get("tokens")
     if not isinstance(tokens, list):
         raise ValueError("/tokenize answered without tokens")
     return [int(t) for t in tokens]
+
+
+#: Responses content parts that hold plain text: vLLM's chat /tokenize takes them only as ``text``
+#: (it refused every Codex call's check with a 400 on ``input_text``).
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _chat_api_message(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = [{"type": "text", "text": p["text"]} if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+             and isinstance(p.get("text"), str) else p for p in content]
+    return {**message, "content": parts}
+
+
+def _error_message(body: bytes, limit: int = 300) -> str:
+    """An error body's ``error.message`` (vLLM's shape), else its text, cut to ``limit`` characters."""
+    text = body.decode("utf-8", "replace")
+    try:
+        err = json.loads(text).get("error")
+        text = err.get("message") if isinstance(err, dict) and isinstance(err.get("message"), str) else text
+    except (ValueError, AttributeError):
+        pass
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
