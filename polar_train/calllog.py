@@ -146,9 +146,9 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
             try:
                 data = json.loads(record.read_text())
             except (OSError, ValueError):
-                continue
+                data = None
             if not isinstance(data, dict):
-                continue
+                data = {}
             lost = [f"{n} {what}" for key, what in (("calls_dropped", "call(s) dropped (row worker queue full)"),
                                                     ("rows_lost", "row(s) whose part could not be written"),
                                                     ("rows_failed", "row(s) whose building failed"),
@@ -156,9 +156,13 @@ def loss_notes(folder: str | Path, parts: list[Path]) -> list[str]:
                                                                    "written when it died"))
                     if isinstance(n := data.get(key), int) and n > 0]
             if lost:
-                why = f": {data['why']}" if isinstance(data.get("why"), str) and data["why"] else ""
+                why = data.get("why") if isinstance(data.get("why"), str) else ""
+                why = f": {why}" if why and why not in ", ".join(lost) else ""  # (not said twice)
                 notes.append(f"{record}: the capture process {data.get('pid')} lost {', '.join(lost)}{why}; its log "
                              "has the details (these calls are in no part)")
+            else:  # a record is written only where something was lost: this one is damaged
+                notes.append(f"{record}: a loss record that cannot be read (damaged or empty): a capture process "
+                             "lost calls or rows it names in its log (they are in no part)")
     return notes
 
 

@@ -608,6 +608,19 @@ def test_writer_full_queue_drops_instead_of_blocking(tmp_path):
     w.close()
 
 
+def test_a_full_queue_says_its_drops_once_a_minute_not_once_a_call(caplog):
+    """A probe: 180 dropped calls wrote 180 log lines (100 a second under load)."""
+    from polar_train.capture.handoff import HandOff
+
+    caplog.set_level(logging.WARNING, logger="polar_capture")
+    hand = HandOff(1, "row worker")
+    assert hand.put("first")
+    assert [hand.put(i) for i in range(50)] == [False] * 50 and hand.dropped == 50
+    lines = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
+    assert lines == ["polar_capture: row worker queue full, call dropped (1 dropped so far; said again at most "
+                     "once a minute)"]
+
+
 def test_writer_survives_a_failing_job(tmp_path):
     w = PartWriter(tmp_path, flush_rows=10, flush_seconds=3600)
     w.start()
@@ -2027,6 +2040,26 @@ def test_rows_a_writer_lost_leave_a_record_that_inspect_and_build_name(tmp_path,
     assert f"note: {note}" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_damaged_loss_record_is_named_and_a_reason_said_once(tmp_path):
+    """A probe: a truncated, empty or odd loss record (a crash right after a loss) was skipped without
+    a word - the one fact the user needed; and a queue-full record said its reason twice."""
+    from polar_train.calllog import loss_notes
+    from polar_train.capture.outdir import record_loss
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    record_loss(calls, calls_dropped=180, why="row worker queue full")
+    (record,) = calls.glob("_losses-*.json")
+    assert loss_notes(tmp_path, []) == [
+        f"{record}: the capture process {os.getpid()} lost 180 call(s) dropped (row worker queue full); its log "
+        "has the details (these calls are in no part)"]
+    record.unlink()
+    for name, text in (("a", '{"pid": 1, "calls_dr'), ("b", ""), ("c", "[1, 2]"), ("d", '{"calls_dropped": "x"}')):
+        (calls / f"_losses-{name}.json").write_text(text)
+    notes = loss_notes(tmp_path, [])
+    assert len(notes) == 4 and all("a loss record that cannot be read (damaged or empty)" in n for n in notes)
+
+
 def test_rows_of_a_part_that_failed_otherwise_than_on_the_disk_are_counted(tmp_path, monkeypatch):
     """Under a memory limit pyarrow raised ArrowMemoryError writing a part: only OSError kept the
     rows or counted them, so 16 calls were in no part while the loss record said 0 rows lost."""
@@ -2105,6 +2138,31 @@ def test_the_live_lock_follows_the_folder_the_capture_writes_to(tmp_path):
     assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])] and live_writers(archive, []) == []
     lock.release()
     assert live_writers(tmp_path / "cap", []) == []
+
+
+def test_an_idle_writer_lets_go_of_an_archived_calls_folder(tmp_path):
+    """A probe: calls/ moved away to archive it while the proxy ran idle - inspect and build of the
+    archive said "a capture proxy is writing into" it until the proxy's next call. The writer (and
+    the proxy's sender) look at their lock every second, with or without calls."""
+    from polar_train.calllog import live_writers
+
+    w = PartWriter(tmp_path / "cap", flush_rows=1000, flush_seconds=3600)
+    w.start()
+    w.submit(lambda: _row(1))  # a row held in memory (flushed an hour later): still idle
+    calls = tmp_path / "cap" / "calls"
+    deadline = time.monotonic() + 10
+    while not live_writers(tmp_path / "cap", []) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the lock, with a deadline
+    assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])]
+    archive = tmp_path / "day1"
+    archive.mkdir()
+    calls.rename(archive / "calls")
+    deadline = time.monotonic() + 10
+    while live_writers(archive, []) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the release, with a deadline
+    assert live_writers(archive, []) == []
+    w.close()
+    assert [pq.read_metadata(p).num_rows for p in calls.glob("part-*.parquet")] == [1]  # written where it writes now
 
 
 def test_a_proxy_writing_into_a_deeper_folder_without_a_part_yet_is_seen(tmp_path):

@@ -18,6 +18,8 @@ log = logging.getLogger("polar_capture")
 
 #: What :meth:`HandOff.get` returns once :meth:`HandOff.finish` got through.
 STOP = object()
+#: A full queue's drops are logged at most once per this many seconds (after the first).
+DROP_REPEAT_S = 60.0
 
 
 class HandOff:
@@ -26,6 +28,7 @@ class HandOff:
         self._lock = threading.Lock()
         self.what = what
         self.dropped = 0
+        self._said_at = 0.0
 
     def put(self, item: Any, block: bool = False) -> bool:
         """Queue ``item``. Without ``block`` never waits: False (a counted, logged drop) when full."""
@@ -33,10 +36,18 @@ class HandOff:
             self._queue.put(item, block=block)
             return True
         except queue.Full:
+            now = time.monotonic()
             with self._lock:
                 self.dropped += 1
                 n = self.dropped
-            log.warning("polar_capture: %s queue full, call dropped (%d dropped so far)", self.what, n)
+                # the first drop, then a line a minute at most: an overload at 100 calls/s wrote
+                # 100 lines a second (the shutdown line gives the total)
+                say = n == 1 or now - self._said_at >= DROP_REPEAT_S
+                if say:
+                    self._said_at = now
+            if say:
+                log.warning("polar_capture: %s queue full, call dropped (%d dropped so far; said again at most "
+                            "once a minute)", self.what, n)
             return False
 
     def get(self, timeout: float | None = None) -> Any:

@@ -30,6 +30,8 @@ def prepare_calls_dir(calls_dir: Path) -> None:
 #: ``inspect`` see a capture that is still being written (calls in flight, rows not yet flushed)
 #: and say so. A dot-file: readers of the parts skip it.
 LIVE_LOCK = ".polar-capture.lock"
+#: How often an idle capture process checks its live lock is on the folder it writes to (seconds).
+LIVE_LOCK_REFRESH_S = 1.0
 
 
 class LiveLock:
@@ -75,6 +77,8 @@ def record_loss(calls_dir: Path, **counts: int | str) -> None:
     import json
     from datetime import datetime, timezone
 
+    from ..durable import sync_file, sync_folder
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     if not calls_dir.exists():  # moved away to archive it: made again, as the next part would
         try:
@@ -87,7 +91,9 @@ def record_loss(calls_dir: Path, **counts: int | str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump({"pid": os.getpid(), "at": stamp, **counts}, fh)
+        sync_file(tmp)  # on disk before its name: after a power cut, an empty record told nothing
         os.replace(tmp, final)
+        sync_folder(calls_dir)
     except OSError:
         try:
             os.unlink(tmp)

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 from .handoff import STOP, HandOff
 from .options import CaptureOptions
-from .outdir import LOSS_RECORD_GLOB, LiveLock, prepare_calls_dir, record_loss
+from .outdir import LIVE_LOCK_REFRESH_S, LOSS_RECORD_GLOB, LiveLock, prepare_calls_dir, record_loss
 
 log = logging.getLogger("polar_capture")
 
@@ -99,6 +99,10 @@ def read_frame(inp: BinaryIO) -> bytes | None:
 def _package_root() -> str:
     """The folder that holds the ``polar_train`` package (the child imports it from there too)."""
     return str(Path(__file__).resolve().parents[2])
+
+
+#: How long a shutdown waits for the row worker before it says it is waiting (seconds).
+CLOSE_NOTICE_S = 2.0
 
 
 class RowWorker:
@@ -198,7 +202,12 @@ class RowWorker:
         proc = self._proc
         if proc is not None:
             try:
-                proc.wait(max(1.0, deadline - time.monotonic()))
+                try:
+                    proc.wait(min(CLOSE_NOTICE_S, max(1.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:  # said, not a silent minute (a second Ctrl-C waits too)
+                    log.warning("polar_capture: waiting up to %.0fs more for the row worker to write the calls "
+                                "it was handed", max(0.0, deadline - time.monotonic()))
+                    proc.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.error("polar_capture: row worker did not finish within %gs; stopping it", timeout)
                 proc.kill()
@@ -365,10 +374,11 @@ class RowWorker:
     def _send_loop(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=1.0)
+                item = self._queue.get(timeout=LIVE_LOCK_REFRESH_S)
             except queue.Empty:
                 try:
                     self._check_child()
+                    self._live_lock.refresh()  # (idle: calls/ may have been moved away to archive it)
                 except Exception:
                     log.exception("polar_capture: checking the row worker process failed")
                 continue

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from polar_train.capture.handoff import STOP, HandOff
-from polar_train.capture.outdir import LiveLock, prepare_calls_dir, record_loss
+from polar_train.capture.outdir import LIVE_LOCK_REFRESH_S, LiveLock, prepare_calls_dir, record_loss
 from polar_train.capture.prompt_delta import PromptDeltaEncoder
 from polar_train.durable import sync_folder
 from polar_train.schema import CALL_LOG_SCHEMA
@@ -194,15 +194,18 @@ class PartWriter:
 
     def _run(self) -> None:
         while True:
-            wait = None
+            # woken at least every LIVE_LOCK_REFRESH_S: an idle capture whose calls/ was moved
+            # away to archive it let go of the archive's live lock only with its next call, so
+            # inspect and build called the archive "still being written" meanwhile
+            wait = LIVE_LOCK_REFRESH_S
             if self._first_row_at is not None:
-                # at most the longest wait a lock accepts (a larger timeout is an OverflowError)
-                wait = min(max(0.0, self._first_row_at + self.flush_seconds - time.monotonic()),
-                           threading.TIMEOUT_MAX)
+                wait = min(max(0.0, self._first_row_at + self.flush_seconds - time.monotonic()), wait)
             try:
                 job = self._queue.get(timeout=wait)
             except queue.Empty:
-                self._flush()
+                self._live_lock.refresh()
+                if self._first_row_at is not None and time.monotonic() >= self._first_row_at + self.flush_seconds:
+                    self._flush()
                 continue
             if job is STOP:
                 self._flush(final=True)
