@@ -470,3 +470,24 @@ def test_a_worker_that_kept_no_count_has_its_parts_counted(tmp_path: Path) -> No
     assert worker._rows_accounted_for(tmp_path, 4242, 0.0, None) == 2
     assert worker._rows_accounted_for(tmp_path, 4242, 0.0, 1) == 2  # the part after the count: not lost
     assert worker._rows_accounted_for(tmp_path, 4242, 0.0, 5) == 5  # parts archived elsewhere: the count
+
+
+def test_a_shutdown_that_waits_for_a_slow_worker_says_so(tmp_path: Path) -> None:
+    """A probe: a row worker held up (stuck storage) made SIGTERM wait a silent minute; the log now
+    says it is waiting, and the worker's rows are written once it goes on."""
+    with fault_upstream() as (base, _):
+        m = start_mitm(tmp_path, options={"polar_flush_seconds": "3600"})
+        try:
+            r = rid()
+            _calls(m, base, r, 2)
+            worker = _worker(m)
+            worker.suspend()
+            os.kill(m.proc.proc.pid, signal.SIGTERM)
+            poll(lambda: "waiting up to" in m.proc.log(), 30, "the waiting line")
+            assert m.proc.proc.poll() is None
+            worker.resume()
+            assert m.proc.proc.wait(60) == 0
+            assert len(rows_of(m.out_dir, r)) == 2
+        finally:
+            m.stop()
+        assert no_addon_traceback(m.proc.log())
