@@ -322,6 +322,15 @@ def test_detokenize(vllm_base_url, polar_base_url):
     assert a == b
 
 
+@pytest.mark.parametrize("tokens", [[-1], [1.5], [True, "3", 2.0], [3, 999999, 3], [2**32], [-1, 1.5, "x"], "abc",
+                                    [2**63]])
+def test_detokenize_reads_ids_as_vllms_model_does(vllm_base_url, polar_base_url, tokens):
+    """A probe: lax ids (true, "3", 2.0) were refused, an id past the vocabulary too (vLLM decodes it
+    to nothing), and every other mistake had our own words."""
+    a, b = (post(base, "/detokenize", {"model": "tiny", "tokens": tokens}) for base in (vllm_base_url, polar_base_url))
+    assert (a.status_code, a.json()) == (b.status_code, b.json())
+
+
 def test_models(vllm_base_url, polar_base_url):
     a, b = httpx.get(vllm_base_url + "/v1/models").json(), httpx.get(polar_base_url + "/v1/models").json()
     assert_same_shape(a, b)

@@ -189,7 +189,8 @@ def test_models_tokenize_detokenize(polar_base_url, tiny_tokenizer):
     assert tok["tokens"] == list(expected) and tok["count"] == len(expected)
     text = post(polar_base_url, "/detokenize", {"model": "tiny", "tokens": tok["tokens"]}).json()
     assert text["prompt"].startswith("<|im_start|>system\nYou are terse.")
-    bad = post(polar_base_url, "/detokenize", {"model": "tiny", "tokens": [10**9]})
+    assert post(polar_base_url, "/detokenize", {"model": "tiny", "tokens": [10**9]}).json() == {"prompt": ""}
+    bad = post(polar_base_url, "/detokenize", {"model": "tiny", "tokens": [2**32]})  # past the tokenizer's u32
     assert bad.status_code == 400
 
 

@@ -28,7 +28,7 @@ from .completion import iterate_in_thread
 from .engine import Engine, Finish, SamplingParams, TokenStep
 from .errors import (ApiError, BadRequest, BodyParseError, PydanticError, ResponseNotFound, UnsupportedMediaType,
                      VllmError, field_error, missing)
-from .fields import flag, list_of
+from .fields import INT64_MAX, flag, list_of, to_int
 from .parse import random_id
 from .prompt import encode_prompt, normalize_tool, render, template_kwargs
 from .script import Script, turn_token_ids
@@ -168,7 +168,7 @@ def sanitized(message: str) -> str:
 
 def _sse(gen: AsyncIterator[bytes], module=None) -> StreamingResponse:
     return StreamingResponse(_said_if_failed(gen, module) if module is not None else gen,
-                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                             media_type="text/event-stream")  # (no cache-control: vLLM sends none)
 
 
 async def _said_if_failed(gen: AsyncIterator[bytes], module) -> AsyncIterator[bytes]:
@@ -195,6 +195,29 @@ def _base_request_id(request: Request, body: dict[str, Any]) -> str:
     if given is None and isinstance(body.get("request_id"), str):
         given = body["request_id"]
     return random_id() if given is None else given
+
+
+def token_ids(items: list) -> list[int]:
+    """``/detokenize``'s ``tokens`` as vLLM's pydantic model reads them: lax integers (``true`` is 1,
+    ``2.0`` and ``"3"`` are ids) from 0 to 2**63-1, every failing item named (``body.tokens.N``);
+    an id past the vocabulary decodes to nothing, as in vLLM."""
+    ids, errors = [], []
+    for n, item in enumerate(items):
+        try:
+            value = to_int(item, f"tokens.{n}")
+        except PydanticError as exc:
+            errors += exc.errors
+            continue
+        if value < 0:
+            errors.append(field_error("greater_than_equal", f"body.tokens.{n}", "Input should be greater than or "
+                                      "equal to 0", item, {"ge": 0}))
+        elif value > INT64_MAX:
+            errors.append(field_error("less_than_equal", f"body.tokens.{n}", "Input should be less than or equal "
+                                      f"to {INT64_MAX}", item, {"le": INT64_MAX}))
+        ids.append(value)
+    if errors:
+        raise PydanticError(errors)
+    return ids
 
 
 def build_app(server: Server) -> Starlette:
@@ -283,11 +306,12 @@ def build_app(server: Server) -> Starlette:
         try:
             body = await _json_body(request)
             check_model(body, server.served_name)
-            ids = list_of(body, "tokens", need=True)
-            if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                  and 0 <= i < server.engine.vocab_size for i in ids)):
-                raise BadRequest("tokens must be a list of token ids in the vocabulary", param="tokens")
-            return JSONResponse({"prompt": server.tokenizer.decode(ids, skip_special_tokens=False)})
+            ids = token_ids(list_of(body, "tokens", need=True))
+            try:
+                text = server.tokenizer.decode(ids, skip_special_tokens=False)
+            except OverflowError as exc:  # an id past 32 bits: the tokenizer's own words, as vLLM's
+                raise VllmError(str(exc).splitlines()[0]) from None
+            return JSONResponse({"prompt": text})
         except Exception as exc:  # noqa: BLE001
             return _error(exc)
 
