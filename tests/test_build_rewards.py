@@ -306,6 +306,34 @@ def test_files_as_spreadsheets_and_databases_write_them_are_read(tmp_path, captu
         build_trajectories(captures, BuildOptions(rewards=semi))
 
 
+def test_labels_files_that_are_not_utf8_are_named_not_read_with_replacement_characters(tmp_path, captures):
+    """A Latin-1 CSV (Excel on Windows) made the task ``café`` the new group ``caf\ufffd``, unsaid;
+    a UTF-16 one ("Unicode text") was refused with a garbled header as the columns it found."""
+    for suffix, text in (("csv", "rollout_id,reward,task_id\nr1,1,caf\xe9\nr2,0,t-add\n"),
+                         ("jsonl", '{"rollout_id": "r2", "reward": 0, "task_id": "t-add"}\n'
+                                   '{"rollout_id": "r1", "reward": 1, "task_id": "caf\xe9"}\n')):
+        latin = tmp_path / f"latin.{suffix}"
+        latin.write_bytes(text.encode("latin-1"))
+        for labels in (BuildOptions(rewards=latin), BuildOptions(tasks=latin)):
+            result = build_trajectories(captures, labels)
+            assert f"{latin}: line 2: not UTF-8 (byte 0xe9; save the file as UTF-8)" in result.report.problems
+            assert by_rollout(result)["r2"][0].task_id == "t-add"
+            assert all("\ufffd" not in (t.task_id or "") for t in result.trajectories)
+        for encoding in ("utf-16", "utf-16-le"):  # with its byte-order mark, and without one
+            wide = tmp_path / f"wide.{suffix}"
+            wide.write_bytes(text.replace("\xe9", "e").encode(encoding))
+            for option, what in (("rewards", "reward"), ("tasks", "task id")):
+                with pytest.raises(RewardFileError, match=rf"^no usable {what} in {re.escape(str(wide))}: line 1: UTF-16 "
+                                                          r"text, not UTF-8 \(save the file as UTF-8\); the file is "
+                                                          "not read$"):
+                    build_trajectories(captures, BuildOptions(**{option: wide}))
+    header = tmp_path / "header.csv"  # no column can be named: the file is not read
+    header.write_bytes("rollout_id,reward,caf\xe9\nr1,1,x\n".encode("latin-1"))
+    with pytest.raises(RewardFileError, match=r"line 1: not UTF-8 \(byte 0xe9; save the file as UTF-8\); the file is "
+                                              "not read$"):
+        build_trajectories(captures, BuildOptions(rewards=header))
+
+
 def test_unusable_reward_files_fail_before_building(tmp_path, captures):
     with pytest.raises(RewardFileError, match="file not found: .*missing.jsonl"):
         build_trajectories(captures, BuildOptions(rewards=tmp_path / "missing.jsonl"))

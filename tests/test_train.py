@@ -361,8 +361,8 @@ def test_bad_paths_and_options_are_clear_errors(sampled, tiny_model_dir, tmp_pat
     # values TRL would refuse only mid-training, after the weights load, or never
     for setting, message in (("loss_type=foo", "loss_type must be one of grpo, .*vespo, not 'foo'"),
                              ("vllm_importance_sampling_mode=foo", "vllm_importance_sampling_mode must be one of"),
-                             ("epsilon=-1", "epsilon and epsilon_high must be > 0"),
-                             ("epsilon_high=0", "epsilon and epsilon_high must be > 0"),
+                             ("epsilon=-1", r"^epsilon must be > 0 \(the clip range around 1\), got -1$"),
+                             ("epsilon_high=0", r"^epsilon_high must be > 0 \(the clip range around 1\), got 0$"),
                              ("max_completion_length=0", "max_completion_length must be >= 1, got 0")):
         with pytest.raises(UserError, match=message):
             prepare(ns(sampled, tiny_model_dir, tmp_path / "r", setting))
@@ -811,6 +811,71 @@ def test_errors_name_the_users_option_not_a_derived_one(sampled, tiny_model_dir,
     for setting in ("temperature=0.7", "temperature=1"):
         with pytest.raises(UserError, match=r"record several sampling temperatures \(0.7, 1\) .* split or filter"):
             prepare(ns(data, tiny_model_dir, tmp_path / "r", setting, "sampler_logprobs=processed"))
+
+
+def test_a_yaml_syntax_error_names_its_line_column_and_problem(tmp_path):
+    """Only PyYAML's context was kept ("not valid YAML (while parsing a flow sequence)"): neither
+    where in a long train.yaml nor what was wrong (serve --script says both)."""
+    config = tmp_path / "t.yaml"
+    for text, message in (
+            ("learning_rate: 1.0e-5\nlora_r: [8\nseed: 1\n",
+             "expected ',' or ']', but got ':' at line 3, column 5 (while parsing a flow sequence started at line 2, "
+             "column 9)"),
+            ("learning_rate: 1.0e-5\nlora_r:\t8\n",
+             "found character '\\t' that cannot start any token at line 2, column 8 (while scanning for the next "
+             "token)")):
+        config.write_text(text)
+        with pytest.raises(UserError, match=f"^{re.escape(f'{config}: not valid YAML: {message}')}$"):
+            load_config(str(config), [], str(tmp_path / "r"))
+
+
+def test_a_bad_boolean_in_the_config_file_names_the_file_not_set(tmp_path):
+    """``bf16: "maybe"`` in the YAML was reported as ``--set bf16: Truthy value expected ...``,
+    though no --set was given."""
+    config = tmp_path / "t.yaml"
+    for key, value in (("bf16", "maybe"), ("allow_temperature_mismatch", "sure")):
+        config.write_text(f'{key}: "{value}"\n')
+        with pytest.raises(UserError, match=f"^{re.escape(f'{config}: {key}: expected true or false, got {value!r}')}$"):
+            load_config(str(config), [], str(tmp_path / "r"))
+    config.write_text('bf16: "no"\nallow_temperature_mismatch: "yes"\n')  # argparse's words for a bool are taken
+    loaded = load_config(str(config), [], str(tmp_path / "r"))
+    assert (loaded.bf16, loaded.allow_temperature_mismatch) == (False, True)
+
+
+def test_an_option_given_twice_with_set_is_refused(tmp_path):
+    """``--set lora_r=8 --set lora_r=4`` trained r=4 unsaid; the same key twice in the YAML is refused."""
+    with pytest.raises(UserError, match=r"^--set lora_r is given twice \(the last one would win unsaid\)$"):
+        load_config(None, ["lora_r=8", "lora-r=4"], str(tmp_path / "r"))
+
+
+def test_delta_at_or_below_one_plus_epsilon_is_refused(tmp_path):
+    """TRL clamps the ratio at ``delta``: ``delta: 0.2`` (taken for epsilon) gave every token of positive
+    advantage a constant loss, and the run "trained" on its bad trajectories only, with exit 0."""
+    out = str(tmp_path / "r")
+    for sets, bound in ((["delta=0.2"], "1 + epsilon = 1.2, got 0.2"), (["delta=-1"], "1 + epsilon = 1.2, got -1"),
+                        (["delta=1.2"], "1 + epsilon = 1.2, got 1.2"),
+                        (["epsilon_high=0.28", "delta=1.25"], "1 + epsilon_high = 1.28, got 1.25"),
+                        (["delta=nan"], "1 + epsilon = 1.2, got nan")):
+        with pytest.raises(UserError, match=rf"^delta must be above {re.escape(bound)}: TRL caps the ratio pi/pi_old "
+                                            "at delta, so a token of positive advantage .* no gradient"):
+            load_config(None, sets, out)
+    assert load_config(None, ["delta=1.5"], out).delta == 1.5
+    assert load_config(None, ["loss_type=cispo", "delta=0.2"], out).delta == 0.2  # (cispo never reads delta)
+
+
+def test_a_generation_option_at_its_default_is_taken_and_epsilon_names_what_was_given(tmp_path):
+    """A copied TRL config's ``use_vllm: false`` was refused as generating (``top_p: 1.0`` was taken),
+    and ``epsilon=-0.2`` said "got -0.2 and None", naming an epsilon_high never set."""
+    out = str(tmp_path / "r")
+    config = tmp_path / "t.yaml"
+    config.write_text("use_vllm: false\nvllm_mode: colocate\n")
+    loaded = load_config(str(config), ["use_vllm=False", "vllm_server_port=8000"], out)
+    assert (loaded.use_vllm, loaded.vllm_mode) == (False, "colocate")
+    for sets in (["use_vllm=true"], ["vllm_mode=server"]):
+        with pytest.raises(UserError, match="this trainer trains recorded trajectories only"):
+            load_config(None, sets, out)
+    with pytest.raises(UserError, match=r"^epsilon must be > 0 \(the clip range around 1\), got -0.2$"):
+        load_config(None, ["epsilon=-0.2"], out)
 
 
 def test_no_learning_signal_is_said_and_a_model_file_or_broken_tokenizer_is_one_line(sampled, tiny_model_dir, tmp_path,

@@ -8,6 +8,7 @@ recorded data with a LoRA are refused up front: docs/train.md), and
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import json
@@ -24,12 +25,15 @@ from trl import GRPOConfig, TrlParser
 
 from ..cli import UserError
 from ..paths import expand_home, not_a_file
+from ..yaml_errors import yaml_problem
 
 
 #: TRL's vLLM importance-sampling modes (its error message, raised only mid-training, lists these).
 _IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: TRL's importance_sampling_level values (others it refuses only mid-training).
 _IS_LEVELS = ("token", "sequence")
+#: The loss types whose clipped ratio TRL (1.16) also clamps at ``delta`` (the others ignore it).
+_DELTA_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 
 def _documented_loss_types() -> tuple[str, ...]:
@@ -159,9 +163,9 @@ class TrainConfig(GRPOConfig):
         if self.vllm_importance_sampling_mode not in _IS_MODES:
             raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(_IS_MODES)}, "
                              f"not {self.vllm_importance_sampling_mode!r}")
-        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
-            raise ValueError(f"epsilon and epsilon_high must be > 0 (the clip range around 1), got "
-                             f"{self.epsilon:g} and {self.epsilon_high}")
+        for name in ("epsilon", "epsilon_high"):  # (only what was given: epsilon_high None is epsilon's)
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 (the clip range around 1), got {getattr(self, name):g}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {self.max_completion_length}")
         if isinstance(self.init_adapter, str) and self.init_adapter.strip().lower() in ("", "none", "null"):
@@ -380,6 +384,7 @@ class TrainConfig(GRPOConfig):
             raise ValueError("advantage_baseline=rollout takes each group's own mean and std (scale_rewards group or "
                              f"none, multi_objective_aggregation sum_then_normalize); with scale_rewards={scale!r} and "
                              f"multi_objective_aggregation={aggregation!r} set advantage_baseline=trajectory")
+        self._check_delta()
         need(self.importance_sampling_level in _IS_LEVELS, "importance_sampling_level must be "
              f"{' or '.join(_IS_LEVELS)}", self.importance_sampling_level)
         if self.use_liger_kernel:
@@ -387,6 +392,20 @@ class TrainConfig(GRPOConfig):
 
             need(importlib.util.find_spec("liger_kernel") is not None, "use_liger_kernel needs the liger-kernel "
                  "package (pip install liger-kernel; a GPU kernel)", self.use_liger_kernel)
+
+    def _check_delta(self) -> None:
+        """TRL's two-sided clipping clamps the ratio pi / pi_old at ``delta`` before its clipped
+        minimum: below ``1 + epsilon`` that clamp, not the clip range, decides for tokens of positive
+        advantage, and at or below 1 (``delta: 0.2``, taken for epsilon) their loss is constant - a
+        run "trained" only on its bad trajectories, unsaid. TRL documents the bound ("recommended >
+        1 + ε")."""
+        if self.delta is None or self.loss_type not in _DELTA_LOSSES:
+            return
+        name, upper = ("epsilon_high", self.epsilon_high) if self.epsilon_high is not None else ("epsilon", self.epsilon)
+        if not self.delta > 1 + upper:  # (NaN too)
+            raise ValueError(f"delta must be above 1 + {name} = {1 + upper:g}, got {self.delta:g}: TRL caps the ratio "
+                             "pi/pi_old at delta, so a token of positive advantage whose ratio reaches delta gets no "
+                             "gradient (at or below 1: every such token); leave delta out for one-sided clipping")
 
     def _check_importance_bounds(self) -> None:
         """The importance-weight bounds, as TRL will use them: a cap <= 0 (also one given through the
@@ -485,10 +504,19 @@ def _is_generation_option(key: str) -> bool:
 
 def _is_default(key: str, value: Any) -> bool:
     """Whether ``value`` (as given: a --set string or a YAML value) is the option's default: a TRL
-    config copied with ``top_p: 1.0`` sets nothing."""
+    config copied with ``top_p: 1.0`` or ``use_vllm: false`` sets nothing."""
     default = _FIELDS[key].default
     if value is None or str(value).strip().lower() in ("none", "null", ""):
         return default is None
+    if isinstance(default, bool):
+        from transformers.hf_argparser import string_to_bool
+
+        try:
+            return string_to_bool(value if isinstance(value, bool) else str(value)) is default
+        except argparse.ArgumentTypeError:
+            return False
+    if isinstance(default, str):
+        return str(value).strip() == default
     try:
         return default is not None and float(value) == float(default)
     except (TypeError, ValueError):
@@ -496,9 +524,8 @@ def _is_default(key: str, value: Any) -> bool:
 
 
 def _refuse_generation_option(where: str, key: str, value: Any) -> None:
-    if key in _SAMPLING_OPTIONS and _is_default(key, value):
-        return
-    if _is_generation_option(key):
+    """Refuse a generation option set to anything but its default (which generates nothing)."""
+    if _is_generation_option(key) and not _is_default(key, value):
         raise UserError(f"{where}{key}: this trainer trains recorded trajectories only and generates nothing "
                         "(no vLLM): sample with your server through the capture proxy, then build and train")
 
@@ -547,6 +574,13 @@ def _yaml_value(key: str, value: Any) -> Any:
     wanted = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str, list) if k in kinds)
     bad = ValueError(f"expected {wanted}, got {value!r}")
     if isinstance(value, str):
+        if kinds == {bool}:  # `bf16: "maybe"`: argparse would convert it as a default and blame --set
+            from transformers.hf_argparser import string_to_bool  # (what argparse converts --set with)
+
+            try:
+                return string_to_bool(value)
+            except argparse.ArgumentTypeError:
+                raise bad from None
         if list in kinds and str not in kinds:
             value = [v.strip() for v in value.split(",") if v.strip()]
         elif str not in kinds and bool not in kinds:
@@ -609,6 +643,8 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
         if not value.strip() and not clears:  # `--set report_to=` was "report_to : not installed" (a probe)
             raise UserError(f"--set {key}: empty value (leave the option out for its default)")
         _refuse_generation_option("--set ", key, value)
+        if key in out:  # as in the YAML: argparse kept the last one without a word
+            raise UserError(f"--set {key} is given twice (the last one would win unsaid)")
         out[key] = value
     return out
 
@@ -665,7 +701,7 @@ def read_yaml(path: str | None) -> dict[str, Any]:
     except _DuplicateKey as exc:
         raise UserError(f"{p}: line {exc.line}: {exc.key} is given twice (the last one would win unsaid)") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{p}: not valid YAML: {yaml_problem(exc)}") from None
     except UnicodeDecodeError as exc:  # a binary file given by mistake: the codec's words named no file
         raise UserError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,9 +58,15 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
     """(location, record) pairs; unreadable rows/files are added to ``problems`` and skipped."""
     fmt = file_format(path)
     if fmt == "jsonl":
-        with open(path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a byte-order mark is no JSON
+        with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:  # -sig: a byte-order mark is no JSON
             for n, line in enumerate(f, start=1):
                 if not line.strip():
+                    continue
+                if n == 1 and _utf16(line):  # (each line of it would be named)
+                    problems.append(f"{path}: line 1: {_UTF16_PROBLEM}; the file is not read")
+                    return
+                if (problem := _not_utf8(line)) is not None:
+                    problems.append(f"{path}: line {n}: {problem}")
                     continue
                 try:
                     rec = json.loads(line, object_pairs_hook=_object_noting_repeats)
@@ -103,9 +110,13 @@ def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
     limit = csv.field_size_limit(CSV_FIELD_LIMIT)  # (process-wide: given back when done)
     try:
         # utf-8-sig: spreadsheets write a byte-order mark, which would become part of the first name
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
             reader = csv.DictReader(f)
             names = reader.fieldnames or []
+            header = ",".join(n for n in names if n)
+            if (problem := _UTF16_PROBLEM if _utf16(header) else _not_utf8(header)) is not None:  # no column
+                problems.append(f"{path}: line 1: {problem}; the file is not read")  # can be named
+                return
             if names and "rollout_id" not in [n.strip() for n in names if n]:
                 shown = ", ".join(repr(n) for n in names[:5] if n is not None)
                 problems.append(f"{path}: line 1: the header has no rollout_id column (found {shown}); "
@@ -124,6 +135,9 @@ def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                                     "rest of the file is not read")
                     break
                 where = f"{path}: {_lines(before, lines.line_num)}"
+                if (problem := _not_utf8(",".join(v for v in rec.values() if isinstance(v, str)))) is not None:
+                    problems.append(f"{where}: {problem}")
+                    continue
                 if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
                     # header's: a shifted row (a trailing comma, an empty field, is harmless)
                     problems.append(f"{where}: {len(names) + len(rec[None])} fields where "
@@ -133,6 +147,29 @@ def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 yield where, rec
     finally:
         csv.field_size_limit(limit)
+
+
+#: The bytes that are no UTF-8 as Python's ``surrogateescape`` reads them (U+DC80-U+DCFF): with
+#: ``errors="replace"`` a Latin-1 ``café`` became the task ``caf\ufffd``, a new group, unsaid.
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
+_UTF16_PROBLEM = "UTF-16 text, not UTF-8 (save the file as UTF-8)"
+
+
+def _utf16(first_line: str) -> bool:
+    """Whether a file's first line, read as UTF-8 with ``surrogateescape``, is UTF-16 text (as
+    Excel's "Unicode text" writes it): its byte-order mark, or NUL bytes without one."""
+    return first_line.startswith(("\udcff\udcfe", "\udcfe\udcff")) or "\x00" in first_line
+
+
+def _not_utf8(text: str) -> str | None:
+    """What is wrong with text read with ``surrogateescape`` that held bytes no UTF-8 (None: it is
+    UTF-8): the first such byte."""
+    found = _UNDECODED.search(text)
+    if found is None:
+        return None
+    return f"not UTF-8 (byte {ord(found.group()) - 0xDC00:#04x}; save the file as UTF-8)"
 
 
 class _RepeatedKeys(dict):
