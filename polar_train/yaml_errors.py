@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _at(mark: Any) -> str:
+def at(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
@@ -27,11 +27,11 @@ def yaml_problem(exc: Exception) -> str:
 
     if isinstance(exc, yaml.MarkedYAMLError) and (exc.problem or exc.context):
         mark = exc.problem_mark or exc.context_mark
-        text = (exc.problem or exc.context) + (f" at {_at(mark)}" if mark else "")
+        text = (exc.problem or exc.context) + (f" at {at(mark)}" if mark else "")
         if exc.problem and exc.context:
             start = exc.context_mark
             same = start is not None and mark is not None and (start.line, start.column) == (
                 mark.line, mark.column)
-            text += f" ({exc.context}" + (f" started at {_at(start)}" if start and not same else "") + ")"
+            text += f" ({exc.context}" + (f" started at {at(start)}" if start and not same else "") + ")"
         return one_line(text)
     return one_line(str(exc)) or type(exc).__name__

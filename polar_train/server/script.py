@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import not_a_file
+from ..yaml_errors import at, one_line, yaml_problem
 from ..tokenizer import IM_END, IM_START, special_tokens
 from .errors import BadRequest
 from .prompt import encode, render
@@ -127,30 +128,6 @@ def _list(raw: Any, where: str) -> list[Any]:
     return raw
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
-
-
-def _at(mark: Any) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}"
-
-
-def _parse_problem(exc: Exception) -> str:
-    """One line that keeps where and why (PyYAML's str() spreads them over several lines)."""
-    import yaml
-
-    if isinstance(exc, yaml.MarkedYAMLError) and (exc.problem or exc.context):
-        mark = exc.problem_mark or exc.context_mark
-        text = (exc.problem or exc.context) + (f" at {_at(mark)}" if mark else "")
-        if exc.problem and exc.context:
-            start = exc.context_mark
-            same = start is not None and mark is not None and (start.line, start.column) == (
-                mark.line, mark.column)
-            text += f" ({exc.context}" + (f" started at {_at(start)}" if start and not same else "") + ")"
-        return _one_line(text)
-    return _one_line(str(exc)) or type(exc).__name__
-
-
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json's object_pairs_hook: a duplicate key would silently keep the last value."""
     out: dict[str, Any] = {}
@@ -181,7 +158,7 @@ def _yaml_loader() -> type:
                     except TypeError:  # unhashable: SafeLoader reports it
                         continue
                     if first is not key_node:
-                        where = f"{_at(key_node.start_mark)} (first at {_at(first.start_mark)})"
+                        where = f"{at(key_node.start_mark)} (first at {at(first.start_mark)})"
                         raise ConstructorError(None, None, f"duplicate key {key!r} at {where}")
             return super().construct_mapping(node, deep=deep)
 
@@ -262,7 +239,7 @@ def _tool_call(c: Any, where: str) -> dict[str, Any]:
         try:
             args = json.loads(args, object_pairs_hook=_unique_object)
         except ValueError as exc:
-            raise ScriptError(f"{where}.arguments is not JSON: {_one_line(str(exc))}") from None
+            raise ScriptError(f"{where}.arguments is not JSON: {one_line(str(exc))}") from None
     if not isinstance(args, dict):
         raise ScriptError(f"{where}.arguments must be a mapping")
     _json_value(args, f"{where}.arguments")
@@ -321,7 +298,7 @@ class Script:
             else:
                 data = json.loads(text, object_pairs_hook=_unique_object)
         except Exception as exc:
-            raise ScriptError(f"{p}: cannot parse: {_parse_problem(exc)}") from None
+            raise ScriptError(f"{p}: cannot parse: {yaml_problem(exc)}") from None
         return cls.from_data(data, str(p))
 
     @classmethod
