@@ -12,6 +12,7 @@ from typing import Any
 
 
 def at(mark: Any) -> str:
+    """A PyYAML mark as people count: ``line L, column C`` from 1."""
     return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
