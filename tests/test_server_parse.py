@@ -72,3 +72,12 @@ def test_parse_turn_like_vllm_hermes():
     assert parse_turn("<tool_call>\n{bad}\n</tool_call>", True).content == "<tool_call>\n{bad}\n</tool_call>"
     assert parse_turn('<tool_call>{"name": "f", "arguments": {}}</tool_call>', False).tool_calls == []
     assert parse_turn('<tool_call>{"name": "f", "arguments": {}}</tool_call>', True).content is None
+
+
+def test_a_block_whose_name_is_no_string_is_no_call():
+    """vLLM's FunctionCall refuses a name of another type: the whole answer is content (a dict
+    name crashed our Responses item building)."""
+    for name in ("5", "null", '{"a": 1}'):
+        text = '<tool_call>{"name": ' + name + ', "arguments": {}}</tool_call>'
+        t = parse_turn(text, True)
+        assert (t.content, t.tool_calls) == (text, [])

@@ -154,7 +154,10 @@ def prepare(server, body: dict) -> dict[str, Any]:
                         "last message has the answer's role", param="echo")
     return {
         "model": model, "prompt_ids": prompt_ids, "params": params, "view": view, "n": n,
-        "tools_enabled": bool(tools) and tool_choice != "none", "logprobs": logprobs,
+        # vLLM's hermes parser reads the output unless tool_choice is "none" (an explicit null too,
+        # even without tools), but its calls are returned only under a tool_choice given or implied
+        "tools_enabled": tool_choice != "none", "calls_kept": bool(tools) and tool_choice is not None,
+        "logprobs": logprobs,
         "return_token_ids": flag(body, "return_token_ids"),
         # vLLM (run with a tool parser) hides reasoning, and with it every token's ids and logprobs
         "include_reasoning": flag(body, "include_reasoning", True),
@@ -304,9 +307,9 @@ def usage(prompt_len: int, completion_len: int) -> dict[str, Any]:
             "completion_tokens": completion_len}
 
 
-def finish_reason(state: CompletionState) -> str:
-    """vLLM's non-streamed finish reason: ``tool_calls`` whenever the turn parsed into calls."""
-    if state.final() and state.final().tool_calls and state.tools_enabled:
+def finish_reason(state: CompletionState, calls_kept: bool = True) -> str:
+    """vLLM's non-streamed finish reason: ``tool_calls`` whenever the turn parsed into calls it returns."""
+    if calls_kept and state.final() and state.final().tool_calls and state.tools_enabled:
         return "tool_calls"
     return state.finish.reason if state.finish else "length"
 
@@ -341,7 +344,7 @@ def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> 
                                                                not parsed.tool_calls) else "",
         "refusal": None, "annotations": None, "audio": None, "function_call": None,
     }
-    if parsed.tool_calls:
+    if parsed.tool_calls and req["calls_kept"]:
         calls = parsed.tool_calls if req["parallel_tool_calls"] else parsed.tool_calls[:1]
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -356,7 +359,7 @@ def _choice(server, req: dict[str, Any], index: int, state: CompletionState) -> 
         "logprobs": {"content": logprob_entries(server, state.steps, req["params"].top_logprobs,
                                                 req.get("tokens_as_ids", False))}
         if req["logprobs"] and shown else None,
-        "finish_reason": finish_reason(state),
+        "finish_reason": finish_reason(state, req["calls_kept"]),
         "stop_reason": state.finish.stop_reason if state.finish else None,
         "token_ids": state.token_ids if req["return_token_ids"] and shown else None,
         "routed_experts": None,
@@ -498,8 +501,14 @@ def _delta_json(d: Delta, parallel: bool, shown: bool = True) -> dict[str, Any]:
         delta["reasoning"] = None
     calls = [c for c in d.call_deltas if parallel or c.index == 0]
     if calls:
-        delta["tool_calls"] = [
-            {"id": c.id, "type": "function", "index": c.index, "function": {"name": c.name}}
-            if c.name is not None else {"index": c.index, "function": {"arguments": c.arguments}}
-            for c in calls]
+        delta["tool_calls"] = [_call_entry(c) for c in calls]
     return delta
+
+
+def _call_entry(c) -> dict[str, Any]:
+    """A tool-call entry: the first with the call's id and name (and the stream's closing ``{}``
+    when the name came last), the later ones a piece of the arguments."""
+    if c.name is None:
+        return {"index": c.index, "function": {"arguments": c.arguments}}
+    function = {"name": c.name} if c.arguments is None else {"name": c.name, "arguments": c.arguments}
+    return {"id": c.id, "type": "function", "index": c.index, "function": function}

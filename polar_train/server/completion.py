@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .detokenizer import Detokenizer
 from .engine import Engine, Finish, SamplingParams, TokenStep  # noqa: F401 - Finish re-exported
 from .hermes_stream import HermesStream, ToolCallDelta, partial_tag_overlap
-from .parse import THINK_END, THINK_START, ParsedToolCall, parse_tool_calls, parse_turn, split_reasoning
+from .parse import THINK_END, THINK_START, parse_turn, split_reasoning
 
 
 #: Generation threads running now, with their stop events: a server's stop ends them (see
@@ -90,8 +90,6 @@ class Delta:
     content: str = ""
     #: the tool-call entries vLLM's hermes parser streams now (chat's ``delta.tool_calls``)
     call_deltas: list[ToolCallDelta] = field(default_factory=list)
-    #: calls whose ``</tool_call>`` arrived now, parsed whole (what responses/messages send)
-    tool_calls: list[tuple[int, ParsedToolCall]] = field(default_factory=list)
 
     def empty(self) -> bool:
         """Nothing for a chat delta (a call's closing adds none: its pieces went before)."""
@@ -113,8 +111,6 @@ class CompletionState:
         self.finish: Finish | None = None
         self.sent_reasoning = ""
         self.sent_content = ""
-        self.sent_calls = 0
-        self.call_ids: list[str] = []
         self.hermes = HermesStream()
         self.text = ""
         self.parsed = None
@@ -170,25 +166,11 @@ class CompletionState:
         if self.holdback:
             text = text[:max(0, len(text) - self.holdback)]
         reasoning, content = self._split(text)
-        return self._diff(reasoning or "", content, self._closed_calls(content))
+        return self._diff(reasoning or "", content)
 
-    def _closed_calls(self, content: str) -> list[ParsedToolCall]:
-        if not self.tools_enabled:
-            return []
-        return parse_tool_calls(content, True, closed_only=True)[1]
-
-    def _stable_ids(self, calls: list[ParsedToolCall]) -> None:
-        for i, call in enumerate(calls):
-            if i < len(self.call_ids):
-                call.id = self.call_ids[i]
-            else:
-                self.call_ids.append(call.id)
-
-    def _diff(self, reasoning: str, content: str, calls: list[ParsedToolCall],
-              finished: bool = False) -> Delta:
+    def _diff(self, reasoning: str, content: str, finished: bool = False) -> Delta:
         """The step's delta from the sendable reasoning and the content text so far: with tools,
         the content and the calls' pieces as vLLM's streaming hermes parser sends them."""
-        self._stable_ids(calls)
         d = Delta()
         if reasoning.startswith(self.sent_reasoning) and len(reasoning) > len(self.sent_reasoning):
             d.reasoning = reasoning[len(self.sent_reasoning):]
@@ -199,19 +181,17 @@ class CompletionState:
         elif content.startswith(self.sent_content) and len(content) > len(self.sent_content):
             d.content = content[len(self.sent_content):]
             self.sent_content = content
-        for i in range(self.sent_calls, len(calls)):
-            d.tool_calls.append((i, calls[i]))
-        self.sent_calls = max(self.sent_calls, len(calls))
         return d
 
     def _final_delta(self) -> Delta:
         self.text = self._decode()
         self.parsed = parse_turn(self.text, self.tools_enabled)
-        reasoning, content = split_reasoning(self.text)
-        return self._diff(self.parsed.reasoning or "", content, self.parsed.tool_calls, finished=True)
+        _, content = split_reasoning(self.text)
+        return self._diff(self.parsed.reasoning or "", content, finished=True)
 
     def final(self):
-        """The complete parse (after the Finish was pushed); tool-call ids equal the streamed ones."""
+        """The complete parse (after the Finish was pushed), as vLLM's non-streamed parser reads the
+        text: its calls have ids of their own (a stream's entries are no final response's)."""
         return self.parsed
 
     @property

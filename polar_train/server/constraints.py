@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import PydanticError, VllmError, field_error, missing
+from .errors import ApiError, PydanticError, VllmError, field_error, missing
+from .fields import to_bool
 
 WHY = "polar-train serve does not constrain decoding"
 
@@ -21,6 +22,29 @@ def _refuse(what: str, param: str) -> VllmError:
 def _literal(loc: str, expected: str, value: Any) -> dict:
     return field_error("literal_error", loc, f"Input should be {expected}", value,
                        {"expected": expected})
+
+
+def _is(value: Any, want: bool) -> bool:
+    """``value`` read as pydantic's lax bool equals ``want`` (a value no bool is left to the checks)."""
+    try:
+        return value is not None and to_bool(value, "") is want
+    except ApiError:
+        return False
+
+
+def check_tool_envelope(tools: Any, auto: bool, single: bool, param: str) -> None:
+    """vLLM (hermes, ``tool_choice`` auto) grammar-constrains the call envelope where one call at
+    most is allowed (``parallel_tool_calls: false``, Anthropic's ``disable_parallel_tool_use``) or
+    a tool is ``strict``: a free sampler could give a second call, an unknown name or arguments
+    off the schema where vLLM never would."""
+    if not (auto and isinstance(tools, list) and tools):
+        return
+    if single:
+        raise _refuse(f"{param} (one tool call at most)", param)
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else tool
+        if isinstance(fn, dict) and _is(fn.get("strict"), True):
+            raise _refuse(f"a tool with strict: true (tools[{i}])", "tools")
 
 
 def check_response_format(body: dict) -> None:
@@ -55,6 +79,8 @@ def check_chat(body: dict) -> None:
     check_response_format(body)
     if body.get("structured_outputs") is not None:
         raise _refuse("structured_outputs", "structured_outputs")
+    check_tool_envelope(body.get("tools"), body.get("tool_choice", "auto") == "auto",
+                        _is(body.get("parallel_tool_calls"), False), "parallel_tool_calls false")
 
 
 def check_messages(body: dict) -> None:
@@ -67,6 +93,9 @@ def check_messages(body: dict) -> None:
     fmt = output.get("format") if isinstance(output, dict) else None
     if isinstance(fmt, dict) and fmt.get("schema", fmt.get("json_schema")) is not None:
         raise _refuse(f"output_config.format {fmt.get('type', 'json_schema')!r}", "output_config")
+    auto = choice is None or isinstance(choice, dict) and choice.get("type") == "auto"
+    single = isinstance(choice, dict) and _is(choice.get("disable_parallel_tool_use"), True)
+    check_tool_envelope(body.get("tools"), auto, single, "tool_choice.disable_parallel_tool_use")
 
 
 def check_responses(body: dict) -> None:
@@ -79,3 +108,5 @@ def check_responses(body: dict) -> None:
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
         raise _refuse(f"text.format {fmt['type']!r}", "text.format")
+    check_tool_envelope(body.get("tools"), body.get("tool_choice", "auto") in ("auto", None),
+                        _is(body.get("parallel_tool_calls"), False), "parallel_tool_calls false")

@@ -39,6 +39,9 @@ def to_int(value: Any, field: str) -> int:
         if not value.is_integer():
             raise validation_error("int_from_float", field, "Input should be a valid integer, got a "
                                    "number with a fractional part", value)
+        if not -(2**63) <= value < 2**63:  # (pydantic reads a float through an int64)
+            raise validation_error("int_parsing_size", field, "Unable to parse input string as an integer, "
+                                   "exceeded maximum size", value)
         return int(value)
     if isinstance(value, str):
         m = INT_TEXT.fullmatch(value.strip())  # ASCII digits only: int() would take "٤" and "4."

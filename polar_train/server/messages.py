@@ -192,14 +192,17 @@ def prepare(server, body: dict, count_only: bool = False) -> dict[str, Any]:
                            stop_key="stop_sequences", clamp=server.script is not None,
                            budget_name="max_completion_tokens", bias=False),
         "view": RequestView("anthropic.messages", messages, [t["function"]["name"] for t in tools]),
-        "tools_enabled": bool(tools) and tool_choice != "none",
+        # vLLM: its hermes parser reads every answer unless tool_choice is none (a request without
+        # tools or tool_choice too: streamed, its calls are tool_use blocks), but a non-streamed
+        # answer keeps calls only where tools were given
+        "tools_enabled": tool_choice != "none", "calls_kept": bool(tools),
         # vLLM: the chat request's parallel_tool_calls (only the first call is kept)
         "parallel_tool_calls": not flag(choice, "disable_parallel_tool_use",
                                         field="tool_choice.disable_parallel_tool_use"),
         "stream": flag(body, "stream"),
         "id": f"chatcmpl-{random_id()}",
     })
-    keep_specials(req["params"], req["tools_enabled"])
+    keep_specials(req["params"], bool(tools) and tool_choice != "none")
     return req
 
 
@@ -233,7 +236,8 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
     async for step in server.tokens(req):
         state.push(step)
     parsed = state.final()
-    calls = parsed.tool_calls if req["parallel_tool_calls"] else parsed.tool_calls[:1]
+    calls = parsed.tool_calls if req["calls_kept"] else []
+    calls = calls if req["parallel_tool_calls"] else calls[:1]
     content: list[dict[str, Any]] = []
     if parsed.reasoning:
         content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": uuid.uuid4().hex})
@@ -243,7 +247,7 @@ async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
         content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": json.loads(c.arguments)})
     if not content:
         content.append({"type": "text", "text": ""})
-    finish = "tool_calls" if parsed.tool_calls else (state.finish.reason if state.finish else "length")
+    finish = "tool_calls" if calls else (state.finish.reason if state.finish else "length")
     reason, seq = stop_reason(finish, state.finish.stop_reason if state.finish else None,
                               bool(calls), bool(calls))
     out = {"id": req["id"], "type": "message", "role": "assistant", "content": content,

@@ -59,37 +59,33 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 
 
 def _parse_block(body: str) -> ParsedToolCall | None:
+    """A block's call, or None where vLLM's would fail (no JSON object, no ``name`` string - its
+    ``FunctionCall`` model refuses another type -, no ``arguments``)."""
     try:
         obj = json.loads(body)
+        if not isinstance(obj["name"], str):
+            return None
         return ParsedToolCall(obj["name"], json.dumps(obj["arguments"], ensure_ascii=False))
     except (ValueError, KeyError, TypeError):
         return None
 
 
-def parse_tool_calls(text: str, tools_enabled: bool,
-                     closed_only: bool = False) -> tuple[str | None, list[ParsedToolCall]]:
-    """hermes: (content before the first ``<tool_call>`` or None, parsed calls); a block that does
-    not parse turns the whole text back into content, with no calls (vLLM's non-streamed parser).
-
-    ``closed_only`` (streaming, per call): the blocks whose ``</tool_call>`` has arrived, a
-    malformed one skipped.
-    """
+def parse_tool_calls(text: str, tools_enabled: bool) -> tuple[str | None, list[ParsedToolCall]]:
+    """hermes: (content before the first ``<tool_call>`` - none where blank -, parsed calls); a
+    block that does not parse turns the whole text back into content, with no calls (vLLM's
+    non-streamed parser)."""
     if not tools_enabled or TOOL_CALL_START not in text:
         return text, []
     calls = []
     for m in _TOOL_CALL_RE.finditer(text):
-        closed = m.group(1) is not None
-        if closed_only and not closed:
-            break
-        call = _parse_block(m.group(1) if closed else m.group(2))
-        if call is not None:
-            calls.append(call)
-        elif not closed_only:
+        call = _parse_block(m.group(1) if m.group(1) is not None else m.group(2))
+        if call is None:
             return text, []
+        calls.append(call)
     if not calls:
         return text, []
     content = text[: text.find(TOOL_CALL_START)]
-    return (content if content else None), calls
+    return (content if content.strip() else None), calls
 
 
 def parse_turn(text: str, tools_enabled: bool) -> ParsedTurn:

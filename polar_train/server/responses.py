@@ -219,7 +219,7 @@ def response_object(req: dict[str, Any], status: str, output: list, usage: dict 
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": body.get("instructions"), "metadata": body.get("metadata"),
         "model": req["model"], "object": "response", "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "parallel_tool_calls": req["parallel_tool_calls"],  # (null echoed as the default, as vLLM does)
         "temperature": number(body, "temperature", 1.0), "tool_choice": req["tool_choice"],
         "tools": echo_tools(req["tools"]), "top_p": number(body, "top_p", 1.0),
         "background": False, "max_output_tokens": body.get("max_output_tokens"),
