@@ -28,7 +28,8 @@ from .json_members import compact
 from .parsed import ParsedCall
 from .redact import (escape_surrogates, header_secrets, query_secrets, redacted_dumps, scrub, scrub_json,
                      secret_forms, utf8, value_secrets)
-from .render import Renderer, TokenizerUnavailable, UnencodableText, UnrenderableMedia, server_tokenize
+from .render import (Renderer, TokenizerUnavailable, UnencodableText, UnrenderableMedia, UnrenderableReply,
+                     server_tokenize, unsampled_rendering)
 from .request_row import hash_as_sent, request_hash, text_as_sent
 from .request_walk import WalkedRequest, walk_request
 from .sse import event_json, parse_event, split_all
@@ -348,7 +349,12 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
         kwargs = module.template_kwargs(state.request)
         prompt = renderer.prompt_ids(messages, tools, kwargs)
         out["prompt_token_ids"] = prompt
-        out["completion_token_ids"] = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped, kwargs)
+        completion = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped, kwargs)
+        unsampled = unsampled_rendering(parsed.assistant, parsed.stopped, len(completion),
+                                        parsed.usage_completion_tokens)
+        if unsampled is not None:
+            raise UnrenderableReply(unsampled)
+        out["completion_token_ids"] = completion
         out["completion_logprobs"] = []
         out["token_source"] = "rendered"
         if tokenize_check:
@@ -468,6 +474,10 @@ def build_row(state: CallState, renderer: Renderer | None, tokenize_check: bool 
             error = f"token ids unavailable: {exc}"
             _log_once("calls whose prompt holds an image, audio or file part keep no token ids (their rows say "
                       "where)")
+        except UnrenderableReply as exc:
+            error = f"token ids unavailable: {exc}"
+            _log_once("calls whose reply was cut inside a tool call or thinking keep no token ids (their rows "
+                      "say why)")
         except BadRequest as exc:  # a prompt the template refuses (vLLM would have answered 400)
             error = f"token ids unavailable: {exc}"
             _log_once(f"a prompt could not be rendered ({exc}); such calls keep no token ids")

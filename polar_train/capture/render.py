@@ -39,6 +39,28 @@ class UnrenderableMedia(ValueError):
     the model never saw, in an ``ok`` row that ``build`` trained on (a probe)."""
 
 
+class UnrenderableReply(ValueError):
+    """A reply the template cannot print as it was sampled: cut (``max_tokens``) inside a tool call
+    or a think block - the template closes what the model never closed -, or rendered longer than
+    the server counted. Rendered anyway, a cut Claude Code call was trained as a complete tool
+    call the model never produced (a probe)."""
+
+
+def unsampled_rendering(assistant: dict[str, Any], stopped: bool, rendered: int,
+                        counted: int | None) -> str | None:
+    """Why a reply's rendering holds tokens that were never sampled, or None."""
+    if not stopped and (assistant.get("tool_calls") or (assistant.get("reasoning") and not assistant.get("content"))):
+        where = "a tool call" if assistant.get("tool_calls") else "its thinking"
+        return (f"the reply was cut inside {where} (max_tokens or a stop string): the template would close "
+                "what the model never closed")
+    if assistant.get("tool_calls") and counted is not None and rendered > counted:
+        # (vLLM's non-streamed parser returns a call cut before its </tool_call> as whole; a text's
+        # re-encoding may count more tokens than were sampled without any cut: not looked at)
+        return (f"the rendered reply has {rendered} tokens, the server counted {counted}: it was cut before its "
+                "end (the template's closing tokens were never sampled)")
+    return None
+
+
 #: A UTF-16 surrogate that no other one pairs with (in a str only where JSON escaped it: ``"\\ud83d"``).
 _LONE_SURROGATE = re.compile("[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
 
