@@ -40,7 +40,8 @@ def partial_tag_overlap(text: str, tag: str) -> int:
     return 0
 
 
-def _is_complete_json(text: str) -> bool:
+def is_json(text: str) -> bool:
+    """Whether ``text`` is one whole JSON value (vLLM's ``is_complete_json`` / Anthropic ``_is_json``)."""
     try:
         json.loads(text)
     except ValueError:
@@ -62,7 +63,7 @@ def _call_jsons(text: str) -> list[tuple[str, bool]]:
         raw = text[body_start:]
         overlap = partial_tag_overlap(raw, TOOL_CALL_END)
         body = (raw[:-overlap] if overlap else raw).strip()
-        out.append((body, _is_complete_json(body) if body else False))
+        out.append((body, is_json(body) if body else False))
         break
     return out
 

@@ -16,6 +16,7 @@ from typing import Any
 from . import constraints
 from .common import CHAT_MEDIA_PARTS, check_model, integer, keep_specials, refuse_images, sampling
 from .completion import CompletionState
+from .hermes_stream import is_json
 from .errors import PydanticError, VllmError, field_error, missing, validation_error, value_error
 from .fields import flag, strings
 from .parse import random_id
@@ -223,14 +224,6 @@ def stop_reason(finish_reason: str, stop: int | str | None, tool_used: bool,
     return "end_turn", None
 
 
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
 async def respond(server, req: dict[str, Any]) -> dict[str, Any]:
     state = CompletionState(server.engine, req["tools_enabled"], req["params"])
     async for step in server.tokens(req):
@@ -339,7 +332,7 @@ async def stream(server, req: dict[str, Any]) -> AsyncIterator[bytes]:
     finish = "tool_calls" if state.hermes.streamed_calls and f is not None and f.reason == "stop" \
         else (f.reason if f is not None else "length")
     reason, seq = stop_reason(finish, f.stop_reason if f is not None else None, tool_used,
-                              tool_used and _is_json("".join(last_args)))
+                              tool_used and is_json("".join(last_args)))
     yield sse_event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": reason, "stop_sequence": seq},
                                       "usage": {"input_tokens": n_in, "output_tokens": len(state.steps)}})
