@@ -316,7 +316,7 @@ def test_labels_files_that_are_not_utf8_are_named_not_read_with_replacement_char
         latin.write_bytes(text.encode("latin-1"))
         for labels in (BuildOptions(rewards=latin), BuildOptions(tasks=latin)):
             result = build_trajectories(captures, labels)
-            assert f"{latin}: line 2: not UTF-8 (byte 0xe9; save the file as UTF-8)" in result.report.problems
+            assert f"{latin}: line 2: task_id: not UTF-8 (byte 0xe9; save the file as UTF-8)" in result.report.problems
             assert by_rollout(result)["r2"][0].task_id == "t-add"
             assert all("\ufffd" not in (t.task_id or "") for t in result.trajectories)
         for encoding in ("utf-16", "utf-16-le"):  # with its byte-order mark, and without one
@@ -327,11 +327,14 @@ def test_labels_files_that_are_not_utf8_are_named_not_read_with_replacement_char
                                                           r"text, not UTF-8 \(save the file as UTF-8\); the file is "
                                                           "not read$"):
                     build_trajectories(captures, BuildOptions(**{option: wide}))
-    header = tmp_path / "header.csv"  # no column can be named: the file is not read
-    header.write_bytes("rollout_id,reward,caf\xe9\nr1,1,x\n".encode("latin-1"))
-    with pytest.raises(RewardFileError, match=r"line 1: not UTF-8 \(byte 0xe9; save the file as UTF-8\); the file is "
-                                              "not read$"):
-        build_trajectories(captures, BuildOptions(rewards=header))
+    # a review: a byte of another column (an Excel note) cost the row, or the whole file in a header
+    noted = tmp_path / "noted.csv"
+    noted.write_bytes("rollout_id,reward,task_id,remarqu\xe9\nr1,1,t,tr\xe8s bien\nr2,0,t,\n".encode("latin-1"))
+    result = build_trajectories(captures, BuildOptions(rewards=noted))
+    assert result.report.problems == [] and by_rollout(result)["r1"][0].reward == 1.0
+    jnoted = tmp_path / "noted.jsonl"
+    jnoted.write_bytes('{"rollout_id": "r1", "reward": 1, "note": "tr\xe8s"}\n'.encode("latin-1"))
+    assert by_rollout(build_trajectories(captures, BuildOptions(rewards=jnoted)))["r1"][0].reward == 1.0
 
 
 def test_unusable_reward_files_fail_before_building(tmp_path, captures):

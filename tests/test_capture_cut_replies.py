@@ -50,9 +50,9 @@ def _whole_length(base: str, text: str) -> int:
 
 
 @pytest.mark.parametrize("user, cut_by, stream, why", [
-    ("CALL", 6, True, "cut inside a tool call"),
-    ("CALL", 3, False, "the server counted"),  # the call parsed whole, its </tool_call> never sampled
-    ("THINK", 12, True, "cut inside its thinking"),
+    ("CALL", 6, True, "cut (max_tokens) inside a tool call"),
+    ("CALL", 3, False, "close the call and the turn"),  # parsed whole, its </tool_call> never sampled
+    ("THINK", 12, True, "cut (max_tokens) inside its thinking"),
 ])
 def test_a_cut_reply_keeps_no_ids_it_never_sampled(stack, user, cut_by, stream, why):
     base, m = stack
@@ -77,3 +77,20 @@ def test_a_whole_reply_keeps_its_rendered_ids(stack, user, max_tokens):
     row = _row(m, rollout)
     assert row["token_source"] == "rendered" and row["usage_match"] is True
     assert len(row["completion_token_ids"]) == row["usage_completion_tokens"]
+
+
+def test_only_a_cut_or_the_calls_closing_past_the_count_drops_the_ids():
+    """A review: a whole reply the template reprints longer (compact JSON re-serialised with
+    spaces) or a chat reply stopped on a generation-config end token kept its ids before; only a
+    cut, or tokens past the server's count that are exactly the call's and turn's closing, drop them."""
+    from polar_train.capture.render import unsampled_rendering
+
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
+    closing = "<|im_end|>\n"
+    assert unsampled_rendering(call, "tool_use", "\n</tool_call><|im_end|>", closing) is not None
+    assert unsampled_rendering(call, "tool_calls", "<|im_end|>", closing) is not None
+    assert unsampled_rendering(call, "max_tokens", "", closing) is not None
+    assert unsampled_rendering(call, "tool_use", '": 3}}\n</tool_call><|im_end|>', closing) is None  # re-serialised
+    assert unsampled_rendering(call, "stop", "", closing) is None  # stopped on another end token
+    text = {"role": "assistant", "content": "Hel"}
+    assert unsampled_rendering(text, "length", "", closing) is None  # a cut text renders as sampled

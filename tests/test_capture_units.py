@@ -2138,6 +2138,8 @@ def test_the_live_lock_follows_the_folder_the_capture_writes_to(tmp_path):
     assert live_writers(tmp_path / "cap", []) == [(calls, [os.getpid()])] and live_writers(archive, []) == []
     lock.release()
     assert live_writers(tmp_path / "cap", []) == []
+    lock.refresh()  # a writer thread still running after its close released the lock: takes nothing
+    assert live_writers(tmp_path / "cap", []) == []
 
 
 def test_an_idle_writer_lets_go_of_an_archived_calls_folder(tmp_path):

@@ -853,13 +853,14 @@ def test_delta_at_or_below_one_plus_epsilon_is_refused(tmp_path):
     advantage a constant loss, and the run "trained" on its bad trajectories only, with exit 0."""
     out = str(tmp_path / "r")
     for sets, bound in ((["delta=0.2"], "1 + epsilon = 1.2, got 0.2"), (["delta=-1"], "1 + epsilon = 1.2, got -1"),
-                        (["delta=1.2"], "1 + epsilon = 1.2, got 1.2"),
+                        (["delta=1.19"], "1 + epsilon = 1.2, got 1.19"),
                         (["epsilon_high=0.28", "delta=1.25"], "1 + epsilon_high = 1.28, got 1.25"),
                         (["delta=nan"], "1 + epsilon = 1.2, got nan")):
-        with pytest.raises(UserError, match=rf"^delta must be above {re.escape(bound)}: TRL caps the ratio pi/pi_old "
+        with pytest.raises(UserError, match=rf"^delta must be at least {re.escape(bound)}: TRL caps the ratio pi/pi_old "
                                             "at delta, so a token of positive advantage .* no gradient"):
             load_config(None, sets, out)
     assert load_config(None, ["delta=1.5"], out).delta == 1.5
+    assert load_config(None, ["delta=1.2"], out).delta == 1.2  # (at 1 + epsilon: the usual clipping)
     assert load_config(None, ["loss_type=cispo", "delta=0.2"], out).delta == 0.2  # (cispo never reads delta)
 
 

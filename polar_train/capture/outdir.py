@@ -7,6 +7,7 @@ option error right away) but must not import the Parquet stack, which only the r
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from ..paths import make_private_dir
@@ -44,23 +45,35 @@ class LiveLock:
     def __init__(self, calls_dir: Path) -> None:
         self.path = calls_dir / LIVE_LOCK
         self._file = None
+        self._closed = False
+        #: refresh runs in a sender/writer thread while close releases from another one
+        self._guard = threading.Lock()
 
     def refresh(self) -> None:
         from ..folder_lock import hold_shared_lock
 
-        try:
-            here = os.stat(self.path)
-        except OSError:
-            here = None
-        if self._file is not None and here is not None:
-            held = os.fstat(self._file.fileno())
-            if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+        with self._guard:
+            if self._closed:
                 return
-        self.release()
-        if self.path.parent.is_dir():
-            self._file = hold_shared_lock(self.path)
+            try:
+                here = os.stat(self.path)
+            except OSError:
+                here = None
+            if self._file is not None and here is not None:
+                held = os.fstat(self._file.fileno())
+                if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+                    return
+            self._drop()
+            if self.path.parent.is_dir():
+                self._file = hold_shared_lock(self.path)
 
     def release(self) -> None:
+        """Let go for good (a later refresh takes nothing)."""
+        with self._guard:
+            self._closed = True
+            self._drop()
+
+    def _drop(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -350,8 +350,10 @@ def _ids(parsed: ParsedCall, module, state: CallState, renderer: Renderer | None
         prompt = renderer.prompt_ids(messages, tools, kwargs)
         out["prompt_token_ids"] = prompt
         completion = renderer.completion_ids(messages, tools, parsed.assistant, parsed.stopped, kwargs)
-        unsampled = unsampled_rendering(parsed.assistant, parsed.stopped, len(completion),
-                                        parsed.usage_completion_tokens)
+        counted = parsed.usage_completion_tokens
+        surplus = renderer.tokenizer.decode(completion[counted:], skip_special_tokens=False) \
+            if counted is not None and 0 < counted < len(completion) else ""
+        unsampled = unsampled_rendering(parsed.assistant, parsed.finish_reason, surplus, renderer.turn_closing())
         if unsampled is not None:
             raise UnrenderableReply(unsampled)
         out["completion_token_ids"] = completion

@@ -46,18 +46,27 @@ class UnrenderableReply(ValueError):
     call the model never produced (a probe)."""
 
 
-def unsampled_rendering(assistant: dict[str, Any], stopped: bool, rendered: int,
-                        counted: int | None) -> str | None:
-    """Why a reply's rendering holds tokens that were never sampled, or None."""
-    if not stopped and (assistant.get("tool_calls") or (assistant.get("reasoning") and not assistant.get("content"))):
+#: Finish reasons of a reply cut before its end (chat/Responses ``length``; Messages ``max_tokens``,
+#: ``stop_sequence``).
+CUT_REASONS = frozenset({"length", "max_tokens", "stop_sequence"})
+
+
+def unsampled_rendering(assistant: dict[str, Any], finish_reason: str | None, surplus: str,
+                        closing: str) -> str | None:
+    """Why a reply's rendering holds tokens that were never sampled, or None. ``surplus``: the text
+    of the rendered tokens past the server's count (empty where it counted as many or more)."""
+    if finish_reason in CUT_REASONS and (
+            assistant.get("tool_calls") or (assistant.get("reasoning") and not assistant.get("content"))):
         where = "a tool call" if assistant.get("tool_calls") else "its thinking"
-        return (f"the reply was cut inside {where} (max_tokens or a stop string): the template would close "
-                "what the model never closed")
-    if assistant.get("tool_calls") and counted is not None and rendered > counted:
-        # (vLLM's non-streamed parser returns a call cut before its </tool_call> as whole; a text's
-        # re-encoding may count more tokens than were sampled without any cut: not looked at)
-        return (f"the rendered reply has {rendered} tokens, the server counted {counted}: it was cut before its "
-                "end (the template's closing tokens were never sampled)")
+        return (f"the reply was cut ({finish_reason}) inside {where}: the template would close what the model "
+                "never closed")
+    # vLLM's non-streamed parser returns a call cut before its </tool_call> as a whole one: the
+    # tokens past the server's count are then the template's closing of the call (a text's
+    # re-encoding may count more tokens than were sampled without any cut: not looked at)
+    if assistant.get("tool_calls") and surplus and any(
+            end.endswith(surplus) for end in (f"\n</tool_call>{closing.rstrip()}", "\n</tool_call>")):
+        return (f"the reply was cut before its end: the server counted fewer tokens than the rendering, whose last "
+                f"ones ({surplus!r}) close the call and the turn and were never sampled")
     return None
 
 

@@ -402,8 +402,8 @@ class TrainConfig(GRPOConfig):
         if self.delta is None or self.loss_type not in _DELTA_LOSSES:
             return
         name, upper = ("epsilon_high", self.epsilon_high) if self.epsilon_high is not None else ("epsilon", self.epsilon)
-        if not self.delta > 1 + upper:  # (NaN too)
-            raise ValueError(f"delta must be above 1 + {name} = {1 + upper:g}, got {self.delta:g}: TRL caps the ratio "
+        if not self.delta >= 1 + upper:  # (NaN too; at 1 + epsilon_high the cap is the usual clipping)
+            raise ValueError(f"delta must be at least 1 + {name} = {1 + upper:g}, got {self.delta:g}: TRL caps the ratio "
                              "pi/pi_old at delta, so a token of positive advantage whose ratio reaches delta gets no "
                              "gradient (at or below 1: every such token); leave delta out for one-sided clipping")
 

@@ -65,9 +65,6 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 if n == 1 and _utf16(line):  # (each line of it would be named)
                     problems.append(f"{path}: line 1: {_UTF16_PROBLEM}; the file is not read")
                     return
-                if (problem := _not_utf8(line)) is not None:
-                    problems.append(f"{path}: line {n}: {problem}")
-                    continue
                 try:
                     rec = json.loads(line, object_pairs_hook=_object_noting_repeats)
                 except json.JSONDecodeError as exc:
@@ -85,6 +82,9 @@ def read_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                 if isinstance(rec, _RepeatedKeys):  # (a nested object's repeats are not ours to judge)
                     problems.append(f"{path}: line {n}: the key {rec.again!r} is given twice (which value "
                                     "is meant?)")
+                    continue
+                if (problem := _not_utf8_used(rec)) is not None:
+                    problems.append(f"{path}: line {n}: {problem}")
                     continue
                 yield f"{path}: line {n}", rec
     elif fmt == "csv":
@@ -114,8 +114,8 @@ def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
             reader = csv.DictReader(f)
             names = reader.fieldnames or []
             header = ",".join(n for n in names if n)
-            if (problem := _UTF16_PROBLEM if _utf16(header) else _not_utf8(header)) is not None:  # no column
-                problems.append(f"{path}: line 1: {problem}; the file is not read")  # can be named
+            if _utf16(header):  # no column can be named (another column's odd byte is no matter)
+                problems.append(f"{path}: line 1: {_UTF16_PROBLEM}; the file is not read")
                 return
             if names and "rollout_id" not in [n.strip() for n in names if n]:
                 shown = ", ".join(repr(n) for n in names[:5] if n is not None)
@@ -135,7 +135,7 @@ def _csv_records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[st
                                     "rest of the file is not read")
                     break
                 where = f"{path}: {_lines(before, lines.line_num)}"
-                if (problem := _not_utf8(",".join(v for v in rec.values() if isinstance(v, str)))) is not None:
+                if (problem := _not_utf8_used({k.strip(): v for k, v in rec.items() if isinstance(k, str)})) is not None:
                     problems.append(f"{where}: {problem}")
                     continue
                 if any((v or "").strip() for v in rec.get(None, ())):  # DictReader's key for fields past the
@@ -163,13 +163,20 @@ def _utf16(first_line: str) -> bool:
     return first_line.startswith(("\udcff\udcfe", "\udcfe\udcff")) or "\x00" in first_line
 
 
-def _not_utf8(text: str) -> str | None:
-    """What is wrong with text read with ``surrogateescape`` that held bytes no UTF-8 (None: it is
-    UTF-8): the first such byte."""
-    found = _UNDECODED.search(text)
-    if found is None:
-        return None
-    return f"not UTF-8 (byte {ord(found.group()) - 0xDC00:#04x}; save the file as UTF-8)"
+#: The columns a rewards or tasks file is read for: bytes that are no UTF-8 elsewhere (an Excel
+#: note column) are no matter (the rows were lost for them).
+_USED = ("rollout_id", "reward", "task_id")
+
+
+def _not_utf8_used(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a record's used fields read with ``surrogateescape`` where they held
+    bytes no UTF-8 (None: they are UTF-8): the first such byte and its column."""
+    for key in _USED:
+        value = rec.get(key)
+        found = _UNDECODED.search(value) if isinstance(value, str) else None
+        if found is not None:
+            return f"{key}: not UTF-8 (byte {ord(found.group()) - 0xDC00:#04x}; save the file as UTF-8)"
+    return None
 
 
 class _RepeatedKeys(dict):
