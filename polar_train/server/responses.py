@@ -299,11 +299,7 @@ def namespace_map(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 
 def call_item(req: dict[str, Any], item_id: str, call) -> dict[str, Any]:
     if call.name in req["custom_names"]:
-        try:
-            payload = json.loads(call.arguments).get(CUSTOM_INPUT_KEY)
-        except (ValueError, AttributeError):
-            payload = None
-        return {"call_id": call.id, "input": payload if isinstance(payload, str) else call.arguments,
+        return {"call_id": call.id, "input": custom_input(call.arguments),
                 "name": call.name, "type": "custom_tool_call", "id": item_id, "async": None,
                 "caller": None, "namespace": None}
     namespace, name = req["namespaces"].get(call.name, (None, call.name))
