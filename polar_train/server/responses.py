@@ -25,7 +25,7 @@ from .hermes_stream import ToolCallDelta
 from .errors import PydanticError, ResponseNotFound, ResponsesInvalidRequest, VllmError, field_error
 from .fields import flag, list_of, required, str_or_list
 from .fields import text as text_field
-from .parse import random_id, tool_call_id
+from .parse import ParsedToolCall, random_id, tool_call_id
 from .prompt import encode_prompt, render
 from .script import RequestView
 from .sse import sse_event
@@ -399,17 +399,11 @@ class _OutputItems:
         if kind == "call":
             first = value[0]
             custom = first.name in self.req["custom_names"]
-            namespace, name = self.req["namespaces"].get(first.name, (None, first.name))
             self.item_id = ("ctc_" if custom else "fc_") + _uuid()
-            self.call = {"index": first.index, "id": first.id or tool_call_id(), "name": name,
-                         "namespace": namespace, "custom": custom, "payload": ""}
-            if custom:
-                item = {"call_id": self.call["id"], "input": "", "name": name, "type": "custom_tool_call",
-                        "id": self.item_id, "async": None, "caller": None, "namespace": None}
-            else:
-                item = {"arguments": "", "call_id": self.call["id"], "name": name, "type": "function_call",
-                        "id": self.item_id, "async": None, "caller": None, "namespace": namespace,
-                        "status": "in_progress"}
+            self.call = {"index": first.index, "id": first.id or tool_call_id(), "name": first.name,
+                         "custom": custom, "payload": ""}
+            item = self._call_item("")
+            item.update({"input": ""} if custom else {"status": "in_progress"})
             return [self.ev("response.output_item.added", {"item": item, **at})]
         if kind == "reasoning":
             self.item_id = f"rs_{_uuid()}"
@@ -446,6 +440,11 @@ class _OutputItems:
             return self._custom_delta(custom_input_prefix(self.text))
         return [self.ev("response.function_call_arguments.delta", {"delta": args, **at})]
 
+    def _call_item(self, arguments: str) -> dict[str, Any]:
+        """The open call's item with these arguments, as the non-streamed response writes it."""
+        call = ParsedToolCall(self.call["name"], arguments, self.call["id"])
+        return call_item(self.req, self.item_id, call)
+
     def _custom_delta(self, payload: str) -> list[bytes]:
         sent = self.call["payload"]
         if payload == sent:
@@ -461,19 +460,13 @@ class _OutputItems:
         at = {"item_id": self.item_id, "output_index": self.index}
         evs: list[bytes] = []
         if self.kind == "call":
-            c = self.call
-            if c["custom"]:
-                payload = custom_input(self.text)
-                evs += self._custom_delta(payload)
-                evs.append(self.ev("response.custom_tool_call_input.done", {"input": payload, **at}))
-                item = {"call_id": c["id"], "input": payload, "name": c["name"], "type": "custom_tool_call",
-                        "id": self.item_id, "async": None, "caller": None, "namespace": None}
+            item = self._call_item(self.text)
+            if self.call["custom"]:
+                evs += self._custom_delta(item["input"])
+                evs.append(self.ev("response.custom_tool_call_input.done", {"input": item["input"], **at}))
             else:
                 evs.append(self.ev("response.function_call_arguments.done",
-                                   {"arguments": self.text, "name": c["name"], **at}))
-                item = {"arguments": self.text, "call_id": c["id"], "name": c["name"],
-                        "type": "function_call", "id": self.item_id, "async": None, "caller": None,
-                        "namespace": c["namespace"], "status": "completed"}
+                                   {"arguments": self.text, "name": item["name"], **at}))
         elif self.kind == "reasoning":
             part = {"text": self.text, "type": "reasoning_text"}
             item = {"id": self.item_id, "summary": [], "type": "reasoning", "content": [part],
