@@ -861,7 +861,10 @@ def test_delta_at_or_below_one_plus_epsilon_is_refused(tmp_path):
             load_config(None, sets, out)
     assert load_config(None, ["delta=1.5"], out).delta == 1.5
     assert load_config(None, ["delta=1.2"], out).delta == 1.2  # (at 1 + epsilon: the usual clipping)
-    assert load_config(None, ["loss_type=cispo", "delta=0.2"], out).delta == 0.2  # (cispo never reads delta)
+    for loss in ("cispo", "sapo", "vespo"):  # TRL never reads delta there: a setting without effect, refused
+        with pytest.raises(UserError, match=rf"^delta has no effect with loss_type {loss} \(TRL clamps at delta only "
+                                            "for grpo, bnpo, dr_grpo, dapo, luspo\); leave delta out"):
+            load_config(None, [f"loss_type={loss}", "delta=1.5"], out)
 
 
 def test_a_generation_option_at_its_default_is_taken_and_epsilon_names_what_was_given(tmp_path):

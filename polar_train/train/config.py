@@ -399,8 +399,11 @@ class TrainConfig(GRPOConfig):
         advantage, and at or below 1 (``delta: 0.2``, taken for epsilon) their loss is constant - a
         run "trained" only on its bad trajectories, unsaid. TRL documents the bound ("recommended >
         1 + ε")."""
-        if self.delta is None or self.loss_type not in _DELTA_LOSSES:
+        if self.delta is None:
             return
+        if self.loss_type not in _DELTA_LOSSES:  # TRL reads delta in those losses only: a setting without effect
+            raise ValueError(f"delta has no effect with loss_type {self.loss_type} (TRL clamps at delta only for "
+                             f"{', '.join(_DELTA_LOSSES)}); leave delta out")
         name, upper = ("epsilon_high", self.epsilon_high) if self.epsilon_high is not None else ("epsilon", self.epsilon)
         if not self.delta >= 1 + upper:  # (NaN too; at 1 + epsilon_high the cap is the usual clipping)
             raise ValueError(f"delta must be at least 1 + {name} = {1 + upper:g}, got {self.delta:g}: TRL caps the ratio "
