@@ -37,4 +37,7 @@ demo: $(STAMP)
 	$(VENV)/bin/polar-train demo
 
 clean:
-	rm -rf $(VENV) .venv-vllm .harnesses build *.egg-info
+	rm -rf $(VENV) .harnesses build *.egg-info
+	@# .venv-vllm only where scripts/install-vllm-cpu made it (it never deletes a user's own venv either)
+	@if [ -f .venv-vllm/.polar-install-started ]; then rm -rf .venv-vllm; \
+	elif [ -e .venv-vllm ]; then echo "make clean: .venv-vllm kept (not made by scripts/install-vllm-cpu)"; fi
