@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shutil
@@ -556,6 +557,12 @@ def _check_init_adapter_shape(config, given: dict[str, Any]) -> None:
                         "shape; leave these options out, or train a fresh LoRA (no init_adapter)")
 
 
+def _no_null_scalar_notice(record: logging.LogRecord) -> bool:
+    """A step without sampler logprobs logs its mismatch as null, which TensorBoard cannot plot:
+    its 'attempting to log a value of "None"' warning says nothing a user can act on."""
+    return 'attempting to log a value of "None"' not in record.getMessage()
+
+
 def build_trainer(args: argparse.Namespace):
     """Checked config and data, the model with its LoRA, and the trainer - not yet trained.
 
@@ -567,6 +574,8 @@ def build_trainer(args: argparse.Namespace):
     # TRL's alias, taken and checked as clip_max (docs/train.md): its notice was two lines of TRL's source
     warnings.filterwarnings("ignore", message=r"The `vllm_importance_sampling_cap` argument is deprecated",
                             category=FutureWarning)
+    # TensorBoard's notice for a metric logged as null by design (docs/train.md): read as an error
+    logging.getLogger("transformers.integrations.integration_utils").addFilter(_no_null_scalar_notice)
     config, grouped, report = prepare(args)
     out = Path(args.output)
     identity = {**run_identity(args.model, grouped.trajectories, config.init_adapter), "options": run_options(config)}
