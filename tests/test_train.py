@@ -462,6 +462,21 @@ def test_example_config_loads_and_set_overrides_it(sampled, tiny_model_dir, tmp_
     assert (config.num_generations, config.per_device_train_batch_size) == (4, 8)
 
 
+def test_the_default_group_size_counts_only_groups_that_train(sampled, tiny_model_dir, tmp_path):
+    """Three task-less trajectories (each its own group of one, dropped by min_group_size) made 1 the
+    most common size: the default num_generations became 2 and the two real groups of 4 were cut
+    into pairs, each trajectory's baseline one random partner."""
+    def with_solos(cols):
+        extra = {k: v[:3] for k, v in cols.items()}
+        for key in ("trajectory_id", "rollout_id", "group_id", "task_id"):
+            extra[key] = [f"solo-{i}" for i in range(3)]
+        return {k: v + extra[k] for k, v in cols.items()}
+
+    data = rewrite(sampled, tmp_path / "solos", with_solos)
+    config, grouped, report = prepare(ns(data, tiny_model_dir, tmp_path / "r"))
+    assert (config.num_generations, config.per_device_train_batch_size, len(grouped.rows)) == (4, 4, 2)
+
+
 def _traj(group: str, i: int, reward: float) -> Trajectory:
     return Trajectory(f"{group}-{i}", group, [1, 2], [3, 4], [1, 1], [-1.0, -1.0], reward)
 

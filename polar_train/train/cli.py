@@ -126,7 +126,8 @@ def prepare(args: argparse.Namespace):
     trajs = load_trajectories(args.data, vocab_size=vocab,
                               max_completion_length=_max_completion_length(raw), report=report)
     # options the data decides when the user did not: the group size, one group per micro-batch
-    g = raw["num_generations"] if "num_generations" in raw else max(2, modal_group_size(trajs))
+    smallest = max(2, _as_int(raw.get("min_group_size")) or 2)  # (a bad value: load_config names it)
+    g = raw["num_generations"] if "num_generations" in raw else max(2, modal_group_size(trajs, smallest))
     defaults = {"num_generations": g, "per_device_train_batch_size": g}
     if _as_int(g) is None:  # not a number: the parser's error must name num_generations, not the copy
         del defaults["per_device_train_batch_size"]

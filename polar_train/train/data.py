@@ -331,10 +331,13 @@ def _temperatures(trajs) -> list[float]:
     return sorted({t.temperature for t in trajs if t.temperature is not None})
 
 
-def modal_group_size(trajs: list[Trajectory]) -> int:
-    """The most common group size (ties: the larger), the default ``num_generations``."""
-    sizes = Counter(Counter(t.group for t in trajs).values())
-    return max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0]
+def modal_group_size(trajs: list[Trajectory], at_least: int = 2) -> int:
+    """The most common size (ties: the larger) among the groups of ``at_least`` trajectories or more,
+    the default ``num_generations``: groups smaller than that are dropped (``min_group_size``), and
+    counting them - a handful of task-less trajectories, each its own group of one - cut the data's
+    real groups of 8 into pairs. 1 where no group is that large."""
+    sizes = Counter(size for size in Counter(t.group for t in trajs).values() if size >= at_least)
+    return max(sizes.items(), key=lambda kv: (kv[1], kv[0]))[0] if sizes else 1
 
 
 @dataclass
