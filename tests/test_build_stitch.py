@@ -1357,3 +1357,19 @@ def test_withheld_at_end_counts_the_ids_after_the_last_whole_character():
     assert [withheld_at_end(tb, emoji[:n]) for n in range(1, len(emoji) + 1)] == [1, 2, 0]  # the whole reply
     assert withheld_at_end(tb, encode(tok, "ok") + [IM_END_ID]) == 0 and withheld_at_end(tb, []) == 0
     assert withheld_at_end(tb, encode(tok, "\U0001F9EA")[:1] + [10 ** 9]) == 0  # an id that names no token
+
+
+def test_calls_without_a_temperature_or_with_top_p_below_one_are_noted(tmp_path):
+    """A chat call without temperature or top_p: vLLM then samples with the model's
+    generation_config.json (Qwen3's: 0.6, top_k 20, top_p 0.95) and the trainer, told nothing,
+    took raw logprobs at 1; top_p < 1 was recorded in the calls and never said."""
+    rows = tool_session(Conversation(rollout_id="r1"), 2, temperature=None)
+    rows[1]["top_p"] = 0.5
+    notes = build(tmp_path / "a", rows).report.notes
+    assert notes == [
+        "3 of 3 calls left temperature or top_p to the server: vLLM then samples with the model's "
+        "generation_config.json (Qwen3's: temperature 0.6, top_k 20, top_p 0.95) unless started with "
+        "--generation-config vllm, which train cannot see (docs/train.md, Which server settings give correct ratios)",
+        "1 of 3 calls were sampled with top_p < 1: their recorded logprobs are of the whole distribution, not the "
+        "truncated one sampled, so the importance weights are biased (capture with top_p 1)"]
+    assert build(tmp_path / "b", tool_session(Conversation(rollout_id="r1"), 2)).report.notes == []

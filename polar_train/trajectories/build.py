@@ -438,6 +438,26 @@ def _checked(folder, options) -> BuildOptions:
     return options
 
 
+def sampling_notes(temperatures: list[float | None], top_ps: list[float | None]) -> list[str]:
+    """Sampler settings train cannot see or undo: a call that left temperature or top_p to the
+    server sampled with its defaults - vLLM's are the model's generation_config.json (Qwen3's:
+    temperature 0.6, top_k 20, top_p 0.95) unless it runs with ``--generation-config vllm`` -, and
+    ``top_p`` < 1 truncated the distribution its recorded (whole-distribution) logprobs describe."""
+    notes = []
+    unsent = sum(1 for t, p in zip(temperatures, top_ps) if t is None or p is None)
+    if unsent:
+        notes.append(f"{unsent} of {len(temperatures)} calls left temperature or top_p to the server: vLLM then "
+                     "samples with the model's generation_config.json (Qwen3's: temperature 0.6, top_k 20, top_p "
+                     "0.95) unless started with --generation-config vllm, which train cannot see (docs/train.md, "
+                     "Which server settings give correct ratios)")
+    truncated = sum(1 for p in top_ps if p is not None and p < 1 - 1e-6)
+    if truncated:
+        notes.append(f"{truncated} of {len(top_ps)} calls were sampled with top_p < 1: their recorded logprobs "
+                     "are of the whole distribution, not the truncated one sampled, so the importance weights are "
+                     "biased (capture with top_p 1)")
+    return notes
+
+
 def _fallback_resolver(table: pa.Table):
     """Full prompts of compact calls whose reference the stitcher did not see (rare: a reference
     to a superseded retry). Resolved a rollout at a time, on first need (the writer's references
@@ -519,6 +539,8 @@ def build_trajectories(folder: str | Path, options: BuildOptions | None = None) 
     usage = table.column("usage_match").take(chosen).to_pylist()
     sources = table.column("token_source").take(chosen).to_pylist()
     report.usage_mismatch_calls = sum(1 for u, src in zip(usage, sources) if u is False and src == "rendered")
+    report.notes.extend(sampling_notes(table.column("temperature").take(chosen).to_pylist(),
+                                       table.column("top_p").take(chosen).to_pylist()))
     stitcher = Stitcher(realign=options.realign,
                         token_bytes_factory=token_bytes_factory,
                         fallback_prompt=_fallback_resolver(table),
