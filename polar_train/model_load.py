@@ -7,6 +7,7 @@ line which folder is wrong and why, not print a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -63,11 +64,60 @@ def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     check_readable(model_dir)
+    with _held_load_reports() as reports:
+        try:
+            return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        except Exception as exc:  # noqa: BLE001 - any failure here is the folder's: cut or corrupt weights
+            # (safetensors' own error type), a config.json of wrong types (a dataclass validation error)
+            mismatch = _size_mismatch(reports) if "ignore_mismatched_sizes" in str(exc) else None
+            reports.clear()  # (said in the one line instead)
+            if mismatch is not None:
+                raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: its config.json does not fit "
+                                     f"its weights ({mismatch})") from None
+            raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {first_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def _held_load_reports():
+    """Hold back transformers' LOAD REPORT while a model loads: where the load then fails on a
+    config that does not fit the weights, its ~20-line table came before an error that blamed
+    ``ignore_mismatched_sizes``, an argument the user never set. A load that succeeds logs it."""
+    import logging
+
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            held.append(record)
+            return False
+        return True
+
+    root = logging.getLogger("transformers")
+    root.addFilter(hold)  # records of transformers' own root logger
+    handlers = list(root.handlers)
+    for handler in handlers:  # and those its children hand up to its handlers
+        handler.addFilter(hold)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - any failure here is the folder's: cut or corrupt weights
-        # (safetensors' own error type), a config.json of wrong types (a dataclass validation error)
-        raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {first_line(exc)}") from None
+        yield held
+    finally:
+        root.removeFilter(hold)
+        for handler in handlers:
+            handler.removeFilter(hold)
+        for record in held:
+            root.handle(record)
+
+
+def _size_mismatch(reports: list) -> str | None:
+    """The report's first ``MISMATCH`` row, as "KEY: checkpoint SHAPE, config SHAPE"."""
+    import re
+
+    for record in reports:
+        for line in record.getMessage().splitlines():
+            cells = [c.strip() for c in line.split("|")]
+            found = re.search(r"ckpt: torch\.Size\((\[.*?\])\) vs model: ?torch\.Size\((\[.*?\])\)", line)
+            if len(cells) >= 2 and "MISMATCH" in cells[1] and found:
+                return f"{cells[0]}: weights {found.group(1)}, config {found.group(2)}"
+    return None
 
 
 def lora_target_problems(model_dir: str | os.PathLike, targets: list[str]) -> list[str]:

@@ -221,6 +221,18 @@ def test_temperature_must_match_the_recorded_one(sampled, tiny_model_dir, tmp_pa
     config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7",
                               "allow_temperature_mismatch=true"))
     assert config.temperature == pytest.approx(0.7)
+    # each advice is one the next run takes: greedy data named as such (temperature=0 is refused), and
+    # raw logprobs at 0.7 sent to processed ones at once (--set temperature=0.7 alone is refused next)
+    for recorded, words in ((0.0, r"^the trajectories were sampled greedily \(temperature 0\): GRPO learns from how "
+                                   r"sampled trajectories of a task differ.* capture again at temperature 1"),
+                            (0.7, r"^temperature 1 differs from the sampling temperature recorded in the trajectories "
+                                  r"\(0.7\), and raw sampler logprobs .* --logprobs-mode processed_logprobs and "
+                                  r"train with --set temperature=0.7 --set sampler_logprobs=processed")):
+        data = rewrite(sampled, tmp_path / f"t{recorded}", lambda cols: {**cols, "temperature": [recorded] * 8})
+        with pytest.raises(UserError, match=words):
+            prepare(ns(data, tiny_model_dir, tmp_path / "r"))
+    config, _, _ = prepare(ns(data, tiny_model_dir, tmp_path / "r", "temperature=0.7", "sampler_logprobs=processed"))
+    assert config.temperature == pytest.approx(0.7)  # (what the message said to set)
 
 
 def _no_rewards(c):

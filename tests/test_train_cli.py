@@ -254,6 +254,24 @@ def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path)
     assert not (tmp_path / "r").exists()
 
 
+def test_a_config_that_does_not_fit_the_weights_is_one_line_naming_a_tensor(trajectories, tiny_model_dir, tmp_path):
+    """transformers printed a ~20-line LOAD REPORT table, then blamed ``ignore_mismatched_sizes``,
+    an argument the user never set."""
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (wide / f.name).write_bytes(f.read_bytes())
+    config = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    proc = polar_train("train", str(trajectories), "--model", str(wide), "--output", str(tmp_path / "r"),
+                       "--set", "max_steps=1")
+    assert proc.returncode == 2
+    assert re.fullmatch(rf"polar-train train: error: cannot load the model in {re.escape(str(wide))}: its config.json "
+                        r"does not fit its weights \(model\..+?\.weight: weights \[\d+(, \d+)?\], config "
+                        r"\[\d+(, \d+)?\]\)", proc.stderr.strip().splitlines()[-1])
+    assert "LOAD REPORT" not in proc.stderr and "ignore_mismatched_sizes" not in proc.stderr
+
+
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):
     no_weights = tmp_path / "no-weights"  # config and tokenizer, the weights not (yet) copied
     no_weights.mkdir()

@@ -92,9 +92,22 @@ def _check_temperature(config, report) -> None:
                 f"the trajectories record several sampling temperatures ({shown}) and one run trains at one "
                 "temperature: split or filter the trajectories by temperature and train each part with its "
                 "--set temperature=T (or --set allow_temperature_mismatch=true)")
+        r = recorded[0]
+        if r < 1e-6:  # the next run's --set temperature=0 is refused: GRPO needs sampled data
+            raise UserError(
+                f"the trajectories were sampled greedily (temperature {shown}): GRPO learns from how sampled "
+                "trajectories of a task differ, and greedy ones do not (their logprobs are of no sampling "
+                "distribution either); capture again at temperature 1 (or --set allow_temperature_mismatch=true)")
+        if config.sampler_logprobs == "raw" and abs(r - 1.0) > 1e-4:  # --set temperature=r alone is refused next
+            raise UserError(
+                f"temperature {t:g} differs from the sampling temperature recorded in the trajectories ({shown}), "
+                "and raw sampler logprobs (vLLM's default) describe the unscaled distribution, not one at "
+                f"{r:g}: capture with vLLM --logprobs-mode processed_logprobs and train with --set "
+                f"temperature={r:g} --set sampler_logprobs=processed (or capture at temperature 1; or --set "
+                "allow_temperature_mismatch=true)")
         raise UserError(
             f"temperature {t:g} differs from the sampling temperature recorded in the trajectories "
-            f"({shown}): set --set temperature={recorded[0]:g} (or --set allow_temperature_mismatch=true)")
+            f"({shown}): set --set temperature={r:g} (or --set allow_temperature_mismatch=true)")
 
 
 def prepare(args: argparse.Namespace):
