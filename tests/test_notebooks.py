@@ -417,6 +417,28 @@ def test_run_notebook_reads_the_trajectories_its_summary_names(run_dirs: dict[st
     assert plots(nb) == 1
 
 
+def test_run_notebook_shows_no_build_report_of_a_folder_rebuilt_since_the_run(
+        run_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe: after the run, the trajectories folder was built again with --realign; the notebook
+    showed that build's report ("realign on, 15 realigned calls") as the data the run trained on."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text((run_dirs["finished"] / "metrics.jsonl").read_text())
+    summary = json.loads((run_dirs["finished"] / "train_summary.json").read_text())
+    build_id = json.loads((SAMPLE / "trajectories" / "_build_report.json").read_text())["build_id"]
+    for trained, shown in ((["0123456789abcdef0123456789abcdef"], False), ([build_id], True)):
+        summary["data"]["build_ids"] = trained
+        (run / "train_summary.json").write_text(json.dumps(summary))
+        out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run))
+        if shown:
+            assert "build report of data/samples/demo/trajectories (train_summary.json): realign off" in out
+        else:
+            assert (f"build report of data/samples/demo/trajectories (train_summary.json) is of build {build_id}, not "
+                    "of the build the run trained on (0123456789abcdef0123456789abcdef): the folder was rebuilt "
+                    "since; not shown") in out
+            assert "so the build report is not shown" in out and "realign off" not in out
+
+
 def test_a_missing_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbclient.exceptions import CellExecutionError
 

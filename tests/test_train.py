@@ -1038,3 +1038,14 @@ def test_option_types_hold_after_a_scripts_own_parse_of_grpoconfig(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "{'min_lr': 1e-07}"
+
+
+def test_the_data_report_names_the_builds_it_read():
+    """train_summary.json's data names the builds trained on: notebook 02 showed the report of a
+    folder rebuilt since the run as the run's data."""
+    from polar_train.train.data import read_table
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "samples" / "demo" / "trajectories"
+    report = DataReport()
+    read_table(sample, report)
+    assert report.build_ids == [json.loads((sample / "_build_report.json").read_text())["build_id"]]

@@ -24,7 +24,7 @@ from ..cli import UserError
 from ..paths import REPORT_NAME
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns, same_kind
 from ..trajectories.rewards import MAX_ABS_REWARD
-from ..trajectories.writer import REWARD_MODE_KEY, build_problem
+from ..trajectories.writer import BUILD_ID_KEY, REWARD_MODE_KEY, build_problem
 
 #: Columns the trainer reads; the other TRAJECTORY_SCHEMA columns are optional here.
 #: How far above 0 a recorded logprob may lie: float rounding of a token the sampler was sure of.
@@ -69,6 +69,9 @@ class DataReport:
     trainable_tokens: int = 0
     trainable_tokens_without_logprob: int = 0
     temperatures: list[float] = field(default_factory=list)
+    #: The builds the data came from (each part's ``polar_train.build_id``, as its folder's
+    #: ``_build_report.json`` names it): a folder rebuilt since holds another build's report.
+    build_ids: list[str] = field(default_factory=list)
     group_sizes: dict[int, int] = field(default_factory=dict)  # size -> number of groups
     num_generations: int = 0
     rows_out: int = 0  # dataset rows (GRPO groups of exactly num_generations)
@@ -203,6 +206,9 @@ def _read_part(f: Path, part: pq.ParquetFile, report: DataReport,
             and (c not in ("model", "rollout_id") or same_kind(schema.field(c).type, pa.string()))]  # baseline key
     if (schema.metadata or {}).get(REWARD_MODE_KEY) == b"split":
         report.split_rewards = True
+    build = (schema.metadata or {}).get(BUILD_ID_KEY)
+    if build is not None and build.decode(errors="replace") not in report.build_ids:
+        report.build_ids.append(build.decode(errors="replace"))
     try:
         table = part.read(columns=cols, use_threads=False)
     except Exception as exc:  # noqa: BLE001 - corrupt pages behind a valid footer
