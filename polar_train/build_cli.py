@@ -128,8 +128,9 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     report = result.report
     if not result.trajectories:
         print_out(report.table())
-        print(f"polar-train build: error: no trajectory could be built from {captures}"
-              " (see skipped rows and problems above)", file=sys.stderr)
+        above = " and ".join(["skipped rows"] + ["problems"] * bool(report.problems) + ["notes"] * bool(report.notes))
+        print(f"polar-train build: error: no trajectory could be built from {captures} (see {above} above; "
+              f"`polar-train inspect {captures}` lists the calls)", file=sys.stderr)
         return 1
     report.out = str(out)
     report.output_parts = [p.name for p in part_paths(out, len(result.trajectories), args.rows_per_part)]
