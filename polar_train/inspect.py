@@ -112,7 +112,9 @@ def readable_error(text: str) -> str:
 
 
 def _clip(text: str, width: int = 80) -> str:
-    """A message cut to the table's width, marked as cut (a note that stops mid-word read as whole)."""
+    """A message cut to ``width``, marked as cut (a note that stops mid-word read as whole). Notes and
+    errors get room for their reason: cut at 80, "the reply was cut (max_tokens) inside a tool call:
+    the t…" hid why the call kept no ids."""
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
@@ -177,14 +179,14 @@ def summarize(table, top: int = 20) -> str:
                      for i in range(n) if col["status"][i] != "ok")
     if errors and top:
         out.append(_table("\nerrors", ["status", "count", "error"],
-                          [[s, k, _clip(e)] for (s, e), k in errors.most_common(top)])
+                          [[s, k, _clip(e, 160)] for (s, e), k in errors.most_common(top)])
                    + (f"\n({len(errors) - top} more errors)" if len(errors) > top else ""))
     # an ok call may still say why something is missing: no token ids (a prompt the template
     # refuses, a credential in the prompt), a check that could not run
     notes = Counter(col["error"][i] for i in range(n) if col["status"][i] == "ok" and col["error"][i])
     if notes and top:
         out.append(_table(f"\nnotes on ok calls ({notes.total()})", ["count", "note"],
-                          [[k, _clip(e)] for e, k in notes.most_common(top)])
+                          [[k, _clip(e, 240)] for e, k in notes.most_common(top)])
                    + (f"\n({len(notes) - top} more notes)" if len(notes) > top else ""))
     elif notes:
         out.append(f"\n{notes.total()} ok calls carry a note")

@@ -1291,7 +1291,7 @@ def test_readers_see_complete_parts_only_and_inspect_summarises(tmp_path, capsys
                               "prompt_token_ids": [1, 2], "completion_token_ids": [3]})
     for i in (5, 6):  # ok, but without ids, and the row says why
         w.submit(lambda i=i: {**_row(i), "rollout_id": "r0", "token_source": "none",
-                              "error": "token ids unavailable: the template refuses this prompt" + " at length" * i})
+                              "error": "token ids unavailable: the template refuses this prompt" + " at length" * 5 * i})
     w.close()
     (tmp_path / "calls" / ".part-half-written.parquet.tmp").write_bytes(b"PAR1 garbage")
     calls = tmp_path / "calls"
