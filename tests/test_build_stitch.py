@@ -680,6 +680,39 @@ def test_the_same_first_request_gone_on_from_twice_is_no_retry(tmp_path):
     assert by_first[b1["call_id"]].fork_cause == "branch"
 
 
+@pytest.mark.parametrize("retried_next_turn", [False, True])
+def test_the_same_first_request_answered_alike_and_gone_on_from_twice_is_two_samples(tmp_path, retried_next_turn):
+    """A probe: Claude Code's two sub-agents given the same task answered alike (a short first turn);
+    the second was dropped as a retry of the first, its conversation a one-call branch whose prompt
+    held its first turn untrained. Answers alike are as many samples as conversations went on from
+    them (a retried next turn is one conversation)."""
+    a, b = Conversation(rollout_id="r1", name="a"), Conversation(rollout_id="r1", name="b")
+    a.user("the same task")
+    b.user("the same task")
+    a1 = a.assistant("", tool_calls=[("ls", {"path": "."})])
+    b1 = b.assistant("", tool_calls=[("ls", {"path": "."})], request_hash=a1["request_hash"], attempt=2)
+    assert (a1["prompt_token_ids"], a1["completion_token_ids"]) == (b1["prompt_token_ids"], b1["completion_token_ids"])
+    rows = [a1, b1]
+    for k in range(2):
+        a.tool(f"A{k}")
+        b.tool(f"B{k}")
+        rows += [a.assistant(f"a step {k}"), b.assistant(f"b step {k}")]
+    if retried_next_turn:  # a's second call sent twice, answered alike: still one conversation of a's
+        retry = make_row(call_id="a2-retry", prompt_ids=rows[2]["prompt_token_ids"],
+                         completion_ids=rows[2]["completion_token_ids"], request_hash=rows[2]["request_hash"],
+                         attempt=2)
+        retry.update(started_at=rows[2]["started_at"] + timedelta(microseconds=1),
+                     finished_at=rows[2]["finished_at"] + timedelta(microseconds=1))
+        rows.insert(3, retry)
+    result = build(tmp_path, rows)
+    assert result.report.skipped == ({"superseded_retry": 1} if retried_next_turn else {})
+    assert sorted(len(t.call_ids) for t in result.trajectories) == [3, 3]
+    assert {t.call_ids[-1] for t in result.trajectories} == {rows[-2]["call_id"], rows[-1]["call_id"]}
+    for t in result.trajectories:
+        assert t.prompt.tolist() == a1["prompt_token_ids"]  # each sub-agent's first turn trained in its own
+        assert t.completion_arrays()[1][:len(a1["completion_token_ids"])].tolist() == [1] * len(a1["completion_token_ids"])
+
+
 def test_two_attempts_that_answered_alike_are_one_sample(tmp_path):
     """A retry answered exactly as the first attempt (temperature 0, a seed): a later call goes on
     from both, which is no sign of two conversations - the sample is trained once."""
