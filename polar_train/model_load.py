@@ -88,7 +88,8 @@ def _held_load_reports():
 
     def hold(record: logging.LogRecord) -> bool:
         if "LOAD REPORT" in record.getMessage():
-            held.append(record)
+            if not any(record is h for h in held):  # (each of several handlers sees it)
+                held.append(record)
             return False
         return True
 

@@ -272,6 +272,34 @@ def test_a_config_that_does_not_fit_the_weights_is_one_line_naming_a_tensor(traj
     assert "LOAD REPORT" not in proc.stderr and "ignore_mismatched_sizes" not in proc.stderr
 
 
+def test_a_load_that_succeeds_still_logs_its_load_report_once(tiny_model_dir, tmp_path):
+    """The report is held back only to be dropped where the load fails on a size mismatch: a model that
+    loads with a weight it does not use still says so, once (each handler saw the record)."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    from polar_train.model_load import load_causal_lm
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (extra / f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(extra / "model.safetensors"))
+    save_file({**weights, "unused.weight": torch.zeros(2)}, str(extra / "model.safetensors"), metadata={"format": "pt"})
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    board = logging.getLogger("transformers")
+    board.addHandler(handler)
+    try:
+        load_causal_lm(extra, torch.float32)
+    finally:
+        board.removeHandler(handler)
+    assert [m for m in seen if "LOAD REPORT" in m and "unused.weight" in m] and \
+        len([m for m in seen if "LOAD REPORT" in m]) == 1
+
+
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):
     no_weights = tmp_path / "no-weights"  # config and tokenizer, the weights not (yet) copied
     no_weights.mkdir()
