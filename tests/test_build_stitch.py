@@ -681,17 +681,19 @@ def test_the_same_first_request_gone_on_from_twice_is_no_retry(tmp_path):
 
 
 @pytest.mark.parametrize("retried_next_turn", [False, True])
-def test_the_same_first_request_answered_alike_and_gone_on_from_twice_is_two_samples(tmp_path, retried_next_turn):
+def test_the_same_request_answered_alike_side_by_side_is_two_samples(tmp_path, retried_next_turn):
     """A probe: Claude Code's two sub-agents given the same task answered alike (a short first turn);
     the second was dropped as a retry of the first, its conversation a one-call branch whose prompt
-    held its first turn untrained. Answers alike are as many samples as conversations went on from
-    them (a retried next turn is one conversation)."""
+    held its first turn untrained. Completed attempts in flight together, numbered apart by one
+    proxy, are no retries (a client asks again once it gave up on the first); a retry sent after
+    its first attempt ended stays one sample."""
     a, b = Conversation(rollout_id="r1", name="a"), Conversation(rollout_id="r1", name="b")
     a.user("the same task")
     b.user("the same task")
     a1 = a.assistant("", tool_calls=[("ls", {"path": "."})])
     b1 = b.assistant("", tool_calls=[("ls", {"path": "."})], request_hash=a1["request_hash"], attempt=2)
     assert (a1["prompt_token_ids"], a1["completion_token_ids"]) == (b1["prompt_token_ids"], b1["completion_token_ids"])
+    b1["started_at"] = a1["finished_at"] - timedelta(microseconds=1)  # sent side by side: no retry
     rows = [a1, b1]
     for k in range(2):
         a.tool(f"A{k}")
@@ -701,8 +703,8 @@ def test_the_same_first_request_answered_alike_and_gone_on_from_twice_is_two_sam
         retry = make_row(call_id="a2-retry", prompt_ids=rows[2]["prompt_token_ids"],
                          completion_ids=rows[2]["completion_token_ids"], request_hash=rows[2]["request_hash"],
                          attempt=2)
-        retry.update(started_at=rows[2]["started_at"] + timedelta(microseconds=1),
-                     finished_at=rows[2]["finished_at"] + timedelta(microseconds=1))
+        retry.update(started_at=rows[2]["finished_at"] + timedelta(microseconds=1),  # once a2 was given up on
+                     finished_at=rows[2]["finished_at"] + timedelta(microseconds=2))
         rows.insert(3, retry)
     result = build(tmp_path, rows)
     assert result.report.skipped == ({"superseded_retry": 1} if retried_next_turn else {})

@@ -130,6 +130,12 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
 
     for rows in groups.values():
         ok = [i for i in rows if status[i] == "ok"]
+        if len(ok) > 1 and _sent_side_by_side(ok, attempt, started, finished):
+            # no retries: a client asks again only once it gave up on the first attempt (which then
+            # is no completed one) - two sub-agents given one task, parallel samples of one prompt;
+            # answered alike (a short turn, a low temperature), the second was dropped as a retry
+            superseded.update(i for i in rows if status[i] != "ok")
+            continue
         if len(rows) > 1 and ok:
             # several attempts completed (a client that timed out and asked again, say): the one the
             # rollout's next call goes on from is what the harness used; else the latest
@@ -137,7 +143,7 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
             if len(candidates) > 1:
                 # each went on in a conversation of its own (the same first request twice in a
                 # rollout: no retry) - unless they answered alike (temperature 0, a seed): one sample
-                kept = continued.distinct(candidates, key=rank, request=req)
+                kept = continued.distinct(candidates, key=rank)
                 if len(kept) > 1:
                     superseded.update(i for i in rows if i not in kept)
                     continue
@@ -166,6 +172,18 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
             chosen.append(i)
     chosen.sort(key=lambda i: (when(i), attempt[i] or 0, call_id[i]))
     return CallSelection(chosen, skipped, frozenset(restarts))
+
+
+def _sent_side_by_side(ok: list[int], attempt: list, started: list, finished: list) -> bool:
+    """Whether completed attempts of one request were in flight together, numbered apart by the
+    one proxy that saw them all (two chained proxies each number their record of one call 1)."""
+    for x, i in enumerate(ok):
+        for j in ok[x + 1:]:
+            if None in (started[i], started[j], finished[i], finished[j]) or (attempt[i] or 1) == (attempt[j] or 1):
+                continue
+            if started[i] < finished[j] and started[j] < finished[i]:
+                return True
+    return False
 
 
 def _ending_in_failure(table: pa.Table, rollout_ids: list) -> dict[str, str]:
@@ -347,56 +365,22 @@ class _ContinuedAttempts:
                     break
         return out
 
-    def distinct(self, rows: list[int], key: Callable[[int], Any], request: list) -> list[int]:
+    def distinct(self, rows: list[int], key: Callable[[int], Any]) -> list[int]:
         """Of ``rows`` (attempts :meth:`of` found gone on from), one per distinct prompt +
         completion: the one ``key`` ranks highest where several are alike (alike in text where
-        they were found by their text: the later prompt cannot tell one tokenisation from another)
-        - or as many as conversations went on from that answer: two sub-agents given the same task
-        that answered alike (a short first turn, a low temperature) are two samples, and the second
-        one's first turn was dropped as a retry and left untrained in its branch's prompt."""
+        they were found by their text: the later prompt cannot tell one tokenisation from another)."""
         ids = self._ids[self.rollout[rows[0]]]
         by_text = any(i in self._said for i in rows)  # then all by text: one found by ids may say the same
-        alike: dict[bytes, list[int]] = {}
+        best: dict[bytes, int] = {}
         for i in rows:
             prompt, completion = ids[i]
             said = self._said.get(i)
             if said is None and by_text:
                 said = _reply_text(self._token_bytes(), completion)
             sample = prompt.tobytes() + b"|" + (completion.tobytes() if said is None else b"text:" + said)
-            alike.setdefault(sample, []).append(i)
-        kept = []
-        for same in alike.values():
-            ranked = sorted(same, key=key, reverse=True)
-            room = self._conversations_from(ranked[0], rows, request) if len(same) > 1 else 1
-            kept.extend(ranked[:max(1, room)])
-        return sorted(kept)
-
-    def _conversations_from(self, a: int, attempts: list[int], request: list) -> int:
-        """How many conversations went on from attempt ``a``'s answer: the later calls that go on
-        from it (by ids or text) and from no other of those calls, a request sent again (a retried
-        next turn) counted once. A retry's answer is gone on from by one conversation only."""
-        ids = self._rollout_ids(a)
-        prompt, completion = ids[a]
-        if prompt is None or completion is None:
-            return 1
-        history = np.concatenate([prompt, completion])
-        lo = text_tail_start(prompt, len(prompt))
-        later = [(j, p) for j, p in self._later_prompts(a, attempts, ids)
-                 if _extends(p, history) or self._says_again(p, history, completion, lo)]
-        firsts = set()
-        for j, p in later:
-            if not any(k != j and self._goes_on_from(p, k, ids) for k, _ in later):
-                firsts.add(request[j] or ("row", j))
-        return len(firsts)
-
-    def _goes_on_from(self, later: np.ndarray, k: int, ids: dict) -> bool:
-        """Whether prompt ``later`` goes on from call ``k`` (its prompt + completion), by ids or text."""
-        prompt, completion = ids[k]
-        if prompt is None or completion is None or len(prompt) >= len(later):
-            return False
-        history = np.concatenate([prompt, completion])
-        return _extends(later, history) or self._says_again(later, history, completion,
-                                                            text_tail_start(prompt, len(prompt)))
+            if sample not in best or key(i) > key(best[sample]):
+                best[sample] = i
+        return sorted(best.values())
 
 
 def _extends(later: np.ndarray, history: np.ndarray) -> bool:
