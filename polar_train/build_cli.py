@@ -128,9 +128,12 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
     report = result.report
     if not result.trajectories:
         print_out(report.table())
-        above = " and ".join(["skipped rows"] + ["problems"] * bool(report.problems) + ["notes"] * bool(report.notes))
-        print(f"polar-train build: error: no trajectory could be built from {captures} (see {above} above; "
-              f"`polar-train inspect {captures}` lists the calls)", file=sys.stderr)
+        above = [name for name, shown in (("skipped rows", report.skipped), ("problems", report.problems),
+                                           ("notes", report.notes)) if shown]
+        why = f"see {' and '.join(above)} above; " if above else ""
+        print(f"polar-train build: error: no trajectory could be built from {captures} "
+              + (f"({why}`polar-train inspect {captures}` lists the calls)" if report.calls_read
+                 else "(its parts hold no call)"), file=sys.stderr)
         return 1
     report.out = str(out)
     report.output_parts = [p.name for p in part_paths(out, len(result.trajectories), args.rows_per_part)]

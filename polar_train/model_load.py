@@ -70,8 +70,8 @@ def load_causal_lm(model_dir: str | os.PathLike, dtype: Any) -> Any:
         except Exception as exc:  # noqa: BLE001 - any failure here is the folder's: cut or corrupt weights
             # (safetensors' own error type), a config.json of wrong types (a dataclass validation error)
             mismatch = _size_mismatch(reports) if "ignore_mismatched_sizes" in str(exc) else None
-            reports.clear()  # (said in the one line instead)
             if mismatch is not None:
+                reports.clear()  # (said in the one line instead; another failure's message points to it)
                 raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: its config.json does not fit "
                                      f"its weights ({mismatch})") from None
             raise ModelLoadError(f"cannot load the model in {Path(model_dir)}: {first_line(exc)}") from None
@@ -94,14 +94,19 @@ def _held_load_reports():
         return True
 
     root = logging.getLogger("transformers")
-    root.addFilter(hold)  # records of transformers' own root logger
-    handlers = list(root.handlers)
-    for handler in handlers:  # and those its children hand up to its handlers
+    catcher = logging.NullHandler()  # (where transformers has no handler, Python's last resort printed it)
+    handlers = [*root.handlers, catcher]
+    for handler in handlers:  # the records its children hand up to its handlers
         handler.addFilter(hold)
+    root.addHandler(catcher)
+    root.addFilter(hold)  # and its own
+    propagate, root.propagate = root.propagate, False  # (CI=1 makes it propagate: Python's handlers too)
     try:
         yield held
     finally:
+        root.propagate = propagate
         root.removeFilter(hold)
+        root.removeHandler(catcher)
         for handler in handlers:
             handler.removeFilter(hold)
         for record in held:

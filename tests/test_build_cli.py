@@ -226,6 +226,10 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys
     # (it said "see skipped rows and problems above" where no problem was printed)
     assert proc.stderr.strip() == (f"polar-train build: error: no trajectory could be built from {tmp_path / 'cap'} (see "
                                    f"skipped rows above; `polar-train inspect {tmp_path / 'cap'}` lists the calls)")
+    write_parts(tmp_path / "empty", [])  # ("see skipped rows above" with `skipped rows  none` printed)
+    proc = run_build(tmp_path / "empty", "--out", tmp_path / "out")
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        f"polar-train build: error: no trajectory could be built from {tmp_path / 'empty'} (its parts hold no call)")
     assert not (tmp_path / "out").exists()
     assert main(["build", str(tmp_path / "cap"), "--out", str(tmp_path / "out"),
                  "--rewards", str(tmp_path / "r.jsonl")]) == 2

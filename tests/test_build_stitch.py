@@ -1405,6 +1405,7 @@ def test_calls_without_a_temperature_or_with_top_p_below_one_are_noted(tmp_path)
         "3 of 3 calls left temperature or top_p to the server: vLLM then samples with the model's "
         "generation_config.json (Qwen3's: temperature 0.6, top_k 20, top_p 0.95) unless started with "
         "--generation-config vllm, which train cannot see (docs/train.md, Which server settings give correct ratios)",
-        "1 of 3 calls were sampled with top_p < 1: their recorded logprobs are of the whole distribution, not the "
-        "truncated one sampled, so the importance weights are biased (capture with top_p 1)"]
+        "1 of 3 calls were sampled with top_p < 1: the trainer cannot reproduce the truncated distribution their "
+        "tokens came from (recorded logprobs are of the whole one), so the GRPO ratio and importance weights are "
+        "biased (capture with top_p 1)"]
     assert build(tmp_path / "b", tool_session(Conversation(rollout_id="r1"), 2)).report.notes == []

@@ -437,6 +437,18 @@ def test_run_notebook_shows_no_build_report_of_a_folder_rebuilt_since_the_run(
                     "of the build the run trained on (0123456789abcdef0123456789abcdef): the folder was rebuilt "
                     "since; not shown") in out
             assert "so the build report is not shown" in out and "realign off" not in out
+    # the report of the build trained on, named by POLAR_TRAJECTORIES (a copy kept), is shown: as the hint says
+    copy = tmp_path / "kept"
+    copy.mkdir()
+    for f in (SAMPLE / "trajectories").iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    summary["data"]["build_ids"] = ["0123456789abcdef0123456789abcdef"]
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    report = json.loads((copy / "_build_report.json").read_text())
+    (copy / "_build_report.json").write_text(json.dumps({**report, "build_id": "0123456789abcdef0123456789abcdef"}))
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run, POLAR_TRAJECTORIES=copy))
+    assert "data/samples/demo/trajectories (train_summary.json) is of build" in out
+    assert f"build report of {copy} (POLAR_TRAJECTORIES): realign off" in out
 
 
 def test_a_missing_folder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -290,14 +290,22 @@ def test_a_load_that_succeeds_still_logs_its_load_report_once(tiny_model_dir, tm
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
+    above: list[str] = []  # Python's own handlers, which transformers hands its records to under CI=1
+    python_handler = logging.Handler()
+    python_handler.emit = lambda record: above.append(record.getMessage())
     board = logging.getLogger("transformers")
     board.addHandler(handler)
+    logging.getLogger().addHandler(python_handler)
+    propagate, board.propagate = board.propagate, True
     try:
         load_causal_lm(extra, torch.float32)
     finally:
         board.removeHandler(handler)
+        logging.getLogger().removeHandler(python_handler)
+        board.propagate = propagate
     assert [m for m in seen if "LOAD REPORT" in m and "unused.weight" in m] and \
         len([m for m in seen if "LOAD REPORT" in m]) == 1
+    assert len([m for m in above if "LOAD REPORT" in m]) == 1  # (twice: once unheld, once handed on)
 
 
 def test_a_model_or_adapter_folder_that_does_not_load_is_one_line(trajectories, tiny_model_dir, tmp_path):

@@ -174,10 +174,12 @@ def prepare(args: argparse.Namespace):
 
 
 def _as_int(value: Any) -> int | None:
+    """``value`` as the config reads a whole number (``4``, ``"4"``, YAML's ``4.0``), else None."""
     try:
-        return int(str(value))
+        number = float(str(value))
     except ValueError:
         return None
+    return int(number) if number.is_integer() else None
 
 
 def _max_completion_length(raw: dict[str, Any]) -> int | None:
@@ -574,7 +576,8 @@ def _check_init_adapter_shape(config, given: dict[str, Any]) -> None:
 def _no_null_scalar_notice(record: logging.LogRecord) -> bool:
     """A step without sampler logprobs logs its mismatch as null, which TensorBoard cannot plot:
     its 'attempting to log a value of "None"' warning says nothing a user can act on."""
-    return 'attempting to log a value of "None"' not in record.getMessage()
+    message = record.getMessage()
+    return not ('attempting to log a value of "None"' in message and "sampling_logp_difference" in message)
 
 
 def build_trainer(args: argparse.Namespace):

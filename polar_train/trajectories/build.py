@@ -470,9 +470,9 @@ def sampling_notes(temperatures: list[float | None], top_ps: list[float | None])
                      "Which server settings give correct ratios)")
     truncated = sum(1 for p in top_ps if p is not None and p < 1 - 1e-6)
     if truncated:
-        notes.append(f"{truncated} of {len(top_ps)} calls were sampled with top_p < 1: their recorded logprobs "
-                     "are of the whole distribution, not the truncated one sampled, so the importance weights are "
-                     "biased (capture with top_p 1)")
+        notes.append(f"{truncated} of {len(top_ps)} calls were sampled with top_p < 1: the trainer cannot reproduce "
+                     "the truncated distribution their tokens came from (recorded logprobs are of the whole one), so "
+                     "the GRPO ratio and importance weights are biased (capture with top_p 1)")
     return notes
 
 
