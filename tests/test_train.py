@@ -226,8 +226,9 @@ def test_temperature_must_match_the_recorded_one(sampled, tiny_model_dir, tmp_pa
     for recorded, words in ((0.0, r"^the trajectories were sampled greedily \(temperature 0\): GRPO learns from how "
                                    r"sampled trajectories of a task differ.* capture again at temperature 1"),
                             (0.7, r"^temperature 1 differs from the sampling temperature recorded in the trajectories "
-                                  r"\(0.7\), and raw sampler logprobs .* --logprobs-mode processed_logprobs and "
-                                  r"train with --set temperature=0.7 --set sampler_logprobs=processed")):
+                                  r"\(0.7\), and raw sampler logprobs .* --logprobs-mode processed_logprobs trains "
+                                  r"with --set temperature=0.7 --set sampler_logprobs=processed; raw data needs "
+                                  r"capturing again")):
         data = rewrite(sampled, tmp_path / f"t{recorded}", lambda cols: {**cols, "temperature": [recorded] * 8})
         with pytest.raises(UserError, match=words):
             prepare(ns(data, tiny_model_dir, tmp_path / "r"))

@@ -102,9 +102,9 @@ def _check_temperature(config, report) -> None:
             raise UserError(
                 f"temperature {t:g} differs from the sampling temperature recorded in the trajectories ({shown}), "
                 "and raw sampler logprobs (vLLM's default) describe the unscaled distribution, not one at "
-                f"{r:g}: capture with vLLM --logprobs-mode processed_logprobs and train with --set "
-                f"temperature={r:g} --set sampler_logprobs=processed (or capture at temperature 1; or --set "
-                "allow_temperature_mismatch=true)")
+                f"{r:g}: data captured with vLLM --logprobs-mode processed_logprobs trains with --set "
+                f"temperature={r:g} --set sampler_logprobs=processed; raw data needs capturing again (at "
+                "temperature 1, or with processed logprobs) (or --set allow_temperature_mismatch=true)")
         raise UserError(
             f"temperature {t:g} differs from the sampling temperature recorded in the trajectories "
             f"({shown}): set --set temperature={r:g} (or --set allow_temperature_mismatch=true)")
