@@ -367,6 +367,16 @@ def test_malformed_proxy_credentials_are_ignored():
     assert rollout_from_proxy_auth(_basic(" ", "x")) is None  # nothing but space
 
 
+def test_proxy_credentials_with_several_colons_name_no_rollout(caplog):
+    """A probe: HTTPS_PROXY=http://job%3A7%3Arun-1:x@... reaches the proxy as "job:7:run-1:x", and the
+    rollouts job:7:run-1, job:7:run-2 and job:8 were all recorded as "job", silently."""
+    with caplog.at_level(logging.WARNING, logger="polar_capture"):
+        assert rollout_from_proxy_auth(_basic("job:7:run-1", "x")) is None
+    assert "proxy credentials hold more than one ':'" in caplog.text and "x-polar-rollout" in caplog.text
+    assert "run-1" not in caplog.text  # (what follows the first ':' may be the password: never logged)
+    assert rollout_from_proxy_auth(_basic("job-7", "x")) == "job-7"
+
+
 def test_redaction():
     body = {"messages": [{"content": "key is sk-abcdef"}], "api_key": "sk-abcdef",
             "nested": {"Authorization": "Bearer sk-abcdef"}, "max_tokens": 3}

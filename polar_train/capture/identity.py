@@ -125,10 +125,15 @@ def rollout_from_proxy_auth(value: str | None) -> str | None:
         _say_once("proxy credentials", problem, f"polar_capture: proxy credentials {problem} (Basic user:password "
                   "expected): the call is recorded without a rollout id")
         return None
-    user, colon, _ = decoded.partition(":")
+    user, colon, rest = decoded.partition(":")
     if not colon:  # no user name: all of it may be a secret (a key given as the credential), never logged
         _say_once("proxy credentials", "no colon", "polar_capture: proxy credentials not user:password (no ':' in "
                   "the decoded Basic credential): the call is recorded without a rollout id")
+        return None
+    if ":" in rest:  # "job:7:run-1:x": the user name cannot be told from the password; "job" merged rollouts
+        _say_once("proxy credentials", "colons", "polar_capture: proxy credentials hold more than one ':' - a rollout "
+                  "id with ':' in the proxy user name cannot be told from the password (Basic splits at the first "
+                  "one): the call is recorded without a rollout id; send such ids in the x-polar-rollout header")
         return None
     return valid_id(user)  # as sent: clients percent-decode the proxy URL's user name themselves
 
