@@ -1575,9 +1575,48 @@ def test_a_client_asks_for_ids_as_vllm_reads_the_field(value, asked):
     took only `true` as asking, and stripped the ids the client had asked for."""
     inj = openai_chat.inject({"messages": [], "return_token_ids": value, "logprobs": value})
     assert inj.asked == {"return_token_ids": asked, "logprobs": asked}
-    assert inj.changed is not asked
+    assert inj.changed is (not asked and value != 2)  # (2 is no boolean: the server's 400 is left to it)
     resp = openai_responses.inject({"input": "x", "enable_response_messages": value})
     assert resp.asked["response_messages"] is asked
+
+
+@pytest.mark.parametrize("api,body,kept", [
+    ("chat", {"top_logprobs": 3}, {"logprobs"}),  # the server's 400: top_logprobs needs logprobs
+    ("chat", {"top_logprobs": -1, "logprobs": False}, {"logprobs"}),
+    ("chat", {"logprobs": "maybe"}, {"logprobs"}),
+    ("chat", {"return_token_ids": "nope", "logprobs": []}, {"return_token_ids", "logprobs"}),
+    ("responses", {"top_logprobs": 50}, {"include"}),  # unread without the include; refused with it
+    ("responses", {"top_logprobs": -1}, {"include"}),
+    ("responses", {"include": "message.output_text.logprobs"}, {"include"}),
+    ("responses", {"include": {}}, {"include"}),
+    ("responses", {"enable_response_messages": "nope"}, {"enable_response_messages"}),
+])
+def test_the_capture_never_changes_whether_a_request_is_refused(api, body, kept):
+    """A probe: through the proxy, top_logprobs 50 on /v1/responses got a 400 the server alone never
+    gave (the injected include made it read the value), and chat's top_logprobs without logprobs or
+    "logprobs": "maybe" got a 200 recorded ok where the server alone answered 400."""
+    module, base = ((openai_chat, {"messages": []}) if api == "chat" else (openai_responses, {"input": "x"}))
+    inj = module.inject({**base, **body})
+    for field in kept:
+        assert inj.body.get(field, "absent") == body.get(field, "absent")
+    if api == "responses":  # a top_logprobs the server takes keeps the include (and the logprobs) asked
+        assert openai_responses.inject({"input": "x", "top_logprobs": 20}).body["include"] == [
+            openai_responses.LOGPROBS_INCLUDE]
+    else:
+        assert openai_chat.inject({"messages": [], "top_logprobs": 0}).body["logprobs"] is True
+
+
+def test_a_responses_top_logprobs_without_the_include_is_echoed_null():
+    """A probe: "top_logprobs": 0 sent without the logprobs include is echoed null by vLLM (it
+    samples without logprobs); through the proxy, which asked for them, the client got 0."""
+    inj = openai_responses.inject({"input": "x", "top_logprobs": 0})
+    response = {"object": "response", "top_logprobs": 0, "output": []}
+    openai_responses.strip(response, inj.asked)
+    assert response["top_logprobs"] is None
+    asked = openai_responses.inject({"input": "x", "top_logprobs": 2, "include": [openai_responses.LOGPROBS_INCLUDE]})
+    response = {"object": "response", "top_logprobs": 2, "output": []}
+    openai_responses.strip(response, asked.asked)
+    assert response["top_logprobs"] == 2
 
 
 @pytest.mark.parametrize("value,read", [(2, 2), ("1", 1), (1.0, 1), ("2.0", 2), (True, 1), (None, None),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..wire.errors import ApiError
-from ..wire.lax import lax_int, lax_true
+from ..wire.lax import lax_bool_or_none, lax_int, lax_true
 from ..wire.render import normalize_tool
 from ..wire.render import template_kwargs as _template_kwargs
 from .grammar import INTS, LOGPROB_LIST, STR, ids_end
@@ -43,10 +43,14 @@ def inject(body: dict[str, Any]) -> Injection:
     }
     new = dict(body)
     changed = False
-    if not asked["return_token_ids"]:
+    # a value the server refuses stays as sent (its 400 for the client): setting ours would make a
+    # refused request pass, recorded as ok ("logprobs": "maybe"; top_logprobs without logprobs)
+    if not asked["return_token_ids"] and lax_bool_or_none(body.get("return_token_ids")):
         new["return_token_ids"] = True
         changed = True
-    if not asked["logprobs"]:
+    top = lax_int(body.get("top_logprobs"))
+    top_refused = top is not None and (top == -1 or top > 0) and not body.get("logprobs")  # vLLM's check
+    if not asked["logprobs"] and lax_bool_or_none(body.get("logprobs")) and not top_refused:
         new["logprobs"] = True
         changed = True
     return Injection(new, asked, changed)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..wire.errors import ApiError
-from ..wire.lax import lax_int, lax_true
+from ..wire.lax import lax_bool_or_none, lax_int, lax_true
 from ..wire.responses import (CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, chat_tools, input_messages,
                               request_template_kwargs)
 from .byte_text import byte_text
@@ -34,6 +34,8 @@ API = "openai.responses"
 FINAL_EVENT = "response.completed"
 INJECTS = True
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: vLLM's default ``--max-logprobs``: a larger top_logprobs is refused once logprobs are asked for
+MAX_LOGPROBS = 20
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 #: A response with one of these statuses holds no finished call (``incomplete`` does: a length cut).
 FAILED_STATUSES = ("failed", "cancelled")
@@ -51,10 +53,14 @@ def inject(body: dict[str, Any]) -> Injection:
     }
     new = dict(body)
     changed = False
-    if not asked["response_messages"]:
+    # a value the server refuses stays as sent (its 400 for the client), and no logprobs are asked
+    # for where the client's top_logprobs, unread without them, would then be refused (over 20, -1)
+    if not asked["response_messages"] and lax_bool_or_none(body.get("enable_response_messages")):
         new["enable_response_messages"] = True
         changed = True
-    if not asked["logprobs"]:
+    top = lax_int(body.get("top_logprobs"))
+    top_unread = top is not None and not 0 <= top <= MAX_LOGPROBS
+    if not asked["logprobs"] and isinstance(body.get("include"), (list, type(None))) and not top_unread:
         new["include"] = [*include, LOGPROBS_INCLUDE]
         changed = True
     if body.get("top_logprobs") is None:  # a value the server refuses is its to answer (a 400)
@@ -80,9 +86,11 @@ def _response_changes(resp: dict[str, Any], asked: dict[str, Any]) -> dict[str, 
         for key in ("input_messages", "output_messages"):
             if resp.get(key) is not None:
                 changes[key] = None
-    if not asked.get("has_top_logprobs") and resp.get("top_logprobs") is not None:
+    # vLLM echoes the logprobs it sampled with: none unless the client asked for them ("top_logprobs":
+    # 0 sent without the include is echoed null), the client's own value where it did
+    if not asked.get("logprobs") and resp.get("top_logprobs") is not None:
         changes["top_logprobs"] = None
-    elif asked.get("has_top_logprobs") and resp.get("top_logprobs") != asked.get("top_logprobs"):
+    elif asked.get("logprobs") and asked.get("has_top_logprobs") and resp.get("top_logprobs") != asked.get("top_logprobs"):
         changes["top_logprobs"] = asked.get("top_logprobs")
     if not asked.get("logprobs"):
         output = resp.get("output")

@@ -28,6 +28,16 @@ def lax_true(value: Any) -> bool:
     return isinstance(value, str) and value.lower() in TRUE_WORDS
 
 
+def lax_bool_or_none(value: Any) -> bool:
+    """Whether vLLM takes a boolean request field as given (absent, null, or a value it reads as
+    true or false): the capture may then set it without changing whether the request is refused."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return value in (0, 1)
+    return isinstance(value, str) and value.lower() in TRUE_WORDS | FALSE_WORDS
+
+
 def lax_int(value: Any) -> int | None:
     """An integer request field as vLLM reads it: ``2``, ``2.0``, ``"2"``, ``"2.0"``, ``"1_000"``,
     ``true``; else None (a value the server refuses)."""
