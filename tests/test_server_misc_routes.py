@@ -91,17 +91,23 @@ def _serving_a_stream(tiny_model_dir, tmp_path, *, shell_prefix: str = "", log_l
                "--chunk-delay-ms", "300", "--log-level", log_level]
     server = ManagedProcess(["/bin/sh", "-c", f"{shell_prefix} exec {shlex.join(command)}"],
                             tmp_path / "serve.log").start()
-    streaming = threading.Event()
+    streaming, ended = threading.Event(), threading.Event()
+    server.stream_lines = []  # what the open stream's client read, its end included
 
     def stream() -> None:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True,
                 "ignore_eos": True}
         try:
             with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300) as r:
-                for _ in r.iter_lines():
+                for line in r.iter_lines():
+                    server.stream_lines.append(line)
                     streaming.set()
-        except httpx.HTTPError:
-            pass  # cut by the stop: what is tested
+        except httpx.HTTPError as exc:
+            server.stream_lines.append(f"cut: {type(exc).__name__}")  # (the body ended mid-chunk)
+        finally:
+            ended.set()
+
+    server.stream_ended = ended
 
     try:
         server.wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/health"), 120, "polar-train serve")
@@ -131,6 +137,7 @@ def test_a_stop_is_one_line_with_its_status_and_cuts_open_streams_after_a_grace(
     assert err.strip().splitlines()[-1] == f"polar-train serve: interrupted ({signum})"
     assert "Traceback" not in err
     assert took < SHUTDOWN_GRACE_S + 15  # the stream was cut after the grace, not streamed to its end
+    assert server.stream_ended.wait(60) and [line for line in server.stream_lines if line][-1] == "data: [DONE]"
 
 
 def test_a_second_ctrl_c_during_the_grace_cuts_the_open_streams_at_once(tiny_model_dir, tmp_path):
@@ -144,6 +151,11 @@ def test_a_second_ctrl_c_during_the_grace_cuts_the_open_streams_at_once(tiny_mod
         returncode = server.proc.wait(timeout=120)
     err = server.log()
     assert returncode == 130
+    assert server.stream_ended.wait(60)
+    # the stream ends as vLLM ends one it aborts (it was cut mid-chunk: an incomplete body)
+    assert [line for line in server.stream_lines if line][-2:] == [
+        'data: {"error":{"message":"the server is shutting down: the request was aborted before it finished",'
+        '"type":"InternalServerError","param":null,"code":500}}', "data: [DONE]"]
     assert "second Ctrl-C: cutting 1 open request(s) now" in err
     assert "timeout graceful shutdown exceeded" not in err  # cut by the second Ctrl-C, not by the grace's end
     assert "Traceback" not in err

@@ -129,6 +129,8 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself was cancelled: the server stops
+        raise ShuttingDown() from None  # (its answer, as vLLM's: uvicorn's own was a text/plain 500)
     finally:
         watch.cancel()
         if not task.done():
@@ -136,9 +138,18 @@ async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
     try:
         return await task
     except asyncio.CancelledError:
-        if watch.cancelled() or not watch.done():
-            raise  # the handler itself was cancelled (shutdown), not the client gone
+        if watch.cancelled() or not watch.done():  # (cancelled in between: the server stops)
+            raise ShuttingDown() from None
         return None
+
+
+class ShuttingDown(ApiError):
+    """A request still generating when the server stopped (the grace after Ctrl-C or SIGTERM ran
+    out, or a second Ctrl-C): answered in vLLM's error shape, a 500, as vLLM aborts it."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down: the request was aborted before it finished")
+        self.status, self.type = 500, "InternalServerError"
 
 
 def _error(exc: Exception, anthropic: bool = False) -> Response:
@@ -178,14 +189,24 @@ async def _said_if_failed(gen: AsyncIterator[bytes], module) -> AsyncIterator[by
     try:
         async for piece in gen:
             yield piece
+    except asyncio.CancelledError:  # the server stops (the grace ran out): told as vLLM tells it, the
+        for piece in _stream_error(module, str(ShuttingDown())):  # body then ended (it was cut mid-chunk)
+            yield piece
     except Exception as exc:  # noqa: BLE001 - whatever failed, the client is told rather than cut off
         log.exception("error in a streamed answer")
-        if module is messages:
-            yield sse_event("error", {"type": "error", "error": {"type": "internal_error", "message": str(exc)}})
-        elif module is chat:
-            yield sse_data({"error": {"message": str(exc), "type": "InternalServerError", "param": None,
-                                      "code": 500}})
-            yield b"data: [DONE]\n\n"
+        for piece in _stream_error(module, str(exc)):
+            yield piece
+
+
+def _stream_error(module, message: str) -> list[bytes]:
+    """How vLLM ends a stream on an error: chat's error data and ``[DONE]``, Messages' ``error``
+    event, nothing for the Responses API (its stream just ends)."""
+    if module is messages:
+        return [sse_event("error", {"type": "error", "error": {"type": "internal_error", "message": message}})]
+    if module is chat:
+        return [sse_data({"error": {"message": message, "type": "InternalServerError", "param": None, "code": 500}}),
+                b"data: [DONE]\n\n"]
+    return []
 
 
 def _base_request_id(request: Request, body: dict[str, Any]) -> str:
