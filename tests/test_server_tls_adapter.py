@@ -126,6 +126,9 @@ def _base_logits(model_dir, prompt):
     # (it was blamed on the tokenizer, whose loader reads config.json too)
     (["--model", "{tmp}/typed-config"], "cannot load the model in {tmp}/typed-config: its config.json: "
                                         "Validation error for field 'hidden_size'"),
+    # it served, healthy, and answered every chat request with a 400 blaming the client's messages (a probe)
+    (["--model", "{tmp}/bad-template"], "--model {tmp}/bad-template: its chat template (chat_template.jinja) does not compile (line 1): "
+                                        "unexpected end of template"),
 ])
 def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsys, args, msg):
     from polar_train.cli import main
@@ -147,6 +150,8 @@ def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsy
     shutil.copytree(tiny_model_dir, tmp_path / "typed-config")  # huggingface_hub's own error type escaped
     config = json.loads((tmp_path / "typed-config" / "config.json").read_text())
     (tmp_path / "typed-config" / "config.json").write_text(json.dumps({**config, "hidden_size": "abc"}))
+    shutil.copytree(tiny_model_dir, tmp_path / "bad-template")
+    (tmp_path / "bad-template" / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content ")
     argv = ["serve", *[a.format(tmp=tmp_path, model=tiny_model_dir) for a in args],
             "--port", str(free_port())]
     assert main(argv) == 2

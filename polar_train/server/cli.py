@@ -22,6 +22,37 @@ SHUTDOWN_GRACE_S = 5.0
 AUTO = -1
 
 
+def _check_template_compiles(model: Path) -> None:
+    """A chat template with a syntax error started a healthy-looking server whose every chat request
+    was a 400 blaming the client's messages (a probe): it is the model folder's fault, said before
+    the weights load. Read from the files the tokenizer reads it from (``chat_template.jinja``, else
+    ``tokenizer_config.json``'s ``chat_template``: one text, or named ones)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from ..cli import UserError
+
+    found: dict[str, str] = {}
+    if (model / "chat_template.jinja").is_file():
+        found["chat_template.jinja"] = (model / "chat_template.jinja").read_text(encoding="utf-8", errors="replace")
+    else:
+        try:
+            given = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError, AttributeError):  # (the tokenizer's loader says what is wrong there)
+            given = None
+        if isinstance(given, str):
+            found["tokenizer_config.json"] = given
+        elif isinstance(given, list):
+            found.update((f"tokenizer_config.json ({t.get('name')})", t["template"]) for t in given
+                         if isinstance(t, dict) and isinstance(t.get("template"), str))
+    for where, template in found.items():
+        try:
+            _compile_jinja_template(template)
+        except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError (its line), or any compile failure
+            line = getattr(exc, "lineno", None)
+            raise UserError(f"--model {model}: its chat template ({where}) does not compile"
+                            + (f" (line {line})" if line else "") + f": {exc}") from None
+
+
 def human_readable_int(value: str) -> int:
     """vLLM's ``--max-model-len`` forms: an integer, ``auto`` (or -1: :data:`AUTO`), or a number with a
     decimal (k, m, g, t) or binary (K, M, G, T) suffix - a vLLM command line copied here was refused
@@ -174,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise UserError("--served-model-name is empty: give the name clients send (left out: the model "
                         "folder's name)")  # a model named "" served: a client could name it in no header
     config = _check_model_config(model)
+    _check_template_compiles(model)
     longest = config.get("max_position_embeddings")
     if args.max_model_len == AUTO:  # vLLM's auto: the model's own context
         if not (isinstance(longest, int) and not isinstance(longest, bool) and longest > 0):
