@@ -240,3 +240,18 @@ def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
         return httpx.get(url, verify=ctx, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_an_adapter_served_under_the_base_models_name_is_warned_of(tmp_path, tiny_model_dir, capsys):
+    """A probe: --adapter without --served-model-name served the adapter as the base folder's name,
+    and captures of the base model and of the adapter both recorded model "tiny"."""
+    from polar_train.cli import main
+
+    adapter_dir, _ = _lora_adapter(tmp_path, tiny_model_dir)
+    # (a bad --chunk-delay-ms ends the start after the adapter's checks: nothing is served)
+    for extra, warned in (([], True), (["--served-model-name", "r1"], False)):
+        assert main(["serve", "--model", str(tiny_model_dir), "--adapter", str(adapter_dir), *extra,
+                     "--chunk-delay-ms", "nan", "--port", str(free_port())]) == 2
+        err = capsys.readouterr().err
+        assert ("polar-train serve: warning: --adapter without --served-model-name serves the adapter as "
+                f"'{tiny_model_dir.resolve().name}', the base model's name" in err) is warned

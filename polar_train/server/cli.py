@@ -195,6 +195,10 @@ def _serve(args: argparse.Namespace) -> int:
             check_adapter_folder(args.adapter)
         except ModelLoadError as exc:
             raise UserError(f"--adapter {exc}") from None
+        if args.served_model_name is None:  # each call records the name it asked for: the policy that sampled it
+            print(f"polar-train serve: warning: --adapter without --served-model-name serves the adapter as "
+                  f"{model.resolve().name!r}, the base model's name: a capture cannot tell its calls from the base "
+                  "model's; name it, e.g. --served-model-name r1", file=sys.stderr, flush=True)
     if not 0 <= args.chunk_delay_ms < float("inf"):  # NaN fails too: a stream would never end
         raise UserError(f"--chunk-delay-ms must be a finite number >= 0, got {args.chunk_delay_ms}")
     if not 0 < args.port < 65536:
