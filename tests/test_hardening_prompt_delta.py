@@ -55,8 +55,31 @@ def test_fifty_turn_session_round_trips_and_stores_linearly(tmp_path: Path) -> N
     assert got == {r["call_id"]: r["prompt_token_ids"] for r in rows}
     raw = read_call_log(tmp_path, resolve_prompts=False).table
     stored = sum(len(p) for p in raw.column("prompt_token_ids").to_pylist())
-    assert stored == 400 + 49 * 40  # the first prompt once, then only each new tool output
-    assert raw.column("prompt_prefix_call_id").null_count == 1
+    # the first prompt once, then only each new tool output - but call 32's prompt whole (FULL_EVERY: a
+    # part lost costs the calls up to the next whole one, not every later call)
+    assert stored == 400 + 48 * 40 + (400 + 31 * 70)
+    assert raw.column("prompt_prefix_call_id").null_count == 2
+
+
+def test_a_lost_part_costs_the_calls_up_to_the_next_whole_one(tmp_path: Path) -> None:
+    """A probe: every compact row was read through the one before it, so a part lost from a long
+    session (7 of 876 rows) cost every later call of its rollouts (270). A row stored in full every
+    FULL_EVERY rows bounds it; the ids read back are the full prompts still."""
+    from polar_train.capture.prompt_delta import FULL_EVERY
+
+    prompt, rows = list(range(1000, 1100)), []
+    for k in range(70):
+        rows.append(row("r1", prompt, [2000 + k] * 5))
+        prompt = prompt + [2000 + k] * 5 + [3000 + k] * 10
+    write_rows(tmp_path, rows, flush_rows=1)  # a part per row
+    lost = rows[5]["call_id"]
+    (part,) = [p for p in (tmp_path / "calls").glob("*.parquet")
+               if pq.read_table(p, columns=["call_id"]).column("call_id").to_pylist() == [lost]]
+    part.unlink()
+    table = read_call_log(tmp_path).table
+    got = dict(zip(table.column("call_id").to_pylist(), table.column("prompt_token_ids").to_pylist()))
+    readable = [k for k, r in enumerate(rows) if got.get(r["call_id"]) == r["prompt_token_ids"]]
+    assert readable == [*range(5), *range(FULL_EVERY - 1, 70)]  # (the rows between chain through row 5)
 
 
 sessions = st.lists(st.tuples(

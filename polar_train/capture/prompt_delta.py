@@ -41,6 +41,11 @@ def _id_array(ids: Any) -> np.ndarray:
     return np.asarray(ids if ids is not None else [], dtype=np.int64)
 
 
+#: Every this many rows of a rollout, one is stored in full: a compact row is read through the rows
+#: before it, so a part lost or damaged costs the rollout's calls up to its next full row, not all
+#: its later calls (at most ~1/32 more bytes for a long session).
+FULL_EVERY = 32
+
 #: A text longer than this is stored whole and not remembered: finding a delta of two 200 MB
 #: bodies (below ``polar_max_body_mb``) would take gigabytes and minutes on the writer's thread.
 MAX_DELTA_CHARS = 16 << 20
@@ -95,22 +100,42 @@ class PromptDeltaEncoder:
     """
 
     def __init__(self, min_prefix: int = 64, max_rollouts: int = 4096, min_shared_chars: int = 256,
-                 max_mb: int = 1024) -> None:
+                 max_mb: int = 1024, full_every: int = FULL_EVERY) -> None:
         self.min_prefix = min_prefix
         self.min_shared_chars = min_shared_chars
+        self.full_every = full_every
         budget = max_mb << 20
         self._last = _Recent(max_rollouts, budget // 2)
         #: per text column: rollout -> (call id, text)
         self._last_text = {c: _Recent(max_rollouts, budget // (2 * len(COMPACT_TEXT_COLUMNS)))
                            for c in COMPACT_TEXT_COLUMNS}
+        #: rollout -> rows stored since its last full one
+        self._since_full = _Recent(max_rollouts, max_rollouts * 64)
 
     def encode(self, row: dict[str, Any]) -> dict[str, Any]:
         rollout = row.get("rollout_id")
         if rollout:
-            self._encode_prompt(rollout, row)
-            for column in COMPACT_TEXT_COLUMNS:
-                self._encode_text(rollout, row, column)
+            since = self._since_full.get(rollout) or 0
+            full = since + 1 >= self.full_every  # each compact row needs the one before: a lost part
+            if full:  # cost every later call of the rollout (a probe: 0.8 % of the rows, 31 % of the calls)
+                self._remember(rollout, row)
+            else:
+                self._encode_prompt(rollout, row)
+                for column in COMPACT_TEXT_COLUMNS:
+                    self._encode_text(rollout, row, column)
+            self._since_full.put(rollout, 0 if full else since + 1, 64)
         return row
+
+    def _remember(self, rollout: str, row: dict[str, Any]) -> None:
+        """Store ``row`` in full, and keep it as what the rollout's next rows refer to."""
+        prompt = row.get("prompt_token_ids")
+        if prompt is not None and row.get("status") == "ok":
+            context = np.concatenate([_id_array(prompt), _id_array(row.get("completion_token_ids"))])
+            self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
+        for column in COMPACT_TEXT_COLUMNS:
+            text = row.get(column)
+            if isinstance(text, str) and len(text) <= MAX_DELTA_CHARS:
+                self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
 
     def _encode_prompt(self, rollout: str, row: dict[str, Any]) -> None:
         prompt = row.get("prompt_token_ids")
@@ -140,11 +165,13 @@ class PromptDeltaEncoder:
                 row[base_column], row[delta_column] = last[0], plan
         self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
 
-    def state(self) -> tuple[_Recent, dict[str, _Recent]]:
+    def state(self) -> tuple[_Recent, dict[str, _Recent], _Recent]:
         """What :meth:`restore` returns to (the writer's part may yet fail to be written)."""
-        return self._last.copy(), {c: last.copy() for c, last in self._last_text.items()}
+        return (self._last.copy(), {c: last.copy() for c, last in self._last_text.items()},
+                self._since_full.copy())
 
-    def restore(self, state: tuple[_Recent, dict[str, _Recent]]) -> None:
+    def restore(self, state: tuple[_Recent, dict[str, _Recent], _Recent]) -> None:
         """Back to ``state``: the rows encoded since were not stored, so nothing may refer to them."""
         self._last = state[0].copy()
         self._last_text = {c: last.copy() for c, last in state[1].items()}
+        self._since_full = state[2].copy()
