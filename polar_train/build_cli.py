@@ -127,10 +127,13 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
         raise UserError(str(exc)) from None
     report = result.report
     if not result.trajectories:
-        print_out(report.table())
+        print_out(report.table(saved=False))
         above = [name for name, shown in (("skipped rows", report.skipped), ("problems", report.problems),
                                            ("notes", report.notes)) if shown]
         why = f"see {' and '.join(above)} above; " if above else ""
+        if report.skipped.get("unresolved_prompt"):  # an archived calls/ folder built on its own, say
+            why += ("compact prompts refer to calls in parts not read here - build the folder that holds them "
+                    "too (a capture's parent folder reads every calls/ folder under it); ")
         print(f"polar-train build: error: no trajectory could be built from {captures} "
               + (f"({why}`polar-train inspect {captures}` lists the calls)" if report.calls_read
                  else "(its parts hold no call)"), file=sys.stderr)

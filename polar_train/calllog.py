@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -175,10 +175,16 @@ def shared_rollout_notes(log: CallLog) -> list[str]:
         return []
     folder_of_row = [p.parent for p, n in zip(log.parts, log.part_rows) for _ in range(n)]
     rollouts = log.table.column("rollout_id").to_pylist()
-    folders: dict[str, set[Path]] = {}
-    for row in first_rows(log.table.column("call_id").to_pylist()).values():
+    # the folders each call is stored in: a rollout is two runs' where two folders each hold a call of
+    # it the other lacks (a part copied into a backup/ folder holds none of its own: no such rollout)
+    stored_in: dict[Any, tuple[Any, set[Path]]] = {}
+    for row, call_id in enumerate(log.table.column("call_id").to_pylist()):
         if rollouts[row] is not None and row < len(folder_of_row):
-            folders.setdefault(rollouts[row], set()).add(folder_of_row[row])
+            stored_in.setdefault(call_id, (rollouts[row], set()))[1].add(folder_of_row[row])
+    folders: dict[str, set[Path]] = {}
+    for rollout, where in stored_in.values():
+        if len(where) == 1:
+            folders.setdefault(rollout, set()).update(where)
     shared = sorted(r for r, f in folders.items() if len(f) > 1)
     if not shared:
         return []

@@ -16,7 +16,7 @@ import pytest
 
 from polar_train.cli import main
 from polar_train.schema import TRAJECTORY_SCHEMA
-from tests.support.calls import Conversation, write_parts
+from tests.support.calls import Conversation, compact, write_parts
 
 POLAR = str(Path(sys.executable).parent / "polar-train")
 
@@ -226,6 +226,18 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys
     # (it said "see skipped rows and problems above" where no problem was printed)
     assert proc.stderr.strip() == (f"polar-train build: error: no trajectory could be built from {tmp_path / 'cap'} (see "
                                    f"skipped rows above; `polar-train inspect {tmp_path / 'cap'}` lists the calls)")
+    # an archived calls/ folder built on its own: every compact prompt refers to a call not read here
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    rows = []
+    for k in range(22):
+        rows.append(conv.assistant(f"step {k}", tool_calls=[("ls", {"path": str(k)})]))
+        conv.tool(f"out {k}")
+    write_parts(tmp_path / "day2", compact(rows)[1:])
+    proc = run_build(tmp_path / "day2", "--out", tmp_path / "out")
+    assert proc.returncode == 1 and "more (nothing was built: no _build_report.json holds them" in proc.stdout
+    assert "more in _build_report.json" not in proc.stdout
+    assert "compact prompts refer to calls in parts not read here - build the folder that holds them too" in proc.stderr
     write_parts(tmp_path / "empty", [])  # ("see skipped rows above" with `skipped rows  none` printed)
     proc = run_build(tmp_path / "empty", "--out", tmp_path / "out")
     assert proc.returncode == 1 and proc.stderr.strip() == (

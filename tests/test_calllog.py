@@ -376,6 +376,19 @@ def test_one_rollout_id_in_two_capture_folders_is_named_by_inspect_and_build(tmp
     assert "several capture folders" not in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "days" / "monday")]) == 0
     assert "several capture folders" not in capsys.readouterr().out
+    # one part of a capture copied into a backup/ folder beside it (a probe: named as two runs' rollouts)
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    rows = [conv.assistant("one", append=True)]
+    conv.user("more")
+    rows.append(conv.assistant("two"))
+    part = write_parts(tmp_path / "backed", rows[:1])
+    write_parts(tmp_path / "backed", rows[1:], name="part-00001")
+    (tmp_path / "backed" / "backup").mkdir()
+    shutil.copy(part, tmp_path / "backed" / "backup" / part.name)
+    assert main(["inspect", str(tmp_path / "backed")]) == 0
+    out = capsys.readouterr().out
+    assert "several capture folders" not in out and "repeat a call id already read" in out
 
 
 def test_a_capture_folder_copied_in_beside_calls_is_read_too(tmp_path, session_rows, capsys):

@@ -103,7 +103,7 @@ class BuildReport:
         data["merge_ratio"] = round(self.merge_ratio, 4)
         return data
 
-    def table(self, max_problems: int = 20) -> str:
+    def table(self, max_problems: int = 20, saved: bool = True) -> str:
         """The human summary: one metric per line, then any problems."""
 
         def counts(d: dict[str, int]) -> str:  # (model names are a client's: shown escaped)
@@ -196,7 +196,9 @@ class BuildReport:
             lines.append(f"problems ({len(self.problems)}):")
             lines.extend(f"  {shown(p, 400)}" for p in self.problems[:max_problems])
             if len(self.problems) > max_problems:
-                lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json")
+                lines.append(f"  ... {len(self.problems) - max_problems} more in _build_report.json" if saved else
+                             f"  ... {len(self.problems) - max_problems} more (nothing was built: no _build_report.json "
+                             "holds them; `polar-train inspect` lists the calls)")
         return "\n".join(lines)
 
 
