@@ -60,7 +60,7 @@ from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.redact import utf8
-from polar_train.capture.tap import StreamTap, decode_whole, decoder_for
+from polar_train.capture.tap import StreamTap, decode_whole, decoder_for, supported_encoding
 from polar_train.capture.worker import RowWorker
 from polar_train.terminal import escape_unencodable_output, one_line_records, printable
 from polar_train.tokenizer import holds_tokenizer
@@ -542,8 +542,17 @@ class PolarCapture:
             _say_streamed_once()
             return
         big = len(resp.raw_content or b"") > _INLINE_PARSE_LIMIT
-        read = (functools.partial(_content, resp) if "," in resp.headers.get("content-encoding", "")
-                else resp.get_content)
+        enc = resp.headers.get("content-encoding", "")
+        if enc and not supported_encoding(enc):  # (it was read as it came: "malformed JSON", unsaid)
+            unstripped = state.injected and self.opts.strip
+            log.warning("polar_capture: a response in content-encoding %r, which the capture cannot decode, passed "
+                        "through unread%s", enc, "; the injected fields reached the client" if unstripped else "")
+            state.fail("upstream_error", f"unsupported content-encoding {enc!r}: response not read"
+                       + ("; the injected fields reached the client unstripped" if unstripped else ""))
+            return
+        # ours, not mitmproxy's get_content: it undoes a list of codings (``gzip, br``) and x-gzip too,
+        # which mitmproxy leaves as they came (a good call's row then said "malformed JSON")
+        read = functools.partial(_content, resp) if enc else resp.get_content
         body = (await asyncio.to_thread(read, strict=False) if big else read(strict=False)) or b""
         state.response_body = body
         if state.injected and self.opts.strip and 200 <= resp.status_code < 300 and body:

@@ -418,6 +418,35 @@ def test_a_non_streamed_body_in_two_encodings_is_stripped(tmp_path):
         addon.done()
 
 
+def test_a_non_streamed_body_in_x_gzip_or_an_unknown_encoding(tmp_path, caplog):
+    """A probe: a non-streamed answer labelled x-gzip (RFC 9110's alias of gzip), which mitmproxy's
+    get_content leaves as it came, reached the client unstripped and its row said "malformed JSON";
+    an encoding no one can undo said so neither."""
+    from mitmproxy.http import Response
+
+    body = WIRE["chat_inj"].encode()
+    with _configured_addon(tmp_path) as addon:
+        f = _requested(addon, {"model": "m", "messages": []})
+        f.response = Response.make(200, b"", {"content-type": "application/json"})
+        f.response.headers["content-encoding"] = "x-gzip"
+        f.response.raw_content = gzip.compress(body)
+        addon.responseheaders(f)
+        asyncio.run(addon.response(f))
+        assert not leaked(f.response.content) and json.loads(f.response.content)["choices"]
+        assert "content-encoding" not in f.response.headers
+        g = _requested(addon, {"model": "m", "messages": []})
+        g.response = Response.make(200, b"", {"content-type": "application/json"})
+        g.response.headers["content-encoding"] = "compress"
+        g.response.raw_content = b"\x1f\x9d..."
+        addon.responseheaders(g)
+        state = addon.calls[g.id]
+        with caplog.at_level(logging.WARNING, logger="polar_capture"):
+            asyncio.run(addon._response(g, state))
+        assert state.status == "upstream_error" and state.error.startswith("unsupported content-encoding 'compress'")
+        assert "cannot decode, passed through unread" in caplog.text
+        addon.done()
+
+
 def test_an_encoding_it_cannot_decode_streams_through_with_a_row_error(tmp_path, caplog):
     from mitmproxy.http import Headers, Response
 
