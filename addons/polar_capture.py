@@ -400,6 +400,7 @@ class PolarCapture:
             body, as_labelled = req.raw_content or b"", False  # an injected body was compressed: a 400 (a probe)
         if len(body) > self.opts.max_body_mb << 20:
             state.request_error = f"request body of {len(body)} bytes exceeds polar_max_body_mb"
+            state.stream = _stream_true(body)  # (a streamed call's row said stream false: a probe)
             return
         state.request_body = body  # parsed again, hashed and counted (attempt) by the row worker
         module = record.FORMATS[state.api]

@@ -418,6 +418,15 @@ def test_a_non_streamed_body_in_two_encodings_is_stripped(tmp_path):
         addon.done()
 
 
+def test_a_streamed_call_over_polar_max_body_mb_is_recorded_as_streamed(tmp_path):
+    """A probe: a streamed call whose request passed polar_max_body_mb was recorded stream false."""
+    with _configured_addon(tmp_path, polar_max_body_mb=1) as addon:
+        f = _requested(addon, {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * (1 << 21)}]})
+        state = addon.calls[f.id]
+        assert state.request_error.endswith("exceeds polar_max_body_mb") and state.stream is True
+        addon.done()
+
+
 def test_a_non_streamed_body_in_x_gzip_or_an_unknown_encoding(tmp_path, caplog):
     """A probe: a non-streamed answer labelled x-gzip (RFC 9110's alias of gzip), which mitmproxy's
     get_content leaves as it came, reached the client unstripped and its row said "malformed JSON";
