@@ -533,6 +533,11 @@ class PolarCapture:
         if resp is None:
             return
         state.http_status = resp.status_code
+        if 300 <= resp.status_code < 400:  # (its row said "empty response body")
+            where = resp.headers.get("location", "").split("?", 1)[0]  # (a query string may hold a key)
+            state.fail("upstream_error", f"HTTP {resp.status_code} redirect to {where or 'nowhere'}: a client that "
+                       "follows it may bypass the proxy, unrecorded (a base URL or path ending in '/'?)")
+            return
         tap = resp.stream
         if isinstance(tap, StreamTap) and not tap.seen_bytes and resp.raw_content:
             state.streamed, state.stream_raw = False, None  # the body came whole, past the tap: read it so

@@ -427,6 +427,23 @@ def test_a_streamed_call_over_polar_max_body_mb_is_recorded_as_streamed(tmp_path
         addon.done()
 
 
+def test_a_redirect_is_named_in_its_row(tmp_path):
+    """A probe: /v1/chat/completions/ (a trailing slash) got the server's 307 to its own address,
+    which the client followed past the proxy; the row said "empty response body"."""
+    from mitmproxy.http import Response
+
+    with _configured_addon(tmp_path) as addon:
+        f = _requested(addon, {"model": "m", "messages": []})
+        f.response = Response.make(307, b"", {"location": "http://127.0.0.1:8000/v1/chat/completions?key=sk-x"})
+        addon.responseheaders(f)
+        state = addon.calls[f.id]
+        asyncio.run(addon._response(f, state))
+        assert state.status == "upstream_error" and state.error.startswith(
+            "HTTP 307 redirect to http://127.0.0.1:8000/v1/chat/completions: a client that follows it may bypass")
+        assert "sk-x" not in state.error
+        addon.done()
+
+
 def test_a_non_streamed_body_in_x_gzip_or_an_unknown_encoding(tmp_path, caplog):
     """A probe: a non-streamed answer labelled x-gzip (RFC 9110's alias of gzip), which mitmproxy's
     get_content leaves as it came, reached the client unstripped and its row said "malformed JSON";
