@@ -132,8 +132,9 @@ def _build_and_write(captures: Path, out: Path, options, args: argparse.Namespac
                                            ("notes", report.notes)) if shown]
         why = f"see {' and '.join(above)} above; " if above else ""
         if report.skipped.get("unresolved_prompt"):  # an archived calls/ folder built on its own, say
-            why += ("compact prompts refer to calls in parts not read here - build the folder that holds them "
-                    "too (a capture's parent folder reads every calls/ folder under it); ")
+            why += ("compact prompts refer to calls in parts not read here - lost or damaged (the problems say), "
+                    "or in another folder: build the folder that holds them too (a capture's parent folder reads "
+                    "every calls/ folder under it); ")
         print(f"polar-train build: error: no trajectory could be built from {captures} "
               + (f"({why}`polar-train inspect {captures}` lists the calls)" if report.calls_read
                  else "(its parts hold no call)"), file=sys.stderr)

@@ -9,6 +9,7 @@ prompts; doing that once here keeps them in agreement.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -175,17 +176,14 @@ def shared_rollout_notes(log: CallLog) -> list[str]:
         return []
     folder_of_row = [p.parent for p, n in zip(log.parts, log.part_rows) for _ in range(n)]
     rollouts = log.table.column("rollout_id").to_pylist()
-    # the folders each call is stored in: a rollout is two runs' where two folders each hold a call of
-    # it the other lacks (a part copied into a backup/ folder holds none of its own: no such rollout)
-    stored_in: dict[Any, tuple[Any, set[Path]]] = {}
+    # a rollout is two runs' where two folders each hold a call of it the other lacks (a part, or a
+    # whole capture, copied into a backup/ folder holds none the original lacks: no such rollout)
+    calls_in: dict[Any, dict[Path, set[Any]]] = {}
     for row, call_id in enumerate(log.table.column("call_id").to_pylist()):
         if rollouts[row] is not None and row < len(folder_of_row):
-            stored_in.setdefault(call_id, (rollouts[row], set()))[1].add(folder_of_row[row])
-    folders: dict[str, set[Path]] = {}
-    for rollout, where in stored_in.values():
-        if len(where) == 1:
-            folders.setdefault(rollout, set()).update(where)
-    shared = sorted(r for r, f in folders.items() if len(f) > 1)
+            calls_in.setdefault(rollouts[row], {}).setdefault(folder_of_row[row], set()).add(call_id)
+    shared = sorted(r for r, by_folder in calls_in.items()
+                    if any(a - b and b - a for a, b in itertools.combinations(by_folder.values(), 2)))
     if not shared:
         return []
     named = ", ".join(repr(r) for r in shared[:5]) + (" ..." if len(shared) > 5 else "")

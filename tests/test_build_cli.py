@@ -237,7 +237,8 @@ def test_nothing_buildable_exits_1_and_bad_rewards_path_exits_2(tmp_path, capsys
     proc = run_build(tmp_path / "day2", "--out", tmp_path / "out")
     assert proc.returncode == 1 and "more (nothing was built: no _build_report.json holds them" in proc.stdout
     assert "more in _build_report.json" not in proc.stdout
-    assert "compact prompts refer to calls in parts not read here - build the folder that holds them too" in proc.stderr
+    assert "compact prompts refer to calls in parts not read here - lost or damaged (the problems say), or in " \
+        "another folder: build the folder that holds them too" in proc.stderr
     write_parts(tmp_path / "empty", [])  # ("see skipped rows above" with `skipped rows  none` printed)
     proc = run_build(tmp_path / "empty", "--out", tmp_path / "out")
     assert proc.returncode == 1 and proc.stderr.strip() == (

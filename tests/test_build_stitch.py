@@ -715,6 +715,24 @@ def test_the_same_request_answered_alike_side_by_side_is_two_samples(tmp_path, r
         assert t.completion_arrays()[1][:len(a1["completion_token_ids"])].tolist() == [1] * len(a1["completion_token_ids"])
 
 
+def test_of_attempts_in_flight_together_those_no_later_call_went_on_from_are_dropped(tmp_path):
+    """The review: a client that asked again while its first attempt still ran (hedging, or a timeout
+    the proxy did not see) and went on from the second; the first, finishing ok too, was kept as a
+    one-call trajectory the harness never used."""
+    conv = Conversation(rollout_id="r1")
+    conv.user("go")
+    first = conv.assistant("one", append=False)
+    second = conv.assistant("two", request_hash=first["request_hash"], attempt=2)
+    second["prompt_token_ids"] = first["prompt_token_ids"]
+    second["started_at"] = first["started_at"] + timedelta(microseconds=1)
+    first["finished_at"] = second["finished_at"] + timedelta(microseconds=1)  # (it ran on, and ended ok)
+    conv.user("and then?")
+    follow = conv.assistant("three")
+    result = build(tmp_path, [first, second, follow])
+    assert [t.call_ids for t in result.trajectories] == [[second["call_id"], follow["call_id"]]]
+    assert result.report.skipped == {"superseded_retry": 1}
+
+
 def test_two_attempts_that_answered_alike_are_one_sample(tmp_path):
     """A retry answered exactly as the first attempt (temperature 0, a seed): a later call goes on
     from both, which is no sign of two conversations - the sample is trained once."""

@@ -389,6 +389,9 @@ def test_one_rollout_id_in_two_capture_folders_is_named_by_inspect_and_build(tmp
     assert main(["inspect", str(tmp_path / "backed")]) == 0
     out = capsys.readouterr().out
     assert "several capture folders" not in out and "repeat a call id already read" in out
+    # a whole day copied into a backup beside it still leaves the two days' collision named
+    shutil.copytree(tmp_path / "days" / "monday" / "calls", tmp_path / "days" / "monday" / "backup" / "calls")
+    assert any(n.startswith(note.removeprefix("note: ")) for n in build_trajectories(tmp_path / "days").report.notes)
 
 
 def test_a_capture_folder_copied_in_beside_calls_is_read_too(tmp_path, session_rows, capsys):

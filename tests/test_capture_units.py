@@ -1590,6 +1590,9 @@ def test_a_client_asks_for_ids_as_vllm_reads_the_field(value, asked):
     ("responses", {"include": "message.output_text.logprobs"}, {"include"}),
     ("responses", {"include": {}}, {"include"}),
     ("responses", {"enable_response_messages": "nope"}, {"enable_response_messages"}),
+    ("responses", {"enable_response_messages": None}, {"enable_response_messages"}),  # (not an Optional field)
+    ("responses", {"top_logprobs": 10}, {"include"}),  # (past a server's --max-logprobs 5: refused once read)
+    ("chat", {"logprob_token_ids": [1, 2]}, {"logprobs"}),  # vLLM's 400: logprob_token_ids needs logprobs
 ])
 def test_the_capture_never_changes_whether_a_request_is_refused(api, body, kept):
     """A probe: through the proxy, top_logprobs 50 on /v1/responses got a 400 the server alone never
@@ -1599,8 +1602,8 @@ def test_the_capture_never_changes_whether_a_request_is_refused(api, body, kept)
     inj = module.inject({**base, **body})
     for field in kept:
         assert inj.body.get(field, "absent") == body.get(field, "absent")
-    if api == "responses":  # a top_logprobs the server takes keeps the include (and the logprobs) asked
-        assert openai_responses.inject({"input": "x", "top_logprobs": 20}).body["include"] == [
+    if api == "responses":  # top_logprobs 0 (any server takes it) keeps the include (and the logprobs) asked
+        assert openai_responses.inject({"input": "x", "top_logprobs": 0}).body["include"] == [
             openai_responses.LOGPROBS_INCLUDE]
     else:
         assert openai_chat.inject({"messages": [], "top_logprobs": 0}).body["logprobs"] is True
@@ -1617,6 +1620,11 @@ def test_a_responses_top_logprobs_without_the_include_is_echoed_null():
     response = {"object": "response", "top_logprobs": 2, "output": []}
     openai_responses.strip(response, asked.asked)
     assert response["top_logprobs"] == 2
+    # the include asked with "top_logprobs": null: vLLM reads and echoes 0 (it was made null)
+    asked = openai_responses.inject({"input": "x", "top_logprobs": None, "include": [openai_responses.LOGPROBS_INCLUDE]})
+    response = {"object": "response", "top_logprobs": 0, "output": []}
+    openai_responses.strip(response, asked.asked)
+    assert response["top_logprobs"] == 0
 
 
 @pytest.mark.parametrize("value,read", [(2, 2), ("1", 1), (1.0, 1), ("2.0", 2), (True, 1), (None, None),

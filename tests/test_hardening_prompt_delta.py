@@ -80,6 +80,13 @@ def test_a_lost_part_costs_the_calls_up_to_the_next_whole_one(tmp_path: Path) ->
     got = dict(zip(table.column("call_id").to_pylist(), table.column("prompt_token_ids").to_pylist()))
     readable = [k for k, r in enumerate(rows) if got.get(r["call_id"]) == r["prompt_token_ids"]]
     assert readable == [*range(5), *range(FULL_EVERY - 1, 70)]  # (the rows between chain through row 5)
+    # a failed call where the whole row falls (no prompt a later one can refer to): the next is whole
+    rows[FULL_EVERY - 1] = row("r1", [], [], "upstream_error")
+    write_rows(tmp_path / "failed", rows)
+    raw = read_call_log(tmp_path / "failed", resolve_prompts=False).table
+    whole = [k for k, (ref, status) in enumerate(zip(raw.column("prompt_prefix_call_id").to_pylist(),
+                                                     raw.column("status").to_pylist())) if ref is None and status == "ok"]
+    assert whole == [0, FULL_EVERY, 2 * FULL_EVERY] and not read_call_log(tmp_path / "failed").problems
 
 
 sessions = st.lists(st.tuples(

@@ -129,6 +129,8 @@ def _base_logits(model_dir, prompt):
     # it served, healthy, and answered every chat request with a 400 blaming the client's messages (a probe)
     (["--model", "{tmp}/bad-template"], "--model {tmp}/bad-template: its chat template (chat_template.jinja) does not compile (line 1): "
                                         "unexpected end of template"),
+    (["--model", "{tmp}/bad-extra-template"], "--model {tmp}/bad-extra-template: its chat template "
+                                              "(additional_chat_templates/tool_use.jinja) does not compile (line 1)"),
 ])
 def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsys, args, msg):
     from polar_train.cli import main
@@ -152,6 +154,9 @@ def test_bad_start_arguments_are_one_line_errors(tmp_path, tiny_model_dir, capsy
     (tmp_path / "typed-config" / "config.json").write_text(json.dumps({**config, "hidden_size": "abc"}))
     shutil.copytree(tiny_model_dir, tmp_path / "bad-template")
     (tmp_path / "bad-template" / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content ")
+    shutil.copytree(tiny_model_dir, tmp_path / "bad-extra-template")  # (transformers reads these too)
+    (tmp_path / "bad-extra-template" / "additional_chat_templates").mkdir()
+    (tmp_path / "bad-extra-template" / "additional_chat_templates" / "tool_use.jinja").write_text("{% if %}")
     argv = ["serve", *[a.format(tmp=tmp_path, model=tiny_model_dir) for a in args],
             "--port", str(free_port())]
     assert main(argv) == 2

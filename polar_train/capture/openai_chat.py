@@ -49,8 +49,9 @@ def inject(body: dict[str, Any]) -> Injection:
         new["return_token_ids"] = True
         changed = True
     top = lax_int(body.get("top_logprobs"))
-    top_refused = top is not None and (top == -1 or top > 0) and not body.get("logprobs")  # vLLM's check
-    if not asked["logprobs"] and lax_bool_or_none(body.get("logprobs")) and not top_refused:
+    refused_unless_logprobs = not body.get("logprobs") and (  # vLLM's check_logprobs, on the raw body
+        (top is not None and (top == -1 or top > 0)) or bool(body.get("logprob_token_ids")))
+    if not asked["logprobs"] and lax_bool_or_none(body.get("logprobs")) and not refused_unless_logprobs:
         new["logprobs"] = True
         changed = True
     return Injection(new, asked, changed)

@@ -34,8 +34,6 @@ API = "openai.responses"
 FINAL_EVENT = "response.completed"
 INJECTS = True
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-#: vLLM's default ``--max-logprobs``: a larger top_logprobs is refused once logprobs are asked for
-MAX_LOGPROBS = 20
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 #: A response with one of these statuses holds no finished call (``incomplete`` does: a length cut).
 FAILED_STATUSES = ("failed", "cancelled")
@@ -48,18 +46,20 @@ def inject(body: dict[str, Any]) -> Injection:
         "logprobs": LOGPROBS_INCLUDE in include,
         "has_top_logprobs": "top_logprobs" in body,
         # as the server reads and echoes it ("1" is 1)
-        "top_logprobs": body.get("top_logprobs") if lax_int(body.get("top_logprobs")) is None
+        "top_logprobs": 0 if body.get("top_logprobs") is None  # (null is read as 0, and echoed so)
+        else body.get("top_logprobs") if lax_int(body.get("top_logprobs")) is None
         else lax_int(body.get("top_logprobs")),
     }
     new = dict(body)
     changed = False
-    # a value the server refuses stays as sent (its 400 for the client), and no logprobs are asked
-    # for where the client's top_logprobs, unread without them, would then be refused (over 20, -1)
-    if not asked["response_messages"] and lax_bool_or_none(body.get("enable_response_messages")):
+    # a value the server refuses stays as sent (its 400 for the client; the field is no Optional one:
+    # null too), and no logprobs are asked for where the client's top_logprobs, unread without them,
+    # might then be refused (past the server's --max-logprobs, -1): any but 0
+    messages = body.get("enable_response_messages", False)
+    if not asked["response_messages"] and messages is not None and lax_bool_or_none(messages):
         new["enable_response_messages"] = True
         changed = True
-    top = lax_int(body.get("top_logprobs"))
-    top_unread = top is not None and not 0 <= top <= MAX_LOGPROBS
+    top_unread = body.get("top_logprobs") is not None and lax_int(body.get("top_logprobs")) != 0
     if not asked["logprobs"] and isinstance(body.get("include"), (list, type(None))) and not top_unread:
         new["include"] = [*include, LOGPROBS_INCLUDE]
         changed = True

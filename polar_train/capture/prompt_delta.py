@@ -115,27 +115,37 @@ class PromptDeltaEncoder:
     def encode(self, row: dict[str, Any]) -> dict[str, Any]:
         rollout = row.get("rollout_id")
         if rollout:
-            since = self._since_full.get(rollout) or 0
-            full = since + 1 >= self.full_every  # each compact row needs the one before: a lost part
-            if full:  # cost every later call of the rollout (a probe: 0.8 % of the rows, 31 % of the calls)
-                self._remember(rollout, row)
-            else:
-                self._encode_prompt(rollout, row)
-                for column in COMPACT_TEXT_COLUMNS:
+            # each compact row is read through the one before: a lost part cost every later call of its
+            # rollout (a probe: 0.8 % of the rows, 31 % of the calls). Every FULL_EVERY-th row of a chain
+            # (prompts: the ok rows with ids; texts: every row) is stored whole instead.
+            prompts, texts = self._since_full.get(rollout) or (0, 0)
+            if row.get("prompt_token_ids") is not None and row.get("status") == "ok":
+                if prompts + 1 >= self.full_every:
+                    self._remember_prompt(rollout, row)
+                    prompts = 0
+                else:
+                    self._encode_prompt(rollout, row)
+                    prompts += 1
+            whole_texts = texts + 1 >= self.full_every
+            for column in COMPACT_TEXT_COLUMNS:
+                if whole_texts:
+                    self._remember_text(rollout, row, column)
+                else:
                     self._encode_text(rollout, row, column)
-            self._since_full.put(rollout, 0 if full else since + 1, 64)
+            texts = 0 if whole_texts else texts + 1
+            self._since_full.put(rollout, (prompts, texts), 64)
         return row
 
-    def _remember(self, rollout: str, row: dict[str, Any]) -> None:
-        """Store ``row`` in full, and keep it as what the rollout's next rows refer to."""
-        prompt = row.get("prompt_token_ids")
-        if prompt is not None and row.get("status") == "ok":
-            context = np.concatenate([_id_array(prompt), _id_array(row.get("completion_token_ids"))])
-            self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
-        for column in COMPACT_TEXT_COLUMNS:
-            text = row.get(column)
-            if isinstance(text, str) and len(text) <= MAX_DELTA_CHARS:
-                self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
+    def _remember_prompt(self, rollout: str, row: dict[str, Any]) -> None:
+        """Keep ``row``'s prompt whole, as what the rollout's next prompts refer to."""
+        context = np.concatenate([_id_array(row["prompt_token_ids"]), _id_array(row.get("completion_token_ids"))])
+        self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
+
+    def _remember_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
+        """Keep ``row``'s text whole, as what the rollout's next texts refer to."""
+        text = row.get(column)
+        if isinstance(text, str) and len(text) <= MAX_DELTA_CHARS:
+            self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
 
     def _encode_prompt(self, rollout: str, row: dict[str, Any]) -> None:
         prompt = row.get("prompt_token_ids")

@@ -44,6 +44,9 @@ def _check_template_compiles(model: Path) -> None:
         elif isinstance(given, list):
             found.update((f"tokenizer_config.json ({t.get('name')})", t["template"]) for t in given
                          if isinstance(t, dict) and isinstance(t.get("template"), str))
+    extra = model / "additional_chat_templates"  # (transformers reads these too: named templates)
+    for path in sorted(extra.glob("*.jinja")) if extra.is_dir() else ():
+        found[f"additional_chat_templates/{path.name}"] = path.read_text(encoding="utf-8", errors="replace")
     for where, template in found.items():
         try:
             _compile_jinja_template(template)

@@ -133,8 +133,11 @@ def select_calls(table: pa.Table, token_bytes: Callable[[], TokenBytes] | None =
         if len(ok) > 1 and _sent_side_by_side(ok, attempt, started, finished):
             # no retries: a client asks again only once it gave up on the first attempt (which then
             # is no completed one) - two sub-agents given one task, parallel samples of one prompt;
-            # answered alike (a short turn, a low temperature), the second was dropped as a retry
-            superseded.update(i for i in rows if status[i] != "ok")
+            # answered alike (a short turn, a low temperature), the second was dropped as a retry.
+            # Where later calls went on from some of them only, the others were a hedging client's
+            # spares (or a retry whose first attempt still finished): those are dropped
+            gone_on = continued.of(ok)
+            superseded.update(i for i in rows if status[i] != "ok" or (gone_on and i not in gone_on))
             continue
         if len(rows) > 1 and ok:
             # several attempts completed (a client that timed out and asked again, say): the one the
