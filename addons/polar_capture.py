@@ -155,8 +155,9 @@ def _strip_body(body: bytes, module, asked: dict) -> bytes | None:
 
 
 def _content(resp: http.Response, strict: bool = False) -> bytes:
-    """``get_content`` for a body in several content-encodings (``gzip, br``, or the header sent
-    twice), which mitmproxy leaves undecoded: each undone, last first; as it came where it fails."""
+    """``get_content`` for any content-encoding the capture undoes: several (``gzip, br``, or the
+    header sent twice) and ``x-gzip``, which mitmproxy leaves undecoded, each undone last first;
+    as it came where it fails."""
     raw = resp.raw_content or b""
     try:
         return decode_whole(raw, resp.headers.get("content-encoding", ""))
@@ -506,13 +507,18 @@ class PolarCapture:
     def _unreadable_stream(self, flow: http.HTTPFlow, state: record.CallState, enc: str) -> None:
         """A stream in a content-encoding the capture cannot undo (the request went without
         accept-encoding: the upstream chose it unasked): it streams on as it came, unrecorded."""
+        self._unreadable(state, enc)
+        state.streamed = True
+        flow.response.stream = True
+
+    def _unreadable(self, state: record.CallState, enc: str) -> None:
+        """A response in a content-encoding the capture cannot undo: passed on as it came, said in
+        the log and in the row (with whether the injected fields reached the client)."""
         unstripped = state.injected and self.opts.strip
         log.warning("polar_capture: a response in content-encoding %r, which the capture cannot decode, passed "
                     "through unread%s", enc, "; the injected fields reached the client" if unstripped else "")
         state.fail("upstream_error", f"unsupported content-encoding {enc!r}: response not read"
                    + ("; the injected fields reached the client unstripped" if unstripped else ""))
-        state.streamed = True
-        flow.response.stream = True
 
     async def response(self, flow: http.HTTPFlow) -> None:
         state = self.calls.get(flow.id)
@@ -550,11 +556,7 @@ class PolarCapture:
         big = len(resp.raw_content or b"") > _INLINE_PARSE_LIMIT
         enc = resp.headers.get("content-encoding", "")
         if enc and not supported_encoding(enc):  # (it was read as it came: "malformed JSON", unsaid)
-            unstripped = state.injected and self.opts.strip
-            log.warning("polar_capture: a response in content-encoding %r, which the capture cannot decode, passed "
-                        "through unread%s", enc, "; the injected fields reached the client" if unstripped else "")
-            state.fail("upstream_error", f"unsupported content-encoding {enc!r}: response not read"
-                       + ("; the injected fields reached the client unstripped" if unstripped else ""))
+            self._unreadable(state, enc)
             return
         # ours, not mitmproxy's get_content: it undoes a list of codings (``gzip, br``) and x-gzip too,
         # which mitmproxy leaves as they came (a good call's row then said "malformed JSON")

@@ -120,40 +120,25 @@ class PromptDeltaEncoder:
             # (prompts: the ok rows with ids; texts: every row) is stored whole instead.
             prompts, texts = self._since_full.get(rollout) or (0, 0)
             if row.get("prompt_token_ids") is not None and row.get("status") == "ok":
-                if prompts + 1 >= self.full_every:
-                    self._remember_prompt(rollout, row)
-                    prompts = 0
-                else:
-                    self._encode_prompt(rollout, row)
-                    prompts += 1
-            whole_texts = texts + 1 >= self.full_every
+                whole = prompts + 1 >= self.full_every
+                self._encode_prompt(rollout, row, whole)
+                prompts = 0 if whole else prompts + 1
+            whole = texts + 1 >= self.full_every
             for column in COMPACT_TEXT_COLUMNS:
-                if whole_texts:
-                    self._remember_text(rollout, row, column)
-                else:
-                    self._encode_text(rollout, row, column)
-            texts = 0 if whole_texts else texts + 1
+                self._encode_text(rollout, row, column, whole)
+            texts = 0 if whole else texts + 1
             self._since_full.put(rollout, (prompts, texts), 64)
         return row
 
-    def _remember_prompt(self, rollout: str, row: dict[str, Any]) -> None:
-        """Keep ``row``'s prompt whole, as what the rollout's next prompts refer to."""
-        context = np.concatenate([_id_array(row["prompt_token_ids"]), _id_array(row.get("completion_token_ids"))])
-        self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
-
-    def _remember_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
-        """Keep ``row``'s text whole, as what the rollout's next texts refer to."""
-        text = row.get(column)
-        if isinstance(text, str) and len(text) <= MAX_DELTA_CHARS:
-            self._last_text[column].put(rollout, (row["call_id"], text), sys.getsizeof(text))
-
-    def _encode_prompt(self, rollout: str, row: dict[str, Any]) -> None:
+    def _encode_prompt(self, rollout: str, row: dict[str, Any], whole: bool = False) -> None:
+        """``row``'s prompt as a suffix of the rollout's last one (unless ``whole``), kept as what
+        the rollout's next prompt refers to."""
         prompt = row.get("prompt_token_ids")
         if prompt is None or row.get("status") != "ok":
             return
         full_prompt = _id_array(prompt)
         context = np.concatenate([full_prompt, _id_array(row.get("completion_token_ids"))])
-        last = self._last.get(rollout)
+        last = None if whole else self._last.get(rollout)
         if last is not None:
             n = common_prefix_len(last.context, full_prompt)
             if n >= self.min_prefix:
@@ -162,11 +147,13 @@ class PromptDeltaEncoder:
                 row["prompt_prefix_len"] = n
         self._last.put(rollout, _Last(row["call_id"], context), context.nbytes)
 
-    def _encode_text(self, rollout: str, row: dict[str, Any], column: str) -> None:
+    def _encode_text(self, rollout: str, row: dict[str, Any], column: str, whole: bool = False) -> None:
+        """``row``'s text in ``column`` as a delta of the rollout's last one (unless ``whole``), kept
+        as what the rollout's next text refers to."""
         text = row.get(column)
         if not isinstance(text, str) or len(text) > MAX_DELTA_CHARS:
             return
-        last = self._last_text[column].get(rollout)
+        last = None if whole else self._last_text[column].get(rollout)
         if last is not None:
             plan, literals, copied = text_delta(last[1], text)
             if copied >= self.min_shared_chars:
