@@ -273,6 +273,36 @@ def test_run_notebook_on_an_unfinished_run(run_dirs: dict[str, Path], monkeypatc
 
 
 
+def test_run_notebook_does_not_judge_the_capture_by_a_mismatch_measured_after_updates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 1 of rendered calls only: the first mismatch is measured after an update, and the
+    policy's own movement is in it - the notebook blamed the capture or the model for 0.18 nats
+    of a high learning rate (a probe), or called a small one "token-exact"."""
+    lines = [json.loads(line) for line in (SAMPLE / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [dict(r) for r in lines]
+    rows[0][DIFF] = None
+    rows[1][DIFF] = 0.184
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((SAMPLE / "run" / "train_summary.json").read_text())
+    summary.update(trajectories=str(SAMPLE / "trajectories"), adapter=str(run / "adapter"),
+                   logprob_mismatch_first_step=None, logprob_mismatch_first_measured=0.184,
+                   logprob_mismatch_first_measured_after_updates=1)
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run))
+    assert ("mismatch at the first step with sampler logprobs (train_summary.json): 0.184, measured after 1 update(s): "
+            "the policy's own movement is in it, so it does not tell whether the capture was token-exact; above 0.1 "
+            "it is likely another model than the sampler's (or a high learning_rate)") in out
+    assert "above float noise" not in out and "token-exact)" not in out
+    (run / "train_summary.json").unlink()  # unfinished: metrics.jsonl alone
+    rows[1][DIFF] = 2e-4
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if "train_runtime" not in r))
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run))
+    assert ("mismatch at step 2 (metrics.jsonl; the first with sampler logprobs): 0.0002, measured after 1 update(s): "
+            "the policy's own movement is in it, so it does not tell whether the capture was token-exact\n") in out
+
+
 def test_run_notebook_on_runs_that_ended_early_or_late(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A probe's runs: the newest checkpoint folder was offered for --resume though its save was cut
     short (the trainer refuses it); a run that finished training without its summary was called

@@ -1050,3 +1050,22 @@ def test_the_data_report_names_the_builds_it_read():
     report = DataReport()
     read_table(sample, report)
     assert report.build_ids == [json.loads((sample / "_build_report.json").read_text())["build_id"]]
+
+
+def test_a_checkpoint_keeps_the_updates_before_each_mismatch_and_an_older_one_still_reads(tmp_path):
+    """The mismatch file holds each batch's value and the updates before it (the warning names them
+    where step 1 measured nothing); an older checkpoint's list of values alone still resumes."""
+    from types import SimpleNamespace
+
+    from polar_train.train.trainer import MISMATCH_FILE, restore_first_epoch_mismatch
+
+    trainer = SimpleNamespace(first_epoch_mismatch=[], first_epoch_updates=[])
+    (tmp_path / MISMATCH_FILE).write_text('{"values": [null, 0.25], "updates": [0, 1]}\n')
+    assert restore_first_epoch_mismatch(trainer, tmp_path)
+    assert math.isnan(trainer.first_epoch_mismatch[0]) and trainer.first_epoch_mismatch[1] == 0.25
+    assert trainer.first_epoch_updates == [0, 1]
+    (tmp_path / MISMATCH_FILE).write_text("[null, 0.25]\n")  # before the updates were kept
+    assert restore_first_epoch_mismatch(trainer, tmp_path)
+    assert trainer.first_epoch_updates == [None, None] and trainer.first_epoch_mismatch[1] == 0.25
+    (tmp_path / MISMATCH_FILE).write_text('{"values": "x"}\n')
+    assert not restore_first_epoch_mismatch(trainer, tmp_path)

@@ -151,6 +151,42 @@ def test_data_another_policy_sampled_is_warned_about_at_the_first_step(trajector
     assert "(a fresh LoRA on --model, no init_adapter)" in warnings[0] and "init_adapter=<that adapter>" in warnings[0]
 
 
+def test_another_policy_is_warned_about_where_the_first_step_had_no_sampler_logprob(trajectories, tmp_path):
+    """Step 1 of rendered calls only (Anthropic messages: no sampler logprob) measures nothing: the
+    run then said nothing at all - no warning, no mismatch line - while step 2 measured 0.2 nats
+    against a foreign policy (a probe; whether it warned hung on the shuffle). The first step that
+    measures warns, naming the updates before it."""
+    import pyarrow.parquet as pq
+    from polar_train.schema import TRAJECTORY_SCHEMA
+    from polar_train.tiny_model import TinyModelSpec, write_tiny_model
+
+    table = pq.read_table(next(trajectories.glob("*.parquet")))
+    cols = table.to_pydict()
+    rendered_task = cols["task_id"][0]
+    cols["logprobs"] = [[float("nan")] * len(lps) if task == rendered_task else lps
+                        for task, lps in zip(cols["task_id"], cols["logprobs"])]
+    data = tmp_path / "traj"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pydict(cols, schema=TRAJECTORY_SCHEMA), data / "part-0.parquet")
+    other = write_tiny_model(tmp_path / "other", TinyModelSpec(seed=1, final_norm_weight=16))
+    proc = polar_train("train", str(data), "--model", str(other), "--output", str(tmp_path / "run"),
+                       "--set", "max_steps=2", "--set", f"seed={RENDERED_FIRST_SEED}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["logprob_mismatch_first_step"] is None  # (the seed puts the rendered group first)
+    assert summary["logprob_mismatch_first_measured"] > 0.1
+    assert summary["logprob_mismatch_first_measured_after_updates"] == 1
+    warnings = [ln for ln in proc.stderr.splitlines() if "polar-train train: warning: " in ln]
+    assert len(warnings) == 2, proc.stderr[-3000:]  # at the step that measured, and again under the summary
+    assert "at the first step with sampler logprobs (after 1 update: part of it may be the policy's own" in warnings[0]
+    assert "is likely not the one that sampled these trajectories" in warnings[0]
+    assert "first step none (no sampler logprob: rendered calls only); first measured" in proc.stdout
+
+
+#: A seed whose shuffle trains the group of the first row first (the test above needs it so)
+RENDERED_FIRST_SEED = 0
+
+
 def test_an_adapter_loaded_on_another_base_folder_is_named(tmp_path):
     """Shapes alike, peft loads an adapter on any base without a word (a second tiny model):
     serve and train say which base it was trained on (a moved copy is warned about too, the line

@@ -784,6 +784,10 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
     mism = trainer.first_epoch_mismatch
     measured = [v for v in mism if math.isfinite(v)]  # NaN: a step with no sampler logprob to compare
     first = mism[0] if first_step_known and mism and math.isfinite(mism[0]) else None
+    # step 1 without a sampler logprob (rendered calls only): the first batch that had one, and the updates before it
+    at = next((i for i, v in enumerate(mism) if math.isfinite(v)), None) if first_step_known else None
+    first_measured = mism[at] if at is not None else None
+    updates_before = trainer.first_epoch_updates[at] if at is not None else None
     summary = {
         "steps": trainer.state.global_step,
         "train_loss": result.training_loss,
@@ -795,6 +799,8 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
         "adapter_max_abs_change": changed,
         "logprob_mismatch_first_step": first,
         "logprob_mismatch_first_epoch_mean": sum(measured) / len(measured) if measured and first_step_known else None,
+        "logprob_mismatch_first_measured": first_measured,
+        "logprob_mismatch_first_measured_after_updates": updates_before,
         "stalled_steps": stalled_steps(trainer.state.log_history),
         "data": report.__dict__,
     }
@@ -803,10 +809,15 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
         _write_summary(out, text, adapter_dir)
         steps = summary["steps"]
         print(f"trained {steps} step{'' if steps == 1 else 's'}; adapter written to {adapter_dir}", flush=True)
-        if first is not None:
-            print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): first step {first:.3g}, "
+        if first_measured is not None:
+            where = (f"first step {first:.3g}" if first is not None else
+                     f"first step none (no sampler logprob: rendered calls only); first measured {first_measured:.3g}"
+                     + (f" after {updates_before} update{'' if updates_before == 1 else 's'}"
+                        if updates_before is not None else ""))
+            print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): {where}, "
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
-            if (warning := mismatch_warning(first, trainer.args.init_adapter)) is not None:
+            if (warning := mismatch_warning(first_measured, trainer.args.init_adapter,
+                                            0 if first is not None else updates_before)) is not None:
                 print(warning, file=sys.stderr, flush=True)
         if (warning := stall_warning(summary["stalled_steps"], trainer.args.learning_rate)) is not None:
             print(warning, file=sys.stderr, flush=True)

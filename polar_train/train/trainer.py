@@ -49,6 +49,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
             raise ValueError("GRPO group names are not unique")
         #: Per generation batch (first epoch only): mean |logprob(trainer) - logprob(sampler)|.
         self.first_epoch_mismatch: list[float] = []
+        #: The optimizer updates taken before each of those batches (None: not known, an older checkpoint's)
+        self.first_epoch_updates: list[int | None] = []
         self.last_batch: dict[str, Any] | None = None  # for tests: the last scored batch
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
@@ -172,8 +174,12 @@ class RecordedGRPOTrainer(GRPOTrainer):
             delta = self._metrics[mode].get("sampling/sampling_logp_difference/mean")
             if delta:
                 self.first_epoch_mismatch.append(delta[-1])
-                warning = (mismatch_warning(delta[-1], self.args.init_adapter)
-                           if len(self.first_epoch_mismatch) == 1 else None)
+                self.first_epoch_updates.append(int(self.state.global_step))
+                # the first batch measured (one of rendered calls only has nothing to measure): a run whose
+                # first step had no sampler logprob was never warned, however foreign its data (a probe)
+                first = math.isfinite(delta[-1]) and sum(map(math.isfinite, self.first_epoch_mismatch)) == 1
+                warning = (mismatch_warning(delta[-1], self.args.init_adapter, self.state.global_step)
+                           if first else None)
                 if warning is not None and self.accelerator.is_main_process:
                     tqdm.write(warning, file=sys.stderr)  # at step 1: Ctrl-C before the run is spent (its own line)
 
@@ -197,17 +203,27 @@ class RecordedGRPOTrainer(GRPOTrainer):
 FOREIGN_POLICY_MISMATCH = 0.1
 
 
-def mismatch_warning(first_step: float, init_adapter: str | None) -> str | None:
+def mismatch_warning(first_step: float, init_adapter: str | None, updates_before: int | None = 0) -> str | None:
     """What to tell a user whose data another policy sampled (a round captured with an adapter
     trained from the base again, the wrong adapter or base): GRPO's ratio then weighs every
-    token by the wrong old policy, silently."""
+    token by the wrong old policy, silently. ``first_step`` is the first value measured;
+    ``updates_before`` the optimizer updates taken before it (None: not known) - after some, part
+    of the difference is the policy's own movement."""
     if not math.isfinite(first_step) or first_step <= FOREIGN_POLICY_MISMATCH:
         return None
     start = f"init_adapter={init_adapter} on --model" if init_adapter else "a fresh LoRA on --model, no init_adapter"
-    return (f"polar-train train: warning: first-step logprob mismatch {first_step:.3g} is far above precision "
-            f"noise (~1e-5 float32, ~1e-2 bf16): the policy trained here ({start}) is not the one that "
-            "sampled these trajectories. Data captured while an adapter was served needs init_adapter=<that "
-            "adapter> and the --model it was served on (docs/train.md, \"Round after round\").")
+    if updates_before == 0:
+        head, verdict = f"first-step logprob mismatch {first_step:.3g}", "is not the one"
+    else:
+        after = (f"after {updates_before} update{'' if updates_before == 1 else 's'}" if updates_before is not None
+                 else "after updates of a resumed run")
+        head = (f"logprob mismatch {first_step:.3g} at the first step with sampler logprobs ({after}: part of it "
+                "may be the policy's own movement, a high learning_rate's)")
+        verdict = "is likely not the one"
+    return (f"polar-train train: warning: {head} is far above precision noise (~1e-5 float32, ~1e-2 bf16): the "
+            f"policy trained here ({start}) {verdict} that sampled these trajectories. Data captured while an "
+            "adapter was served needs init_adapter=<that adapter> and the --model it was served on "
+            "(docs/train.md, \"Round after round\").")
 
 
 def stalled_steps(log_history: list[dict[str, Any]]) -> list[int]:
@@ -258,22 +274,29 @@ class MismatchCheckpointCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
             values = [v if math.isfinite(v) else None for v in self.trainer.first_epoch_mismatch]
+            saved = {"values": values, "updates": self.trainer.first_epoch_updates}
             try:
-                (folder / MISMATCH_FILE).write_text(json.dumps(values) + "\n")
+                (folder / MISMATCH_FILE).write_text(json.dumps(saved) + "\n")
             except OSError as exc:
                 raise TrainFailure(f"cannot save {folder / MISMATCH_FILE}: {save_error(exc)}") from None
 
 
 def restore_first_epoch_mismatch(trainer: RecordedGRPOTrainer, checkpoint: str | Path) -> bool:
-    """Load the list :class:`MismatchCheckpointCallback` saved; False for a checkpoint without it
-    (then the first step's value is not known)."""
+    """Load the lists :class:`MismatchCheckpointCallback` saved (older versions: the values alone,
+    their updates unknown); False for a checkpoint without them (then the first step's value is
+    not known)."""
     try:
-        values = json.loads((Path(checkpoint) / MISMATCH_FILE).read_text())
+        saved = json.loads((Path(checkpoint) / MISMATCH_FILE).read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(values, list):
+    values, updates = (saved.get("values"), saved.get("updates")) if isinstance(saved, dict) else (saved, None)
+    if not isinstance(values, list) or not all(v is None or isinstance(v, (int, float)) for v in values):
         return False
+    if not (isinstance(updates, list) and len(updates) == len(values)
+            and all(u is None or (isinstance(u, int) and not isinstance(u, bool)) for u in updates)):
+        updates = [None] * len(values)
     trainer.first_epoch_mismatch = [float("nan") if v is None else float(v) for v in values]
+    trainer.first_epoch_updates = list(updates)
     return True
 
 
