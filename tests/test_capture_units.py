@@ -827,6 +827,51 @@ def test_build_row_renders_when_server_gave_no_ids(tiny_model_dir):
     assert row["usage_match"] is True
 
 
+def _vllm_reasoning_reply(renderer, blocks: list[dict], sampled: str) -> dict:
+    """A Messages row for what vLLM run with ``--reasoning-parser qwen3`` answers when the model
+    sampled ``sampled`` (usage counts exactly those tokens)."""
+    req = {"model": "tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    tok = renderer.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True, add_generation_prompt=True)
+    prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]  # (a BatchEncoding in transformers 5)
+    body = {"id": "m", "type": "message", "role": "assistant", "model": "tiny", "content": blocks,
+            "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": len(prompt), "output_tokens": len(tok.encode(sampled, add_special_tokens=False))}}
+    return record.build_row(_state("anthropic.messages", request=req, http_status=200,
+                                   response_body=json.dumps(body).encode()), renderer)
+
+
+def test_a_thinking_only_reply_the_model_never_closed_keeps_no_rendered_ids(tiny_model_dir):
+    """vLLM's qwen3 reasoning parser makes all text before a </think> reasoning: a model that ended
+    its turn without one answers with a thinking block only, stop_reason end_turn. The row kept the
+    template's '<think>...</think>' rendering - five tokens the model never sampled - as `ok`
+    ids, unsaid (a probe against vLLM with the parser). One the model closed keeps its ids."""
+    from polar_train.capture.render import Renderer
+
+    renderer = Renderer(str(tiny_model_dir))
+    thinking = [{"type": "thinking", "thinking": "Hello world", "signature": "s"}]
+    row = _vllm_reasoning_reply(renderer, thinking, "Hello world<|im_end|>")
+    assert row["status"] == "ok" and row["completion_token_ids"] is None, row
+    assert "thinking only" in row["error"] and "ended its turn without closing it" in row["error"]
+    closed = _vllm_reasoning_reply(renderer, thinking, "<think>\nHello world\n</think>\n\n<|im_end|>")
+    assert closed["token_source"] == "rendered" and closed["usage_match"] is True
+
+
+def test_text_after_thinking_renders_the_tokens_vllm_parsed_it_from(tiny_model_dir):
+    """vLLM's qwen3 parser returns the text after </think> with the two newlines the model sampled
+    there ('\\n\\nHello world'); our template printed them after its own, and the row held four
+    newlines the model never sampled, usage_match true (the counts agreed by chance). Qwen3's
+    template drops them; so does ours."""
+    from polar_train.capture.render import Renderer
+
+    renderer = Renderer(str(tiny_model_dir))
+    sampled = "<think>\nLet me think\n</think>\n\nHello world<|im_end|>"
+    row = _vllm_reasoning_reply(renderer, [{"type": "thinking", "thinking": "\nLet me think\n", "signature": "s"},
+                                           {"type": "text", "text": "\n\nHello world"}], sampled)
+    assert row["token_source"] == "rendered", row
+    assert renderer.tokenizer.decode(row["completion_token_ids"]) == sampled
+
+
 IMAGE_BLOCK = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}}
 
 

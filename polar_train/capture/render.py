@@ -60,6 +60,13 @@ def unsampled_rendering(assistant: dict[str, Any], finish_reason: str | None, su
         where = "a tool call" if assistant.get("tool_calls") else "its thinking"
         return (f"the reply was cut ({finish_reason}) inside {where}: the template would close what the model "
                 "never closed")
+    # vLLM's qwen3 reasoning parser makes all text before a </think> reasoning: a model that ended
+    # its turn without closing its thinking answers with thinking only, which the template closes
+    # (tokens past the server's count holding the </think>); one that closed it counted them
+    if (assistant.get("reasoning") and not assistant.get("content") and not assistant.get("tool_calls")
+            and "</think>" in surplus):
+        return (f"the reply is thinking only and the server counted fewer tokens than the rendering, whose last ones "
+                f"({surplus!r}) close the thinking: the model ended its turn without closing it")
     # vLLM's non-streamed parser returns a call cut before its </tool_call> as a whole one: the
     # tokens past the server's count are then the template's closing of the call (a text's
     # re-encoding may count more tokens than were sampled without any cut: not looked at)
