@@ -174,6 +174,15 @@ def summarize(table, top: int = 20) -> str:
         more = f"\n({len(ranked) - top} more rollouts)" if len(ranked) > top else ""
         out.append(_table(f"\nper rollout ({len(ranked)})", ["rollout", "calls", "ok", "retries", "tokens"],
                           roll_rows) + more)
+    # the token columns count recorded ids: an ok call that kept none (its note says why) counts 0
+    # there, which read as a rollout of empty calls (a probe: "cc-rs 4 4 0 0" for ~12,000 tokens)
+    without = [i for i in range(n) if col["status"][i] == "ok" and (col["token_source"][i] or "none") == "none"]
+    if without:
+        used = [table.column(name).to_pylist() if name in table.column_names else [None] * n
+                for name in ("usage_prompt_tokens", "usage_completion_tokens")]
+        reported = sum((used[0][i] or 0) + (used[1][i] or 0) for i in without)
+        out.append(f"\ntokens count recorded ids: {len(without)} ok call(s) kept none and count 0"
+                   + (f" (the server's usage for them: {reported} tokens)" if reported else ""))
     # counted by the whole text, shown cut: two errors that differ past the cut are two lines
     errors = Counter((col["status"][i] or "(none)", readable_error(col["error"][i] or ""))
                      for i in range(n) if col["status"][i] != "ok")

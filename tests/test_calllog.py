@@ -705,3 +705,18 @@ def test_a_part_removed_while_read_or_compressed_is_named_and_the_rest_read(tmp_
     assert sorted((p.path, p.message) for p in log.problems) == sorted([
         (str(gone), "removed while it was read"),
         (str(packed) + ".gz", "a compressed part: decompress it (gunzip, zstd -d, ...) to read its calls")])
+
+
+def test_inspect_says_its_token_columns_count_recorded_ids(session_rows):
+    """A rollout whose ok calls kept no ids (a Messages reply cut inside its thinking, a prompt the
+    template refuses) showed "cc-rs 4 4 0 0" for ~12,000 tokens of the server's usage: the columns
+    count recorded ids; the summary now says how many ok calls count 0 there and what usage reported."""
+    from polar_train.inspect import summarize
+
+    bare = [dict(session_rows[k], call_id=f"bare{k}", rollout_id="r-bare", token_source="none", prompt_token_ids=None,
+                 completion_token_ids=None, completion_logprobs=None, usage_prompt_tokens=3000, usage_completion_tokens=64,
+                 error="token ids unavailable: the reply was cut (max_tokens) inside its thinking")
+            for k in range(2)]
+    out = summarize(pa.Table.from_pylist(session_rows + bare, schema=CALL_LOG_SCHEMA))
+    assert "tokens count recorded ids: 2 ok call(s) kept none and count 0 (the server's usage for them: 6128 tokens)" in out
+    assert "tokens count recorded ids" not in summarize(pa.Table.from_pylist(session_rows, schema=CALL_LOG_SCHEMA))
