@@ -887,6 +887,34 @@ def test_anonymous_sessions_with_the_same_first_request_are_separate_rollouts(tm
     assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
 
 
+@pytest.mark.parametrize("sessions", [("s-a", "s-b"), (None, None)])
+def test_anonymous_sessions_that_share_their_first_turns_are_told_apart_by_their_session_ids(tmp_path, sessions):
+    """Two sessions without rollout ids that send the same first user turn (Codex's environment
+    context for one folder), then their own task: the second read as the first compacted - one
+    rollout, one reward, fork cause "compaction" (a probe). The harness's session id
+    (client_session_id) tells them apart; without one they stay one conversation (documented)."""
+    a, b = Conversation(rollout_id=None, name="a"), Conversation(rollout_id=None, name="b")
+    for conv in (a, b):
+        conv.user("<environment_context>cwd: /repo</environment_context>")
+    a.user("task A")
+    a1 = a.assistant("", tool_calls=[("ls", {"path": "a"})])
+    a.tool("A!")
+    a2 = a.assistant("A done")
+    b.user("task B")
+    b1 = b.assistant("", tool_calls=[("ls", {"path": "b"})])
+    b.tool("B!")
+    b2 = b.assistant("B done")
+    for row, session in ((a1, sessions[0]), (a2, sessions[0]), (b1, sessions[1]), (b2, sessions[1])):
+        row["client_session_id"] = session
+    result = build(tmp_path, [a1, a2, b1, b2])
+    rollouts = {t.call_ids[0]: t.rollout_id for t in result.trajectories}
+    if sessions[0] is not None:
+        assert rollouts == {a1["call_id"]: f"conv-{a1['call_id']}", b1["call_id"]: f"conv-{b1['call_id']}"}
+        assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
+    else:
+        assert result.report.rollouts == 1 and len(set(rollouts.values())) == 1
+
+
 def _forked_session_gone_on(conv: Conversation) -> list[dict]:
     """A session whose second call forked (retokenization) and went on: the fork closed the
     trajectory that held its first prompt."""

@@ -96,6 +96,18 @@ class Call:
     logprobs: np.ndarray  # float32, len(completion); NaN where the server reported none
     prefix_ref: str | None = None
     prefix_len: int | None = None
+    #: the harness's own session id (Codex's, Claude Code's): calls without a rollout id are
+    #: pooled per session where they name one
+    session_id: str | None = None
+
+
+def _pool_key(call: Call) -> str | tuple[str, str] | None:
+    """The pool of open trajectories a call is matched against: its rollout's; for a call without a
+    rollout id, its harness session's (two sessions that sent the same first turns - Codex's
+    environment context - read as one conversation compacted), else the anonymous pool."""
+    if call.rollout_id is not None or call.session_id is None:
+        return call.rollout_id
+    return ("session", call.session_id)
 
 
 @dataclass(eq=False)  # identity: pools use `in` / remove, and fields hold arrays
@@ -349,7 +361,7 @@ class Stitcher:
         self._token_bytes_factory = token_bytes_factory
         self._fallback_prompt = fallback_prompt
         self.trajectories: list[Trajectory] = []
-        self.open: dict[str | None, list[Trajectory]] = {}
+        self.open: dict[str | tuple[str, str] | None, list[Trajectory]] = {}  # by _pool_key
         self.stats = StitchStats()
         self._clock = 0
         self._counter: Counter = Counter()
@@ -395,7 +407,7 @@ class Stitcher:
         return name
 
     def _start(self, call: Call, rollout_id: str | None, cause: str | None) -> Trajectory:
-        key = call.rollout_id
+        key = _pool_key(call)
         t = Trajectory(
             trajectory_id=self._new_id(rollout_id or "anon"), rollout_id=rollout_id,
             task_id=call.task_id, model=call.model, temperature=call.temperature,
@@ -410,7 +422,7 @@ class Stitcher:
             self._opening_prompts.setdefault(rollout_id, []).append(call.prompt)
         pool = self.open.setdefault(key, [])
         pool.append(t)
-        cap = MAX_OPEN_PER_ROLLOUT if key is not None else MAX_OPEN_ANONYMOUS
+        cap = MAX_OPEN_PER_ROLLOUT if call.rollout_id is not None else MAX_OPEN_ANONYMOUS
         if len(pool) > cap:
             pool.sort(key=lambda x: x.last_used)
             self.stats.closed_at_cap += len(pool) - cap
@@ -419,7 +431,7 @@ class Stitcher:
             self.stats.forks[cause] += 1
         return t
 
-    def _gone_on_from(self, t: Trajectory, key: str | None) -> None:
+    def _gone_on_from(self, t: Trajectory, key: str | tuple[str, str] | None) -> None:
         """A later call went on from ``t``: the conversation ``t`` rewrote has moved on (its old
         tokens will not come back), so it is closed - unless it went on itself after the fork (a
         side agent's rewrite going on beside the main conversation, which must stay open)."""
@@ -430,7 +442,7 @@ class Stitcher:
             pool.remove(left)
 
     def _extend(self, t: Trajectory, call: Call, glue: np.ndarray) -> Trajectory:
-        self._gone_on_from(t, call.rollout_id)
+        self._gone_on_from(t, _pool_key(call))
         t.add_glue(glue)
         t.add_call(call)
         t.last_used = self._clock
@@ -569,7 +581,7 @@ class Stitcher:
         """
         self._clock += 1
         key = call.rollout_id
-        pool = self.open.get(key, [])
+        pool = self.open.get(_pool_key(call), [])
         if call.prefix_ref is not None:
             where = self._where.get(call.prefix_ref)
             if where is not None:
@@ -632,7 +644,7 @@ class Stitcher:
             self._went_on.add(key)  # the rollout went past its first prompt (a restart can be told)
         child = self._start(call, parent.rollout_id, cause)
         if cause in _REWRITES:
-            self._gone_on_from(parent, key)  # a rewrite of a rewrite: the first one was gone on from
+            self._gone_on_from(parent, _pool_key(call))  # a rewrite of a rewrite: the first one was gone on from
             child.moved_on_from, child.forked_at = parent, self._clock  # closed once a call goes on from it
         return child
 
@@ -654,6 +666,8 @@ def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Ca
     cols = {name: table.column(name).to_pylist() for name in
             ("call_id", "rollout_id", "task_id", "model", "temperature", "token_source", "finish_reason",
              "prompt_prefix_call_id", "prompt_prefix_len")}
+    sessions = (table.column("client_session_id").to_pylist() if "client_session_id" in table.column_names
+                else [None] * table.num_rows)
     out = []
     for i in (range(table.num_rows) if rows is None else rows):
         i = int(i)
@@ -667,5 +681,6 @@ def calls_from_table(table: pa.Table, rows: np.ndarray | None = None) -> list[Ca
             token_source=cols["token_source"][i], finish_reason=cols["finish_reason"][i],
             prompt=p_vals[p_offs[i]:p_offs[i + 1]], completion=completion,
             logprobs=lp if lp is not None else np.full(len(completion), np.nan, np.float32),
-            prefix_ref=cols["prompt_prefix_call_id"][i], prefix_len=cols["prompt_prefix_len"][i]))
+            prefix_ref=cols["prompt_prefix_call_id"][i], prefix_len=cols["prompt_prefix_len"][i],
+            session_id=sessions[i]))
     return out
