@@ -325,11 +325,30 @@ def _check(args: argparse.Namespace) -> Path:
         raise UserError(f"--workdir is a file, not a folder: {work}")
     if (problem := cannot_write_folder(work, "--workdir")) is not None:  # a read-only file system: a traceback
         raise UserError(problem)
-    # older demos left no marker: their summary or tiny model says the folder is a demo's
-    if holds_other_files(work, WORKDIR_MARKER, "demo_summary.json", "tiny-model/polar_tiny_model.json"):
-        # the demo replaces round<N>/ and tiny-model/ in it: someone else's would be lost
-        raise UserError(f"--workdir {work} is not empty and holds no earlier demo: give a new or empty folder")
+    # the demo replaces round<N>/, tiny-model/ and demo_summary.json in it: someone else's would be lost
+    if holds_other_files(work, WORKDIR_MARKER) and not _unmarked_demo(work):
+        raise UserError(f"--workdir {work} is not empty and holds no earlier demo (no {WORKDIR_MARKER} marker): "
+                        "give a new or empty folder")
     return work
+
+
+def _unmarked_demo(work: Path) -> bool:
+    """Whether ``work`` is a demo's from before the marker (2026-12-04): only what a demo writes, and
+    its tiny model or its summary (by its keys) to say so. A folder that merely held a file named
+    demo_summary.json - a copy of data/samples/demo, a user's own - was taken for one, and its
+    summary and round<N>/ folders deleted (a probe)."""
+    import re
+
+    names = {entry.name for entry in work.iterdir()}
+    if not all(n in ("demo_summary.json", "tiny-model") or re.fullmatch(r"round\d+", n) for n in names):
+        return False
+    if (work / "tiny-model" / "polar_tiny_model.json").is_file():
+        return True
+    try:
+        summary = json.loads((work / "demo_summary.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(summary, dict) and {"mean_reward_by_round", "config"} <= summary.keys()
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ real ``mitmdump`` with the capture addon) with the smallest sizes."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import subprocess
@@ -105,7 +106,6 @@ def test_a_file_as_workdir_is_refused_and_left_alone(tmp_path: Path) -> None:
 def test_a_workdir_on_a_read_only_file_system_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """It was a traceback (OSError: Read-only file system) where build, train and tiny-model said
     one line; and theirs said "permission denied" for a read-only file system."""
-    import argparse
     import os
     from types import SimpleNamespace
 
@@ -165,17 +165,40 @@ def test_a_round_serves_the_adapter_under_a_name_of_its_own(tiny_model_dir: Path
     assert {c["status"] for c in calls} == {"ok"}
 
 
-def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
-    # the demo replaces round<N>/ and tiny-model/ in its workdir: someone's round0/ would be lost
+@pytest.mark.parametrize("files", [
+    {"round0/results.csv": "mine"},
+    # a file merely named demo_summary.json made any folder an earlier demo's: its round<N>/ deleted (a probe)
+    {"demo_summary.json": '{"my": "results"}', "round0/notes.txt": "my notes"},
+    # a copy of data/samples/demo: a demo's summary, beside folders no demo writes
+    {"demo_summary.json": '{"mean_reward_by_round": [0.1], "config": {}}', "captures/part-0.parquet": "x"},
+])
+def test_a_workdir_holding_other_files_is_refused_and_left_alone(tmp_path: Path, files: dict[str, str]) -> None:
+    # the demo replaces round<N>/, tiny-model/ and its summary in its workdir: someone's would be lost
     work = tmp_path / "project"
-    (work / "round0").mkdir(parents=True)
-    (work / "round0" / "results.csv").write_text("mine")
+    for name, text in files.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
     done = subprocess.run([str(POLAR), "demo", "--workdir", str(work)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"polar-train demo: error: --workdir {work} is not empty and holds no earlier "
-                                   "demo: give a new or empty folder")
-    assert (work / "round0" / "results.csv").read_text() == "mine"
-    assert sorted(p.name for p in work.iterdir()) == ["round0"]
+                                   "demo (no .polar-demo marker): give a new or empty folder")
+    assert {str(p.relative_to(work)): p.read_text() for p in work.rglob("*") if p.is_file()} == files
+
+
+def test_a_demo_folder_from_before_the_marker_is_still_taken(tmp_path: Path) -> None:
+    """Demos before 2026-12-04 left no .polar-demo: their summary (by its keys) or tiny model, with
+    nothing a demo does not write, says the folder is one."""
+    from polar_train.demo import _check
+
+    args = argparse.Namespace(workdir=str(tmp_path / "old"), rounds=1, group_size=2, max_tokens=12, train_steps=1,
+                              learning_rate=1e-3, final_norm_weight=1.0)
+    (tmp_path / "old" / "round0").mkdir(parents=True)
+    (tmp_path / "old" / "demo_summary.json").write_text('{"mean_reward_by_round": [0.1], "seconds": 3, "config": {}}')
+    assert _check(args) == tmp_path / "old"
+    (tmp_path / "old" / "demo_summary.json").unlink()
+    (tmp_path / "old" / "tiny-model").mkdir()
+    (tmp_path / "old" / "tiny-model" / "polar_tiny_model.json").write_text("{}")
+    assert _check(args) == tmp_path / "old"
 
 
 def test_sigterm_stops_the_demo_and_the_server_and_proxy_it_started(tmp_path: Path) -> None:
