@@ -58,6 +58,7 @@ from polar_train.capture import fields as raw_headers
 from polar_train.capture.identity import CAPTURE_MARK, CAPTURE_TARGET, PROBE_HEADER, identity_headers
 from polar_train.capture.json_members import compact
 from polar_train.capture.options import OPTION_SPECS, CaptureOptions, unusable_deferred
+from polar_train.capture.outdir import output_of_another_command
 from polar_train.capture.request_walk import splice_injection, walk_request
 from polar_train.capture.redact import utf8
 from polar_train.capture.tap import StreamTap, decode_whole, decoder_for, supported_encoding
@@ -262,6 +263,8 @@ class PolarCapture:
             if not tdir.is_dir() or not holds_tokenizer(tdir):
                 raise exceptions.OptionsError(
                     f"polar_tokenizer: {tdir} is not a tokenizer folder (no tokenizer.json)")
+        if (problem := output_of_another_command(Path(opts.out).expanduser())) is not None:
+            raise exceptions.OptionsError(problem)
         if self.writer is None or opts.worker_settings() != self.opts.worker_settings():
             old = self.writer
             level = _LOG_LEVELS.get(str(getattr(ctx.options, "termlog_verbosity", "info")), logging.INFO)

@@ -14,6 +14,8 @@ from pathlib import Path
 REPORT_NAME = "_build_report.json"
 #: An earlier version's report name: still an earlier build's folder; a rebuild removes it.
 OLD_REPORT_NAME = "build_report.json"
+#: Marks a folder as a ``polar-train train`` run's output (see polar_train.train.cli).
+RUN_MARKER = ".polar-train-run"
 
 
 def expand_home(value: str) -> str:

@@ -2085,6 +2085,33 @@ def test_a_new_polar_out_while_running_is_said(tmp_path, caplog):
     assert f"polar_capture: writing calls to {tmp_path / 'b' / 'calls'}" in caplog.text
 
 
+@pytest.mark.parametrize("marker, what", [("_build_report.json", "polar-train build --out"),
+                                          (".polar-train-run", "polar-train train --output")])
+def test_a_polar_out_that_is_a_build_or_run_folder_is_refused(tmp_path, marker, what, caplog):
+    """data/trajectories for data/captures: the parts landed in the build's folder, and train (a
+    capture's call log) and a rebuild (Parquet no build wrote) refused it after (a probe)."""
+    from mitmproxy import exceptions
+    from mitmproxy.test import taddons
+
+    out = tmp_path / "traj"
+    out.mkdir()
+    (out / marker).write_text("{}")
+    said = (f"polar_out: {out} is a `{what}` folder (it holds {marker}): captures need a folder of their own "
+            "(e.g. data/captures)")
+    addon = _load_addon().PolarCapture()
+    with taddons.context(addon) as tctx:
+        with caplog.at_level(logging.ERROR, logger="polar_capture"):  # at startup: one line, mitmdump exits
+            tctx.configure(addon, polar_out=str(out))
+        assert f"polar_capture: {said}" in caplog.text and addon.writer is None
+        tctx.configure(addon, polar_out=str(tmp_path / "captures"))
+        addon.running()
+        with pytest.raises(exceptions.OptionsError) as err:  # while running: refused, the old folder kept
+            tctx.configure(addon, polar_out=str(out))
+        assert str(err.value) == said
+        addon.done()
+    assert sorted(p.name for p in out.iterdir()) == [marker]
+
+
 def test_a_copy_of_the_addon_without_polar_train_says_how_to_run_it(tmp_path):
     """A copy of the addon file run by a mitmdump whose Python lacks polar_train: a bare
     ``No module named 'polar_train'`` that named no way out."""

@@ -10,7 +10,19 @@ import os
 import threading
 from pathlib import Path
 
-from ..paths import make_private_dir
+from ..paths import OLD_REPORT_NAME, REPORT_NAME, RUN_MARKER, make_private_dir
+
+
+def output_of_another_command(out: Path) -> str | None:
+    """Why ``out`` (``polar_out``) is no place for captures, or None: a ``build --out`` or ``train
+    --output`` folder (data/trajectories for data/captures is an easy slip). Parts written there
+    made train refuse the trajectories ("a capture's call log") and a rebuild refuse the folder."""
+    for name, what in ((REPORT_NAME, "polar-train build --out"), (OLD_REPORT_NAME, "polar-train build --out"),
+                       (RUN_MARKER, "polar-train train --output")):
+        if (out / name).is_file():
+            return (f"polar_out: {out} is a `{what}` folder (it holds {name}): captures need a folder of their own "
+                    "(e.g. data/captures)")
+    return None
 
 
 def prepare_calls_dir(calls_dir: Path) -> None:

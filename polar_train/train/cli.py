@@ -21,7 +21,7 @@ from typing import Any
 
 from ..cli import UserError, said_interrupted, signal_status
 from ..durable import sync_file, sync_folder, sync_tree
-from ..paths import cannot_write_folder, holds_other_files, make_private_dir, user_path
+from ..paths import RUN_MARKER, cannot_write_folder, holds_other_files, make_private_dir, user_path
 from ..tokenizer import TOKENIZER_FILES, holds_tokenizer
 
 
@@ -197,9 +197,8 @@ def _max_completion_length(raw: dict[str, Any]) -> int | None:
     return length
 
 
-#: Marks a folder as a run's output (one that stopped before its metrics may be started again);
-#: holds the run's identity (:func:`run_identity`), which ``--resume`` must match.
-RUN_MARKER = ".polar-train-run"
+# RUN_MARKER (paths) marks a folder as a run's output (one that stopped before its metrics may be
+# started again); it holds the run's identity (:func:`run_identity`), which ``--resume`` must match.
 #: Held by the run writing into the folder (:mod:`polar_train.folder_lock`).
 RUN_LOCK = ".polar-train.lock"
 
