@@ -55,11 +55,14 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _add_tiny_model(sub: argparse._SubParsersAction) -> None:
+    from .tiny_model import MAX_FINAL_NORM_WEIGHT  # (light: the demo's options name it too)
+
     p = sub.add_parser("tiny-model", help="write a tiny random Qwen3 model with the Qwen3.5 tokenizer")
     p.add_argument("dir", type=user_path, help="output model directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--final-norm-weight", type=float, default=1.0,
-                   help="initial weight of the final RMSNorm (larger = sharper random policy)")
+                   help="initial weight of the final RMSNorm (larger = sharper random policy; more than 0, at "
+                        f"most {MAX_FINAL_NORM_WEIGHT:g}; default: 1)")
     p.set_defaults(func=_cmd_tiny_model)
 
 

@@ -119,6 +119,9 @@ def _base_logits(model_dir, prompt):
     (["--model", "{model}", "--adapter", "{tmp}/nope"], "--adapter {tmp}/nope: not found"),
     (["--model", "{model}", "--served-model-name", " "], "--served-model-name is empty"),
     (["--model", "{model}", "--chunk-delay-ms", "inf"], "--chunk-delay-ms must be a finite number"),
+    # tiny-model's and a request's range; serve took any integer (a probe)
+    (["--model", "{model}", "--seed=-1"], "--seed: 0 to 9223372036854775807, got -1"),
+    (["--model", "{model}", "--seed", str(2**64)], f"--seed: 0 to 9223372036854775807, got {2**64}"),
     (["--model", "{model}", "--chunk-delay-ms", "nan"], "--chunk-delay-ms must be a finite number"),
     (["--model", "{model}", "--ssl-certfile", "{tmp}/junk.pem", "--ssl-keyfile", "{tmp}/junk.pem"],
      "not a PEM certificate and its key"),

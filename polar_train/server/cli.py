@@ -186,6 +186,8 @@ def _serve(args: argparse.Namespace) -> int:
         adapter = " but a peft adapter: give its base model as --model and this folder as --adapter" if (
             model / "adapter_config.json").is_file() else run_folder_hint(model, "--adapter {}")
         raise UserError(f"{model} is not a model directory (no config.json){adapter}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:  # as tiny-model's and a request's (torch: int64)
+        raise UserError(f"--seed: 0 to {2**63 - 1}, got {args.seed}")
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UserError("--ssl-certfile and --ssl-keyfile go together")
     for option, f in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
