@@ -147,6 +147,7 @@ def summarize(table, top: int = 20) -> str:
                          c["usage_mismatch"]])
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
                                     *sources, "usage_mismatch"], api_rows))  # sources: shares of the ok calls
+    out += _mismatch_sides(table, col["usage_match"], prompt, completion)
     per_rollout: dict[str | None, Counter] = {}  # None apart: a rollout named "(none)" is not the calls without one
     # a request seen before in its rollout is a retry, also where another proxy (or a restarted
     # one) counted its attempts afresh: each proxy numbers only the attempts it saw
@@ -200,6 +201,21 @@ def summarize(table, top: int = 20) -> str:
     elif notes:
         out.append(f"\n{notes.total()} ok calls carry a note")
     return "\n".join(out)
+
+
+def _mismatch_sides(table, usage_match: list, prompt: list[int], completion: list[int]) -> list[str]:
+    """Which count a usage mismatch is in: a prompt is rendered exactly where the template is the
+    server's, a rendered completion re-encodes the reply's text (a sampler's 24 newlines can be 2
+    ids), so the two mean different things (a probe: Claude Code's rows, 21 of 36 mismatched, all
+    in the completion)."""
+    rows = [i for i, match in enumerate(usage_match) if match is False]
+    if not rows:
+        return []
+    used = {name: table.column(name).to_pylist() for name in ("usage_prompt_tokens", "usage_completion_tokens")}
+    in_prompt = sum(1 for i in rows if prompt[i] and used["usage_prompt_tokens"][i] not in (None, prompt[i]))
+    in_completion = sum(1 for i in rows if used["usage_completion_tokens"][i] not in (None, completion[i]))
+    return [f"usage mismatches: {in_prompt} in the prompt's count (another template than the server's?), "
+            f"{in_completion} in the completion's (rendered ids re-encode the reply's text)"]
 
 
 def _share(part: int, whole: int) -> str:

@@ -720,3 +720,19 @@ def test_inspect_says_its_token_columns_count_recorded_ids(session_rows):
     out = summarize(pa.Table.from_pylist(session_rows + bare, schema=CALL_LOG_SCHEMA))
     assert "tokens count recorded ids: 2 ok call(s) kept none and count 0 (the server's usage for them: 6128 tokens)" in out
     assert "tokens count recorded ids" not in summarize(pa.Table.from_pylist(session_rows, schema=CALL_LOG_SCHEMA))
+
+
+def test_inspect_says_which_count_a_usage_mismatch_is_in(session_rows):
+    """A rendered completion re-encodes the reply's text, a prompt is exact with the server's
+    template: one usage_mismatch count could not say which (a probe: Claude Code's rows)."""
+    from polar_train.inspect import summarize
+
+    rows = [dict(r, usage_prompt_tokens=len(r["prompt_token_ids"]), usage_completion_tokens=len(r["completion_token_ids"]),
+                 usage_match=True) for r in session_rows]
+    rows[1].update(usage_completion_tokens=rows[1]["usage_completion_tokens"] + 22, usage_match=False)
+    rows[2].update(usage_completion_tokens=rows[2]["usage_completion_tokens"] + 1, usage_match=False)
+    rows[3].update(usage_prompt_tokens=rows[3]["usage_prompt_tokens"] - 1, usage_match=False)
+    out = summarize(pa.Table.from_pylist(rows, schema=CALL_LOG_SCHEMA))
+    assert ("usage mismatches: 1 in the prompt's count (another template than the server's?), 2 in the completion's "
+            "(rendered ids re-encode the reply's text)") in out
+    assert "usage mismatches:" not in summarize(pa.Table.from_pylist(rows[:1], schema=CALL_LOG_SCHEMA))
