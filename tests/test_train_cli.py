@@ -133,6 +133,40 @@ def test_train_writes_a_loadable_changed_adapter_and_resumes(trajectories, tiny_
     assert resumed["adapter_max_abs_change"] == pytest.approx(summary["adapter_max_abs_change"], rel=1e-4)
 
 
+def test_a_run_resumed_after_its_first_epoch_trains_what_the_uninterrupted_run_trained(trajectories, tiny_model_dir,
+                                                                                         tmp_path):
+    """Two groups, one a step: four steps are two epochs. Resumed from checkpoint-3 (inside the
+    second epoch), the run replayed the first epoch's order - group B twice, group A not at all in
+    epoch 2 - and its adapter differed from the uninterrupted run's, unsaid (a probe). TRL's
+    sampler drew each epoch's order from one generator that a resumed process never advanced."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    args = ["--model", str(tiny_model_dir), "--set", "max_steps=4", "--set", "save_steps=1",
+            "--set", "learning_rate=1e-3", "--set", "report_to=none"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    for out in (full, cut):
+        proc = polar_train("train", str(trajectories), "--output", str(out), *args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    # as if stopped after checkpoint-3: what a kill leaves (the later checkpoint, the adapter, the summary gone)
+    shutil.rmtree(cut / "checkpoint-4")
+    shutil.rmtree(cut / "adapter")
+    (cut / "train_summary.json").unlink()
+    resumed = polar_train("train", str(trajectories), "--output", str(cut), *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def rewards(out: Path) -> list[float]:
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [round(r["reward"], 6) for r in rows if "reward" in r]
+
+    order = rewards(full)
+    assert len(set(order[:2])) == 2 and sorted(order[2:]) == sorted(order[:2])  # each group once an epoch
+    assert rewards(cut) == order
+    a, b = (load_file(out / "adapter" / "adapter_model.safetensors") for out in (full, cut))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
 def test_data_another_policy_sampled_is_warned_about_at_the_first_step(trajectories, tmp_path):
     """Round k's data trained from the base again (init_adapter forgotten), or on another base:
     GRPO weighs every token by the wrong old policy; the run said nothing (mismatch 0.4 vs 5e-5)."""

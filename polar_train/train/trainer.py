@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from ..model_load import non_finite_tensors
 from .cli import TrainFailure, complete_checkpoint, save_error
@@ -60,6 +61,10 @@ class RecordedGRPOTrainer(GRPOTrainer):
         self._saving_checkpoint = False
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        return EpochRepeatSampler(sampler) if isinstance(sampler, RepeatSampler) else sampler
+
     def _save_checkpoint(self, model, trial) -> None:
         """A failed save (a full disk: torch's OSError, tokenizers' plain Exception) is one line,
         naming the checkpoint, not a traceback; ``--resume`` skips the folder it left incomplete."""
@@ -195,6 +200,29 @@ class RecordedGRPOTrainer(GRPOTrainer):
             values = self._metrics[mode].get(key)
             if values:
                 values[-1] = float("nan")
+
+
+class EpochRepeatSampler(RepeatSampler):
+    """TRL's sampler, whose order in epoch ``e`` is the ``e+1``-th permutation of its seeded
+    generator however the run got there. TRL's draws one per pass from one generator, so a run
+    resumed from a checkpoint at or after an epoch's end replayed epoch 1's order - one group
+    trained twice, another not at all, unsaid (a probe). The trainer calls :meth:`set_epoch`
+    before each epoch; an uninterrupted run keeps TRL's order."""
+
+    def __init__(self, sampler: RepeatSampler) -> None:
+        self.__dict__.update(sampler.__dict__)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle and self.seed is not None:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(self.seed)
+            for _ in range(self.epoch):  # the permutations of the epochs before (TRL's order)
+                torch.randperm(self.num_samples, generator=self.generator)
+        return super().__iter__()
 
 
 #: A first-step mean |trainer - sampler| logprob above this is no precision difference (float32
