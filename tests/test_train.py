@@ -1069,3 +1069,18 @@ def test_a_checkpoint_keeps_the_updates_before_each_mismatch_and_an_older_one_st
     assert trainer.first_epoch_updates == [None, None] and trainer.first_epoch_mismatch[1] == 0.25
     (tmp_path / MISMATCH_FILE).write_text('{"values": "x"}\n')
     assert not restore_first_epoch_mismatch(trainer, tmp_path)
+
+
+def test_the_mismatch_warning_names_the_logprob_mode_away_from_temperature_1():
+    """Processed logprobs declared for raw ones (serve's, vLLM's default) at temperature 0.7 gave a
+    first-step mismatch of 0.19, and the warning sent the user after a wrong init_adapter alone (a
+    probe). At temperature 1 the two modes agree: nothing more is said there."""
+    from polar_train.train.trainer import mismatch_warning
+
+    warned = mismatch_warning(0.191, None, 0, 0.7, "processed")
+    assert "is not the one that sampled these trajectories" in warned
+    assert warned.endswith("Or the recorded logprobs are not processed ones (sampler_logprobs=processed at temperature "
+                           "0.7: raw logprobs - vLLM's default, polar-train serve's - are of the unscaled distribution, "
+                           "processed ones need vLLM --logprobs-mode processed_logprobs).")
+    assert "sampler_logprobs" not in mismatch_warning(0.191, None, 0, 1.0, "raw")
+    assert mismatch_warning(0.05, None, 0, 0.7, "processed") is None

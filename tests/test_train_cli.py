@@ -548,6 +548,12 @@ def test_a_failed_save_or_non_finite_weights_is_one_line_exit_1(trajectories, ti
         "resume; run again (the same --output is fine: nothing was logged there yet)")
     # and so it is: nothing there refuses a new run
     assert train_cli._check_output(tmp_path / "r4", False, None, {}) is None
+    # a run that logged steps but saved no checkpoint: --resume would only say there is nothing to resume from
+    (tmp_path / "r4" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.1}\n')
+    with pytest.raises(UserError) as held:
+        train_cli._check_output(tmp_path / "r4", False, None, {})
+    assert str(held.value) == (f"{tmp_path / 'r4'} already holds a run that saved no checkpoint to resume from: "
+                               "give another --output (or remove this one)")
 
     def terminated(self, *args, **kwargs):  # SIGTERM (timeout, a scheduler), as polar_train.cli raises it
         raise SystemExit(143)

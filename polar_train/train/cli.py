@@ -478,6 +478,9 @@ def _check_output(out: Path, resume: bool, config, identity: dict[str, Any], say
             print(f"resume: skipping {note}; resuming from {last.name}", flush=True)
         return str(last)
     if (out / "adapter").exists() or (out / "metrics.jsonl").exists():
+        if complete_checkpoint(out)[0] is None:  # (--resume would only say there is nothing to resume from)
+            raise UserError(f"{out} already holds a run that saved no checkpoint to resume from: give another "
+                            "--output (or remove this one)")
         raise UserError(f"{out} already holds a run: use --resume or another --output")
     if holds_other_files(out, RUN_MARKER, RUN_LOCK):
         # TRL writes its model card as README.md there, and runs/ and checkpoint-*/: a user's would go
@@ -816,7 +819,8 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
             print(f"logprob mismatch |trainer - sampler| (mask-1 tokens): {where}, "
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
             if (warning := mismatch_warning(first_measured, trainer.args.init_adapter,
-                                            0 if first is not None else updates_before)) is not None:
+                                            0 if first is not None else updates_before,
+                                            trainer.args.temperature, trainer.args.sampler_logprobs)) is not None:
                 print(warning, file=sys.stderr, flush=True)
         if (warning := stall_warning(summary["stalled_steps"], trainer.args.learning_rate)) is not None:
             print(warning, file=sys.stderr, flush=True)

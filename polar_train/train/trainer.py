@@ -183,8 +183,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
                 # the first batch measured (one of rendered calls only has nothing to measure): a run whose
                 # first step had no sampler logprob was never warned, however foreign its data (a probe)
                 first = math.isfinite(delta[-1]) and sum(map(math.isfinite, self.first_epoch_mismatch)) == 1
-                warning = (mismatch_warning(delta[-1], self.args.init_adapter, self.state.global_step)
-                           if first else None)
+                warning = (mismatch_warning(delta[-1], self.args.init_adapter, self.state.global_step,
+                                            self.args.temperature, self.args.sampler_logprobs) if first else None)
                 if warning is not None and self.accelerator.is_main_process:
                     tqdm.write(warning, file=sys.stderr)  # at step 1: Ctrl-C before the run is spent (its own line)
 
@@ -231,12 +231,15 @@ class EpochRepeatSampler(RepeatSampler):
 FOREIGN_POLICY_MISMATCH = 0.1
 
 
-def mismatch_warning(first_step: float, init_adapter: str | None, updates_before: int | None = 0) -> str | None:
+def mismatch_warning(first_step: float, init_adapter: str | None, updates_before: int | None = 0,
+                     temperature: float = 1.0, sampler_logprobs: str = "raw") -> str | None:
     """What to tell a user whose data another policy sampled (a round captured with an adapter
     trained from the base again, the wrong adapter or base): GRPO's ratio then weighs every
     token by the wrong old policy, silently. ``first_step`` is the first value measured;
     ``updates_before`` the optimizer updates taken before it (None: not known) - after some, part
-    of the difference is the policy's own movement."""
+    of the difference is the policy's own movement. Away from temperature 1 the logprob mode is
+    a cause too: processed logprobs declared for raw ones (polar-train serve's, vLLM's default) gave
+    the same mismatch, and the warning sent the user after an adapter (a probe)."""
     if not math.isfinite(first_step) or first_step <= FOREIGN_POLICY_MISMATCH:
         return None
     start = f"init_adapter={init_adapter} on --model" if init_adapter else "a fresh LoRA on --model, no init_adapter"
@@ -248,10 +251,14 @@ def mismatch_warning(first_step: float, init_adapter: str | None, updates_before
         head = (f"logprob mismatch {first_step:.3g} at the first step with sampler logprobs ({after}: part of it "
                 "may be the policy's own movement, a high learning_rate's)")
         verdict = "is likely not the one"
+    mode = ("" if abs(temperature - 1.0) <= 1e-4 else
+            f" Or the recorded logprobs are not {sampler_logprobs} ones (sampler_logprobs={sampler_logprobs} at "
+            f"temperature {temperature:g}: raw logprobs - vLLM's default, polar-train serve's - are of the unscaled "
+            "distribution, processed ones need vLLM --logprobs-mode processed_logprobs).")
     return (f"polar-train train: warning: {head} is far above precision noise (~1e-5 float32, ~1e-2 bf16): the "
             f"policy trained here ({start}) {verdict} that sampled these trajectories. Data captured while an "
             "adapter was served needs init_adapter=<that adapter> and the --model it was served on "
-            "(docs/train.md, \"Round after round\").")
+            "(docs/train.md, \"Round after round\")." + mode)
 
 
 def stalled_steps(log_history: list[dict[str, Any]]) -> list[int]:
