@@ -289,6 +289,16 @@ def test_a_resume_whose_init_adapter_path_holds_other_weights_is_refused(tmp_pat
     assert "init_adapter_weights" not in train_cli.resumed_identity(older, {**now, "options": {}})
     assert train_cli.resumed_identity(identity, {**now, "options": {}})["init_adapter_weights"] == \
         now["init_adapter_weights"]
+    # the first markers (2026-12-04) were empty: a resume went on with another model and data, and
+    # wrote them into the marker (a probe); nothing to check against is refused, as no marker is
+    for marker in ("", "{}", '{"options": {}}'):
+        (out / train_cli.RUN_MARKER).write_text(marker)
+        with pytest.raises(UserError) as caught:
+            train_cli._check_same_run(out, now)
+        assert str(caught.value) == (
+            f"--resume: the .polar-train-run in {out} records no model and data (an earlier version's marker, or a "
+            "damaged one): the resume cannot check it continues the same model and data; start a new --output from "
+            "a checkpoint's weights with --set init_adapter=CHECKPOINT")
 
 
 def test_bad_input_exits_2_with_one_line(trajectories, tiny_model_dir, tmp_path):
