@@ -177,6 +177,11 @@ def test_split_rewards_and_foreign_rollout_ids_leave_each_trajectory_its_own_pla
     report = DataReport()
     read_table(data, report)
     assert report.split_rewards
+    # ... under the name builds before 2026-12-06 gave it (their split rewards were trained as whole ones)
+    (data / "_build_report.json").rename(data / "build_report.json")
+    report = DataReport()
+    read_table(data, report)
+    assert report.split_rewards
     table = pq.read_table(next(sampled.glob("*.parquet")))
     ints = tmp_path / "ints"
     ints.mkdir()

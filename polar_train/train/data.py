@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..cli import UserError
-from ..paths import REPORT_NAME
+from ..paths import OLD_REPORT_NAME, REPORT_NAME
 from ..schema import TRAJECTORY_SCHEMA, TRAJECTORY_VERSION, missing_columns, same_kind
 from ..trajectories.rewards import MAX_ABS_REWARD
 from ..trajectories.writer import BUILD_ID_KEY, REWARD_MODE_KEY, build_problem
@@ -177,12 +177,15 @@ def read_table(path: str | Path, report: DataReport) -> pa.Table:
 
 def _report_says_split(folder: Path) -> bool:
     """Whether ``folder``'s build report says its rewards were split among each rollout's
-    trajectories (builds before 2026-12-07 recorded the mode there only)."""
-    try:
-        data = json.loads((folder / REPORT_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("reward_mode") == "split"
+    trajectories (builds before 2026-12-07 recorded the mode there only; those before 2026-12-06
+    named it build_report.json, and their split rewards were trained as whole ones - a probe)."""
+    for name in (REPORT_NAME, OLD_REPORT_NAME):
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        return isinstance(data, dict) and data.get("reward_mode") == "split"
+    return False
 
 
 def _read_part(f: Path, part: pq.ParquetFile, report: DataReport,
