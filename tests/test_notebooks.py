@@ -404,6 +404,28 @@ def test_run_notebook_on_a_diverged_a_running_and_a_resumed_run(tmp_path: Path, 
     assert f"resumed from {resumed / 'checkpoint-1'}: its train_loss is the mean of the resumed steps only" in out
 
 
+@pytest.mark.parametrize("marker", [None, "", '{"model": "/m", "data": "abc", "trajectories": 8}'])
+def test_run_notebook_advises_a_resume_only_where_train_takes_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   marker: str | None) -> None:
+    """An unfinished run of a version that wrote no marker (or an empty one) was told to `--resume`,
+    which train refuses: nothing to check the resume against (a probe). Its weights go on in a new run."""
+    lines = (SAMPLE / "run" / "metrics.jsonl").read_text().splitlines()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(x for x in lines[:2]) + "\n")
+    _checkpoint(run, 2, 0.5)
+    if marker is not None:
+        (run / ".polar-train-run").write_text(marker)
+    out = text(execute(RUN_NB, monkeypatch, POLAR_RUN=run))
+    if marker and "model" in marker:
+        assert "Last complete checkpoint: checkpoint-2 (continue with `polar-train train ... --output RUN --resume`)" in out
+    else:
+        assert ("Last complete checkpoint: checkpoint-2; this run cannot be resumed (its .polar-train-run is missing or "
+                "records no model and data: train cannot check a resume against it): a new run goes on from its weights "
+                f"with `--set init_adapter={run / 'checkpoint-2'} --output NEW`") in out
+        assert "--resume" not in out
+
+
 def test_run_notebook_finds_an_unfinished_runs_trajectories_by_its_marker(
         run_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The marker held a count and a hash, not the data's folder: an interrupted run always needed

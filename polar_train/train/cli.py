@@ -329,20 +329,28 @@ def _saved_marker(out: Path) -> dict[str, Any]:
     return saved if isinstance(saved, dict) else {}
 
 
-def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
+def unresumable(out: Path) -> str | None:
+    """Why a resume in ``out`` cannot be checked against the run it continues (its marker is
+    missing or records no model and data), or None. notebooks/02 asks too, before it advises one."""
     start_anew = ("the resume cannot check it continues the same model and data; start a new --output from a "
                   "checkpoint's weights with --set init_adapter=CHECKPOINT")
     if not (out / RUN_MARKER).is_file():  # nothing to check the model and data against: a resume on
         # other trajectories went on unsaid (a copy made with `cp runs/r1/*` leaves the dot file out)
-        raise UserError(f"--resume: {out} has no {RUN_MARKER} (a folder polar-train train did not write, a run "
-                        "of a polar-train older than the marker (2026-12-04), or its marker was removed): "
-                        + start_anew)
+        return (f"{out} has no {RUN_MARKER} (a folder polar-train train did not write, a run of a polar-train "
+                "older than the marker (2026-12-04), or its marker was removed): " + start_anew)
     saved = _saved_marker(out)
     if not saved.get("model") or saved.get("data") is None:
         # the first markers (2026-12-04) were empty: a resume on another model and data went on, and
         # rewrote the marker with them (a probe)
-        raise UserError(f"--resume: the {RUN_MARKER} in {out} records no model and data (an earlier version's "
-                        "marker, or a damaged one): " + start_anew)
+        return (f"the {RUN_MARKER} in {out} records no model and data (an earlier version's marker, or a "
+                "damaged one): " + start_anew)
+    return None
+
+
+def _check_same_run(out: Path, identity: dict[str, Any]) -> None:
+    if (why := unresumable(out)) is not None:
+        raise UserError(f"--resume: {why}")
+    saved = _saved_marker(out)
     if saved.get("model") not in (None, identity["model"]):
         raise UserError(f"--resume: the run in {out} trained on --model {saved['model']}, not {identity['model']}: "
                         "resume with the same model, or start a new --output")
