@@ -887,12 +887,14 @@ def test_anonymous_sessions_with_the_same_first_request_are_separate_rollouts(tm
     assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
 
 
-@pytest.mark.parametrize("sessions", [("s-a", "s-b"), (None, None)])
+@pytest.mark.parametrize("sessions", [("s-a", "s-b"), (None, None), (("s-a", None), "s-b"), ((None, "s-a"), "s-b")])
 def test_anonymous_sessions_that_share_their_first_turns_are_told_apart_by_their_session_ids(tmp_path, sessions):
     """Two sessions without rollout ids that send the same first user turn (Codex's environment
     context for one folder), then their own task: the second read as the first compacted - one
     rollout, one reward, fork cause "compaction" (a probe). The harness's session id
-    (client_session_id) tells them apart; without one they stay one conversation (documented)."""
+    (client_session_id) tells them apart; without one they stay one conversation (documented). A
+    session that names itself on only some calls (parts written before the column) stays whole
+    (a review: it was split into two rollouts)."""
     a, b = Conversation(rollout_id=None, name="a"), Conversation(rollout_id=None, name="b")
     for conv in (a, b):
         conv.user("<environment_context>cwd: /repo</environment_context>")
@@ -904,11 +906,13 @@ def test_anonymous_sessions_that_share_their_first_turns_are_told_apart_by_their
     b1 = b.assistant("", tool_calls=[("ls", {"path": "b"})])
     b.tool("B!")
     b2 = b.assistant("B done")
-    for row, session in ((a1, sessions[0]), (a2, sessions[0]), (b1, sessions[1]), (b2, sessions[1])):
+    a_sessions = sessions[0] if isinstance(sessions[0], tuple) else (sessions[0], sessions[0])
+    for row, session in ((a1, a_sessions[0]), (a2, a_sessions[1]), (b1, sessions[1]), (b2, sessions[1])):
         row["client_session_id"] = session
     result = build(tmp_path, [a1, a2, b1, b2])
     rollouts = {t.call_ids[0]: t.rollout_id for t in result.trajectories}
-    if sessions[0] is not None:
+    if sessions[1] is not None:
+        assert sorted(len(t.call_ids) for t in result.trajectories) == [2, 2]
         assert rollouts == {a1["call_id"]: f"conv-{a1['call_id']}", b1["call_id"]: f"conv-{b1['call_id']}"}
         assert all(t.fork_cause is None for t in result.trajectories) and result.report.rollouts == 2
     else:

@@ -1089,3 +1089,34 @@ def test_the_mismatch_warning_names_the_logprob_mode_away_from_temperature_1():
                            "processed ones need vLLM --logprobs-mode processed_logprobs).")
     assert "sampler_logprobs" not in mismatch_warning(0.191, None, 0, 1.0, "raw")
     assert mismatch_warning(0.05, None, 0, 0.7, "processed") is None
+    # a temperature mismatch the user let through is named as the likely cause (a review)
+    forced = mismatch_warning(0.4, None, 0, 0.7, "raw", temperature_forced=True)
+    assert "(a fresh LoRA on --model, no init_adapter) may not be the one that sampled" in forced
+    assert forced.endswith("Or it is the temperature mismatch allow_temperature_mismatch=true let through: a training "
+                           "temperature other than the sampler's, or raw logprobs away from temperature 1, gives such "
+                           "a mismatch by itself.")
+
+
+def test_each_epoch_tells_the_sampler_its_number_whatever_wraps_it(sampled, tiny_model_dir, tmp_path, monkeypatch):
+    """Several processes resumed mid-epoch wrap the sampler twice (SkipBatchSampler(BatchSamplerShard(
+    BatchSampler))), where no set_epoch reaches it: epoch 1's order came back (a review). The trainer
+    tells it before each epoch; its order in epoch e is the (e+1)-th permutation of TRL's seeded
+    generator, as an uninterrupted run draws them."""
+    import transformers
+    from trl.trainer.utils import RepeatSampler
+
+    trainer, _, _ = build_trainer(ns(sampled, tiny_model_dir, tmp_path / "run", "max_steps=1"))
+    trainer.get_train_dataloader()
+    sampler = trainer._epoch_sampler
+    seen = []
+    monkeypatch.setattr(transformers.Trainer, "_run_epoch",
+                        lambda self, model, epoch, *args, **kwargs: seen.append(sampler.epoch))
+    trainer._run_epoch(None, 3)
+    assert seen == [3]
+    plain = RepeatSampler(list(range(sampler.num_samples)), mini_repeat_count=sampler.mini_repeat_count,
+                          batch_size=sampler.batch_size, repeat_count=sampler.repeat_count, seed=sampler.seed)
+    orders = [list(plain) for _ in range(4)]  # TRL's: one generator, one draw per pass
+    assert len({tuple(o) for o in orders}) > 1
+    for epoch in (3, 0, 2):
+        sampler.set_epoch(epoch)
+        assert list(sampler) == orders[epoch]

@@ -834,7 +834,8 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
                   f"first-epoch mean {summary['logprob_mismatch_first_epoch_mean']:.3g}", flush=True)
             if (warning := mismatch_warning(first_measured, trainer.args.init_adapter,
                                             0 if first is not None else updates_before,
-                                            trainer.args.temperature, trainer.args.sampler_logprobs)) is not None:
+                                            trainer.args.temperature, trainer.args.sampler_logprobs,
+                                            trainer.args.allow_temperature_mismatch)) is not None:
                 print(warning, file=sys.stderr, flush=True)
         if (warning := stall_warning(summary["stalled_steps"], trainer.args.learning_rate)) is not None:
             print(warning, file=sys.stderr, flush=True)

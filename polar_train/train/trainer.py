@@ -63,7 +63,17 @@ class RecordedGRPOTrainer(GRPOTrainer):
     # -- checkpoints ----------------------------------------------------------------------------
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
-        return EpochRepeatSampler(sampler) if isinstance(sampler, RepeatSampler) else sampler
+        if isinstance(sampler, RepeatSampler):
+            sampler = self._epoch_sampler = EpochRepeatSampler(sampler)
+        return sampler
+
+    def _run_epoch(self, model, epoch, *args, **kwargs):
+        # set_epoch reaches the sampler through the dataloader's wrappers, but not through all of
+        # them: several processes resumed mid-epoch wrap it twice (SkipBatchSampler(BatchSamplerShard(
+        # ...))), and epoch 1's order came back (a review). Told here, whatever wraps it.
+        if getattr(self, "_epoch_sampler", None) is not None:
+            self._epoch_sampler.set_epoch(epoch)
+        return super()._run_epoch(model, epoch, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial) -> None:
         """A failed save (a full disk: torch's OSError, tokenizers' plain Exception) is one line,
@@ -184,7 +194,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
                 # first step had no sampler logprob was never warned, however foreign its data (a probe)
                 first = math.isfinite(delta[-1]) and sum(map(math.isfinite, self.first_epoch_mismatch)) == 1
                 warning = (mismatch_warning(delta[-1], self.args.init_adapter, self.state.global_step,
-                                            self.args.temperature, self.args.sampler_logprobs) if first else None)
+                                            self.args.temperature, self.args.sampler_logprobs,
+                                            self.args.allow_temperature_mismatch) if first else None)
                 if warning is not None and self.accelerator.is_main_process:
                     tqdm.write(warning, file=sys.stderr)  # at step 1: Ctrl-C before the run is spent (its own line)
 
@@ -232,14 +243,16 @@ FOREIGN_POLICY_MISMATCH = 0.1
 
 
 def mismatch_warning(first_step: float, init_adapter: str | None, updates_before: int | None = 0,
-                     temperature: float = 1.0, sampler_logprobs: str = "raw") -> str | None:
+                     temperature: float = 1.0, sampler_logprobs: str = "raw",
+                     temperature_forced: bool = False) -> str | None:
     """What to tell a user whose data another policy sampled (a round captured with an adapter
     trained from the base again, the wrong adapter or base): GRPO's ratio then weighs every
     token by the wrong old policy, silently. ``first_step`` is the first value measured;
     ``updates_before`` the optimizer updates taken before it (None: not known) - after some, part
     of the difference is the policy's own movement. Away from temperature 1 the logprob mode is
     a cause too: processed logprobs declared for raw ones (polar-train serve's, vLLM's default) gave
-    the same mismatch, and the warning sent the user after an adapter (a probe)."""
+    the same mismatch, and the warning sent the user after an adapter (a probe); so is a temperature
+    mismatch the user allowed (``temperature_forced``: allow_temperature_mismatch)."""
     if not math.isfinite(first_step) or first_step <= FOREIGN_POLICY_MISMATCH:
         return None
     start = f"init_adapter={init_adapter} on --model" if init_adapter else "a fresh LoRA on --model, no init_adapter"
@@ -255,6 +268,11 @@ def mismatch_warning(first_step: float, init_adapter: str | None, updates_before
             f" Or the recorded logprobs are not {sampler_logprobs} ones (sampler_logprobs={sampler_logprobs} at "
             f"temperature {temperature:g}: raw logprobs - vLLM's default, polar-train serve's - are of the unscaled "
             "distribution, processed ones need vLLM --logprobs-mode processed_logprobs).")
+    if temperature_forced:
+        verdict = "may not be the one"
+        mode = (" Or it is the temperature mismatch allow_temperature_mismatch=true let through: a training "
+                "temperature other than the sampler's, or raw logprobs away from temperature 1, gives such a "
+                "mismatch by itself.")
     return (f"polar-train train: warning: {head} is far above precision noise (~1e-5 float32, ~1e-2 bf16): the "
             f"policy trained here ({start}) {verdict} that sampled these trajectories. Data captured while an "
             "adapter was served needs init_adapter=<that adapter> and the --model it was served on "

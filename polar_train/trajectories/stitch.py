@@ -141,6 +141,8 @@ class Trajectory:
     #: request that rewrites the history once (Claude Code's summary call sends the history
     #: without its last turn) must not close the conversation it left.
     moved_on_from: "Trajectory | None" = None
+    #: The pool it is open in (:func:`_pool_key` of its first call)
+    pool_key: str | tuple[str, str] | None = None
     #: The stitcher's clock when this trajectory forked (a parent extended later has gone on too).
     forked_at: int = 0
     group_id: str | None = None
@@ -413,6 +415,7 @@ class Stitcher:
             task_id=call.task_id, model=call.model, temperature=call.temperature,
             prompt=call.prompt, fork_cause=cause)
         t.first_user_start, t.first_user_end = _first_user_turn(call.prompt)
+        t.pool_key = key
         t.reset_prompt_space(call.prompt)
         t.add_call(call)
         t.last_used = self._clock
@@ -431,18 +434,18 @@ class Stitcher:
             self.stats.forks[cause] += 1
         return t
 
-    def _gone_on_from(self, t: Trajectory, key: str | tuple[str, str] | None) -> None:
+    def _gone_on_from(self, t: Trajectory) -> None:
         """A later call went on from ``t``: the conversation ``t`` rewrote has moved on (its old
         tokens will not come back), so it is closed - unless it went on itself after the fork (a
         side agent's rewrite going on beside the main conversation, which must stay open)."""
-        self._went_on.add(key)
+        self._went_on.add(t.pool_key)
         left, t.moved_on_from = t.moved_on_from, None
-        pool = self.open.get(key, [])
+        pool = self.open.get(t.pool_key, [])
         if left is not None and left.last_used <= t.forked_at and left in pool:
             pool.remove(left)
 
     def _extend(self, t: Trajectory, call: Call, glue: np.ndarray) -> Trajectory:
-        self._gone_on_from(t, _pool_key(call))
+        self._gone_on_from(t)
         t.add_glue(glue)
         t.add_call(call)
         t.last_used = self._clock
@@ -600,6 +603,16 @@ class Stitcher:
         for t in pool:
             if (best is None or t.match_len > best.match_len) and self._extends(t, call.prompt):
                 best = t
+        if best is None and key is None:
+            # a conversation without a rollout id whose calls name their session only in part (parts
+            # written before the column, a request without the header) goes on across the pools
+            own = _pool_key(call)
+            for pool_key, other in self.open.items():
+                if isinstance(pool_key, str) or pool_key == own:
+                    continue  # (a named rollout's pool, or the call's own)
+                for t in other:
+                    if (best is None or t.match_len > best.match_len) and self._extends(t, call.prompt):
+                        best = t
         if best is not None:
             if _same_sampler(best, call):
                 return self._extend(best, call, call.prompt[best.match_len:])
@@ -644,7 +657,7 @@ class Stitcher:
             self._went_on.add(key)  # the rollout went past its first prompt (a restart can be told)
         child = self._start(call, parent.rollout_id, cause)
         if cause in _REWRITES:
-            self._gone_on_from(parent, _pool_key(call))  # a rewrite of a rewrite: the first one was gone on from
+            self._gone_on_from(parent)  # a rewrite of a rewrite: the first one was gone on from
             child.moved_on_from, child.forked_at = parent, self._clock  # closed once a call goes on from it
         return child
 
