@@ -1005,6 +1005,45 @@ def test_two_processes_train_one_run_data_parallel(tiny_model_dir, tmp_path) -> 
     assert summary["steps"] == 2 and (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
+def test_two_processes_resumed_mid_epoch_train_what_the_uninterrupted_run_trained(tiny_model_dir, tmp_path) -> None:
+    """Two processes, four groups (two a step, so two steps an epoch), resumed from checkpoint-3:
+    the sampler, wrapped twice there (SkipBatchSampler(BatchSamplerShard(...))), never heard its
+    epoch, and step 4 trained step 2's groups again (a review)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from tests.support.procs import VENV_BIN, free_port
+
+    data = tmp_path / "traj"
+    sample_trajectories(tiny_model_dir, data, num_tasks=4, group_size=4, turn_tokens=(5, 3), seed=2)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+    def train(out: Path, *extra: str) -> None:
+        proc = subprocess.run([str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                               "--master_port", str(free_port()), "-m", "polar_train.train", str(data),
+                               "--output", str(out), "--model", str(tiny_model_dir), "--set", "max_steps=4",
+                               "--set", "save_steps=1", "--set", "learning_rate=1e-3", "--set", "report_to=none",
+                               *extra], capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(full)
+    train(cut)
+    shutil.rmtree(cut / "checkpoint-4")
+    shutil.rmtree(cut / "adapter")
+    (cut / "train_summary.json").unlink()
+    train(cut, "--resume")
+
+    def rewards(out: Path) -> list[float]:
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [round(r["reward"], 6) for r in rows if "reward" in r]
+
+    assert rewards(cut) == rewards(full) and len(rewards(full)) == 4
+    a, b = (load_file(out / "adapter" / "adapter_model.safetensors") for out in (full, cut))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
 def test_the_run_files_are_on_disk_before_their_names(trajectories, tiny_model_dir, tmp_path, monkeypatch) -> None:
     """A rename can reach the disk before the data of the file it names: after a power cut the
     adapter, the summary or the marker were there by name and empty. Each is flushed under its
