@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
 
@@ -1459,3 +1460,31 @@ def test_calls_without_a_temperature_or_with_top_p_below_one_are_noted(tmp_path)
         "tokens came from (recorded logprobs are of the whole one), so the GRPO ratio and importance weights are "
         "biased (capture with top_p 1)"]
     assert build(tmp_path / "b", tool_session(Conversation(rollout_id="r1"), 2)).report.notes == []
+
+
+def test_a_sessions_fork_never_joins_another_sessions_rollout():
+    """Two anonymous sessions naming themselves, the same first prompt and reply (a deterministic
+    first tool call); C's next call not yet there. B's fork (its tool result re-rendered) extended
+    C's trajectory through the search across pools, and B's rest trained under C's reward (a
+    review): a call that names its session goes on only from calls that name none."""
+    from polar_train.trajectories.stitch import Call, Stitcher
+
+    end = 151645
+    first = np.array([151644, 10, 11, 12, 13, end, 151644, 20, 21, 22, end, 151644, 30])
+    reply = np.array([40, 41, 42, end])
+
+    def call(cid: str, session: str, prompt: np.ndarray) -> Call:
+        completion = np.array([60, 61, end])
+        return Call(call_id=cid, rollout_id=None, task_id="t", model="m", temperature=1.0, token_source="server",
+                    finish_reason="stop", prompt=prompt.astype(np.int32), completion=completion.astype(np.int32),
+                    logprobs=np.zeros(3, np.float32), session_id=session)
+
+    s = Stitcher()
+    s.add(dataclasses.replace(call("b1", "s-b", first), completion=reply.astype(np.int32),
+                              logprobs=np.zeros(4, np.float32)))
+    s.add(dataclasses.replace(call("c1", "s-c", first), completion=reply.astype(np.int32),
+                              logprobs=np.zeros(4, np.float32)))
+    s.add(call("b2", "s-b", np.concatenate([first, reply, [151644, 50, 51, end, 151644, 30]])))
+    s.add(call("b3", "s-b", np.concatenate([first, reply, [151644, 50, 52, end, 151644, 30]])))  # B's fork
+    rollout = {cid: t.rollout_id for t in s.trajectories for cid in t.call_ids}
+    assert rollout["b3"] == rollout["b2"] == rollout["b1"] == "conv-b1" and rollout["c1"] == "conv-c1"

@@ -223,9 +223,12 @@ def test_temperature_must_match_the_recorded_one(sampled, tiny_model_dir, tmp_pa
         prepare(args)
     with pytest.raises(UserError, match="raw sampler logprobs"):
         prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7"))
-    config, _, _ = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7",
-                              "allow_temperature_mismatch=true"))
-    assert config.temperature == pytest.approx(0.7)
+    config, _, report = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "temperature=0.7",
+                                   "allow_temperature_mismatch=true"))
+    assert config.temperature == pytest.approx(0.7) and report.temperature_mismatch_allowed
+    # the option in a shared config, nothing let through: the mismatch warning must not blame it (a review)
+    _, _, report = prepare(ns(sampled, tiny_model_dir, tmp_path / "r", "allow_temperature_mismatch=true"))
+    assert not report.temperature_mismatch_allowed
     # each advice is one the next run takes: greedy data named as such (temperature=0 is refused), and
     # raw logprobs at 0.7 sent to processed ones at once (--set temperature=0.7 alone is refused next)
     for recorded, words in ((0.0, r"^the trajectories were sampled greedily \(temperature 0\): GRPO learns from how "

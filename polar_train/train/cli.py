@@ -76,8 +76,12 @@ def _model_width(model: str) -> int | None:
 
 
 def _check_temperature(config, report) -> None:
+    """Refuse a training temperature the recorded logprobs do not fit, unless allow_temperature_mismatch
+    (then ``report.temperature_mismatch_allowed`` says it let one through)."""
     recorded = report.temperatures
     t = float(config.temperature)
+    report.temperature_mismatch_allowed = bool(config.allow_temperature_mismatch) and (
+        (config.sampler_logprobs == "raw" and abs(t - 1.0) > 1e-4) or any(abs(r - t) > 1e-3 for r in recorded))
     if config.sampler_logprobs == "raw" and abs(t - 1.0) > 1e-4 and not config.allow_temperature_mismatch:
         raise UserError(
             f"temperature {t:g} with raw sampler logprobs: raw logprobs (vLLM's default) are of the "
@@ -671,6 +675,7 @@ def build_trainer(args: argparse.Namespace):
                 raise UserError(f"--resume: the run in {out} went on while this one loaded its model (its newest "
                                 f"complete checkpoint is now {Path(again).name}): run the command again")
         trainer = _make_trainer(args, out, config, identity, checkpoint, model, tok, peft_config, grouped)
+        trainer.temperature_mismatch_allowed = report.temperature_mismatch_allowed  # (the first-step warning's)
     except BaseException:
         if lock is not None:
             lock.close()
@@ -835,7 +840,7 @@ def _train(args: argparse.Namespace, trainer, report, checkpoint) -> dict[str, A
             if (warning := mismatch_warning(first_measured, trainer.args.init_adapter,
                                             0 if first is not None else updates_before,
                                             trainer.args.temperature, trainer.args.sampler_logprobs,
-                                            trainer.args.allow_temperature_mismatch)) is not None:
+                                            report.temperature_mismatch_allowed)) is not None:
                 print(warning, file=sys.stderr, flush=True)
         if (warning := stall_warning(summary["stalled_steps"], trainer.args.learning_rate)) is not None:
             print(warning, file=sys.stderr, flush=True)

@@ -89,6 +89,9 @@ class DataReport:
     #: a part says its build split each rollout's reward among its trajectories (--reward-mode split):
     #: each trajectory then stands for itself in the baseline (a share is no rollout's value)
     split_rewards: bool = False
+    #: allow_temperature_mismatch let a real mismatch through (a training temperature other than the
+    #: recorded one, or raw logprobs away from temperature 1): the mismatch warning names it then
+    temperature_mismatch_allowed: bool = False
     #: trajectories trained (until ``make_groups``: kept), by the model name their calls asked for
     models: dict[str, int] = field(default_factory=dict)
 

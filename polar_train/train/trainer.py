@@ -52,6 +52,8 @@ class RecordedGRPOTrainer(GRPOTrainer):
         self.first_epoch_mismatch: list[float] = []
         #: The optimizer updates taken before each of those batches (None: not known, an older checkpoint's)
         self.first_epoch_updates: list[int | None] = []
+        #: allow_temperature_mismatch let a real mismatch through (set by train's CLI from its data report)
+        self.temperature_mismatch_allowed = False
         self.last_batch: dict[str, Any] | None = None  # for tests: the last scored batch
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*rollout_func.*experimental")
@@ -195,7 +197,7 @@ class RecordedGRPOTrainer(GRPOTrainer):
                 first = math.isfinite(delta[-1]) and sum(map(math.isfinite, self.first_epoch_mismatch)) == 1
                 warning = (mismatch_warning(delta[-1], self.args.init_adapter, self.state.global_step,
                                             self.args.temperature, self.args.sampler_logprobs,
-                                            self.args.allow_temperature_mismatch) if first else None)
+                                            self.temperature_mismatch_allowed) if first else None)
                 if warning is not None and self.accelerator.is_main_process:
                     tqdm.write(warning, file=sys.stderr)  # at step 1: Ctrl-C before the run is spent (its own line)
 
@@ -252,7 +254,7 @@ def mismatch_warning(first_step: float, init_adapter: str | None, updates_before
     of the difference is the policy's own movement. Away from temperature 1 the logprob mode is
     a cause too: processed logprobs declared for raw ones (polar-train serve's, vLLM's default) gave
     the same mismatch, and the warning sent the user after an adapter (a probe); so is a temperature
-    mismatch the user allowed (``temperature_forced``: allow_temperature_mismatch)."""
+    mismatch the user allowed (``temperature_forced``: allow_temperature_mismatch let one through)."""
     if not math.isfinite(first_step) or first_step <= FOREIGN_POLICY_MISMATCH:
         return None
     start = f"init_adapter={init_adapter} on --model" if init_adapter else "a fresh LoRA on --model, no init_adapter"

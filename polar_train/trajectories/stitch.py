@@ -605,11 +605,13 @@ class Stitcher:
                 best = t
         if best is None and key is None:
             # a conversation without a rollout id whose calls name their session only in part (parts
-            # written before the column, a request without the header) goes on across the pools
-            own = _pool_key(call)
-            for pool_key, other in self.open.items():
-                if isinstance(pool_key, str) or pool_key == own:
-                    continue  # (a named rollout's pool, or the call's own)
+            # written before the column, a request without the header) goes on across the pools: a
+            # call that names one from the pool of calls that name none, and the other way round - never
+            # from another session's (its fork would join that session's rollout: a review)
+            named = call.session_id is not None
+            for pool_key, other in (((None, self.open.get(None, [])),) if named else self.open.items()):
+                if isinstance(pool_key, str) or (pool_key is None) != named:
+                    continue  # (a named rollout's pool, or one of the call's own kind)
                 for t in other:
                     if (best is None or t.match_len > best.match_len) and self._extends(t, call.prompt):
                         best = t
