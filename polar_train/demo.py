@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -229,18 +230,19 @@ def show_one_call(captures: Path) -> None:
 
 #: Marks a folder as a demo's work folder, which a later demo may overwrite.
 WORKDIR_MARKER = ".polar-demo"
+#: The name of each round's folder in it.
+ROUND_FOLDER = re.compile(r"round\d+")
 
 
 def remove_earlier_results(work: Path) -> None:
     """Remove an earlier demo's ``round<N>/`` folders and summary before this one starts: a rerun
     with fewer ``--rounds`` left the later rounds beside the new ones, captured by an adapter that
     was replaced, and an interrupted rerun left the earlier summary and rounds beside its own."""
-    import re
     import shutil
 
     (work / "demo_summary.json").unlink(missing_ok=True)
     for stale in work.iterdir():
-        if stale.is_dir() and re.fullmatch(r"round(\d+)", stale.name):
+        if stale.is_dir() and ROUND_FOLDER.fullmatch(stale.name):
             shutil.rmtree(stale)
 
 
@@ -337,10 +339,8 @@ def _unmarked_demo(work: Path) -> bool:
     its tiny model or its summary (by its keys) to say so. A folder that merely held a file named
     demo_summary.json - a copy of data/samples/demo, a user's own - was taken for one, and its
     summary and round<N>/ folders deleted (a probe)."""
-    import re
-
     names = {entry.name for entry in work.iterdir()}
-    if not all(n in ("demo_summary.json", "tiny-model") or re.fullmatch(r"round\d+", n) for n in names):
+    if not all(n in ("demo_summary.json", "tiny-model") or ROUND_FOLDER.fullmatch(n) for n in names):
         return False
     if (work / "tiny-model" / "polar_tiny_model.json").is_file():
         return True

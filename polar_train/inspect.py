@@ -147,7 +147,9 @@ def summarize(table, top: int = 20) -> str:
                          c["usage_mismatch"]])
     out.append(_table("\nper api", ["api", "calls", *statuses, "prompt_tok", "completion_tok",
                                     *sources, "usage_mismatch"], api_rows))  # sources: shares of the ok calls
-    out += _mismatch_sides(table, col["usage_match"], prompt, completion)
+    used = {name: table.column(name).to_pylist() if name in table.column_names else [None] * n
+            for name in ("usage_prompt_tokens", "usage_completion_tokens")}
+    out += _mismatch_sides(used, col["usage_match"], prompt, completion)
     per_rollout: dict[str | None, Counter] = {}  # None apart: a rollout named "(none)" is not the calls without one
     # a request seen before in its rollout is a retry, also where another proxy (or a restarted
     # one) counted its attempts afresh: each proxy numbers only the attempts it saw
@@ -179,9 +181,8 @@ def summarize(table, top: int = 20) -> str:
     # there, which read as a rollout of empty calls (a probe: "cc-rs 4 4 0 0" for ~12,000 tokens)
     without = [i for i in range(n) if col["status"][i] == "ok" and (col["token_source"][i] or "none") == "none"]
     if without:
-        used = [table.column(name).to_pylist() if name in table.column_names else [None] * n
-                for name in ("usage_prompt_tokens", "usage_completion_tokens")]
-        reported = sum((used[0][i] or 0) + (used[1][i] or 0) for i in without)
+        reported = sum((used["usage_prompt_tokens"][i] or 0) + (used["usage_completion_tokens"][i] or 0)
+                       for i in without)
         out.append(f"\ntokens count recorded ids: {len(without)} ok call(s) kept none and count 0"
                    + (f" (the server's usage for them: {reported} tokens)" if reported else ""))
     # counted by the whole text, shown cut: two errors that differ past the cut are two lines
@@ -203,7 +204,7 @@ def summarize(table, top: int = 20) -> str:
     return "\n".join(out)
 
 
-def _mismatch_sides(table, usage_match: list, prompt: list[int], completion: list[int]) -> list[str]:
+def _mismatch_sides(used: dict[str, list], usage_match: list, prompt: list[int], completion: list[int]) -> list[str]:
     """Which count a usage mismatch is in: a prompt is rendered exactly where the template is the
     server's, a rendered completion re-encodes the reply's text (a sampler's 24 newlines can be 2
     ids), so the two mean different things (a probe: Claude Code's rows, 21 of 36 mismatched, all
@@ -211,7 +212,6 @@ def _mismatch_sides(table, usage_match: list, prompt: list[int], completion: lis
     rows = [i for i, match in enumerate(usage_match) if match is False]
     if not rows:
         return []
-    used = {name: table.column(name).to_pylist() for name in ("usage_prompt_tokens", "usage_completion_tokens")}
     in_prompt = sum(1 for i in rows if prompt[i] and used["usage_prompt_tokens"][i] not in (None, prompt[i]))
     in_completion = sum(1 for i in rows if used["usage_completion_tokens"][i] not in (None, completion[i]))
     return [f"usage mismatches: {in_prompt} in the prompt's count (another template than the server's?), "
